@@ -1,0 +1,40 @@
+# gpuyard: `make demo` runs the main job end to end on the embedded defaults; `make test` runs everything.
+# Both build .venv themselves: torch (CPU build, from local disk) first, then the pinned rest.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+CONSTRAINTS := requirements/constraints.txt
+TORCH := torch==2.13.0
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "pip==26.0.1"
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[pipeline,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m gpuyard.demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+# While iterating: skip the slow suites (make test runs them).
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow" -x -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check plugins
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/submit_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI): jobs, teams and quotas, tokens, health and metrics."""

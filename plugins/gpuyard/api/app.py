@@ -1,0 +1,149 @@
+"""Builds the FastAPI application: routers, error handlers, body limit and request metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuyard import __version__, metrics
+from gpuyard.api import routes_admin, routes_health, routes_jobs
+from gpuyard.api.body_limit import BodyLimit
+from gpuyard.api.context import ApiContext
+from gpuyard.api.problems import Problem, handle_problem, problem_response
+from gpuyard.clock import Clock, utcnow
+from gpuyard.domain.spec import SpecRejected, field_path
+from gpuyard.domain.states import IllegalTransition, StaleState
+from gpuyard.settings import Settings
+from gpuyard.store import jobs as job_store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, engine: Engine, *, clock: Clock = utcnow) -> FastAPI:
+    app = FastAPI(
+        title="gpuyard",
+        version=__version__,
+        description="GPU job control plane: submit jobs, follow their attempts, manage teams and quotas.",
+    )
+    app.state.context = ApiContext(settings=settings, engine=engine, fleet=settings.fleet(), clock=clock)
+    for router in (routes_jobs.router, routes_admin.router, routes_health.router):
+        app.include_router(router)
+    _install_error_handlers(app)
+    _register_state_gauge(engine)
+    app.add_middleware(_RequestMetrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+_gauge_registered: list[metrics.JobStateCollector] = []
+
+
+def _register_state_gauge(engine: Engine) -> None:
+    # One process-wide registry: the newest app's engine answers the scrape.
+    for collector in _gauge_registered:
+        metrics.registry.unregister(collector)
+    _gauge_registered.clear()
+    collector = metrics.JobStateCollector(lambda: job_store.count_by_state(engine))
+    metrics.registry.register(collector)
+    _gauge_registered.append(collector)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(Problem, handle_problem)
+
+    async def invalid(request: Request, error: Exception) -> JSONResponse:
+        if isinstance(error, SpecRejected):
+            errors = [{"path": v.path, "rule": v.rule} for v in error.violations]
+        else:
+            assert isinstance(error, RequestValidationError)
+            errors = [
+                {"path": _request_path(item["loc"]), "rule": str(item["msg"]).removeprefix("Value error, ")}
+                for item in error.errors()
+            ]
+        detail = "; ".join(f"{e['path']}: {e['rule']}" for e in errors)
+        return problem_response(
+            Problem(422, "Invalid request", detail, kind="/problems/invalid", errors=errors), request.url.path
+        )
+
+    async def unavailable(request: Request, error: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", str(error).splitlines()[0])
+        return problem_response(
+            Problem(
+                503,
+                "Service Unavailable",
+                "the database is unreachable; nothing was changed, retry later",
+                kind="/problems/database-unavailable",
+                headers={"Retry-After": "1"},
+            ),
+            request.url.path,
+        )
+
+    async def conflict(request: Request, error: Exception) -> JSONResponse:
+        return problem_response(
+            Problem(409, "Conflict", str(error), kind="/problems/conflict"), request.url.path
+        )
+
+    async def http_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, HTTPException)
+        return problem_response(
+            Problem(error.status_code, str(error.detail), str(error.detail), headers=error.headers),
+            request.url.path,
+        )
+
+    async def database_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, DBAPIError)
+        if error.connection_invalidated or isinstance(error, OperationalError):
+            return await unavailable(request, error)
+        raise error
+
+    app.add_exception_handler(SpecRejected, invalid)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(OperationalError, unavailable)
+    app.add_exception_handler(PoolTimeout, unavailable)
+    app.add_exception_handler(DBAPIError, database_error)
+    app.add_exception_handler(job_store.IdempotencyConflict, conflict)
+    app.add_exception_handler(IllegalTransition, conflict)
+    app.add_exception_handler(StaleState, conflict)
+    app.add_exception_handler(HTTPException, http_error)
+
+
+def _request_path(loc: tuple[int | str, ...]) -> str:
+    where, *rest = loc if loc else ("body",)
+    path = field_path(tuple(rest))
+    return path if where == "body" else f"{where}.{path}" if rest else str(where)
+
+
+class _RequestMetrics:
+    """Counts and times requests by route template (not raw path, which would explode cardinality)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            metrics.http_requests.labels(scope["method"], route, str(status)).inc()
+            metrics.http_latency.labels(route).observe(time.perf_counter() - started)

@@ -1,0 +1,55 @@
+"""Refuses request bodies over the limit (413) before anything reads or parses them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuyard.api.problems import Problem, problem_response
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        refused = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:  # chunked body without a Content-Length
+                    refused = True
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _TooLarge:
+            if refused:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        problem = Problem(
+            413,
+            "Payload Too Large",
+            f"request body is over the limit of {self.max_bytes} bytes",
+            kind="/problems/body-too-large",
+        )
+        response: Any = problem_response(problem, scope.get("path"))
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

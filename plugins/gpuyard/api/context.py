@@ -1,0 +1,58 @@
+"""What the API's handlers share: settings, the engine, the fleet, the clock, and short-lived caches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sqlalchemy import Engine
+
+from gpuyard.clock import Clock
+from gpuyard.domain.fleet import Fleet
+from gpuyard.settings import Settings
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class TtlCache(Generic[K, V]):
+    """A small thread-safe cache: tokens and quotas are read on every submit but change rarely."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 10_000):
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._entries: dict[K, tuple[float, V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, load: Callable[[K], V]) -> V:
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        value = load(key)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (now + self.ttl_s, value)
+        return value
+
+    def forget(self, key: K) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+@dataclass
+class ApiContext:
+    settings: Settings
+    engine: Engine
+    fleet: Fleet
+    clock: Clock
+    # Revocations and quota edits reach other API replicas within these TTLs.
+    principals: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
+    quotas: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))

@@ -1,0 +1,135 @@
+"""/v1/jobs: submit (idempotent, transactional outbox), list, show, cancel."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard import metrics
+from gpuyard.api.auth import ApiContext, context, principal
+from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
+from gpuyard.api.schemas import JobDetailOut, JobOut, JobPage
+from gpuyard.domain.feasibility import TeamQuota, check_feasible, check_quota
+from gpuyard.domain.spec import JobSpec, SpecRejected
+from gpuyard.domain.states import JobState
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.teams import Principal
+
+router = APIRouter(prefix="/v1", tags=["jobs"], responses=PROBLEM_RESPONSES)
+
+
+def _quota(ctx: ApiContext, team: str) -> TeamQuota | None:
+    def load(name: str) -> TeamQuota | None:
+        with ctx.engine.connect() as conn:
+            return team_store.get_quota(conn, name)
+
+    return ctx.quotas.get(team, load)  # type: ignore[no-any-return]
+
+
+def _submit(ctx: ApiContext, caller: Principal, spec: JobSpec, key: str | None) -> tuple[JobOut, bool]:
+    if not caller.can_see(spec.team):
+        raise Problem(
+            403, "Forbidden", f"a token of team {caller.team} cannot submit jobs for team {spec.team}"
+        )
+    quota = _quota(ctx, spec.team)
+    if quota is None:
+        raise SpecRejected.one("team", f"no team named {spec.team!r}; a platform admin creates it")
+    violations = check_quota(spec, quota) + check_feasible(spec, ctx.fleet)
+    if violations:
+        raise SpecRejected(violations)
+    job, created = job_store.submit(
+        ctx.engine, spec, idempotency_key=key, created_by=caller.token_id, at=ctx.clock()
+    )
+    if created:
+        metrics.jobs_submitted.labels(spec.team).inc()
+    return JobOut.of(job), created
+
+
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobOut,
+    responses={200: {"model": JobOut, "description": "Replay: this Idempotency-Key already made this job"}},
+)
+async def submit_job(
+    spec: JobSpec,
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    idempotency_key: str | None = Header(None, min_length=1, max_length=255),
+) -> JSONResponse:
+    """Store the job and its event in one transaction. The same key and body return the same job."""
+    job, created = await run_in_threadpool(_submit, ctx, caller, spec, idempotency_key)
+    return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(str(seq).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        value = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise SpecRejected.one("cursor", "not a cursor this API handed out (use next_cursor)") from None
+    if value < 0:
+        raise SpecRejected.one("cursor", "not a cursor this API handed out (use next_cursor)")
+    return value
+
+
+@router.get("/jobs", response_model=JobPage)
+def list_jobs(
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    team: str | None = Query(None, max_length=63),
+    state: JobState | None = None,
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=64),
+) -> JobPage:
+    """Newest first. Members see their team's jobs only; platform admins see every team's."""
+    if team is not None and not caller.can_see(team):
+        return JobPage(items=[], next_cursor=None)
+    teams = [team] if team is not None else (None if caller.is_platform_admin else [caller.team])
+    found, next_seq = job_store.page(
+        ctx.engine,
+        teams=teams,
+        state=state,
+        limit=limit,
+        after_seq=_decode_cursor(cursor) if cursor else None,
+    )
+    return JobPage(
+        items=[JobOut.of(job) for job in found],
+        next_cursor=_encode_cursor(next_seq) if next_seq is not None else None,
+    )
+
+
+@router.get("/jobs/{job_id}", response_model=JobDetailOut)
+def show_job(
+    job_id: str, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
+) -> JobDetailOut:
+    """The job with its attempts and its events. Another team's job answers 404, like a missing one."""
+    detail = job_store.detail(ctx.engine, job_id)
+    if detail is None or not caller.can_see(detail.job.team):
+        raise not_found(f"job {job_id}")
+    return JobDetailOut.of_detail(detail)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut)
+def cancel_job(
+    job_id: str, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
+) -> JobOut:
+    """A pending job is cancelled at once; a placed one is stopped by its launcher, then CANCELLED."""
+    with ctx.engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+    if job is None or not caller.can_see(job.team):
+        raise not_found(f"job {job_id}")
+    try:
+        return JobOut.of(job_store.cancel(ctx.engine, job_id, at=ctx.clock(), by=caller.token_id))
+    except job_store.NotCancellable as error:
+        raise Problem(
+            409, "Conflict", str(error), kind="/problems/not-cancellable", state=error.job.state
+        ) from None

@@ -1,0 +1,3 @@
+from gpuyard.cli.main import app
+
+app()

@@ -1,0 +1,320 @@
+"""`gpuyard`: run the control plane (up, api, relay), manage tokens, submit and follow jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gpuyard.bus.factory import make_bus
+from gpuyard.client import ApiError, GpuyardClient, NotConfigured, resolve_endpoint
+from gpuyard.clock import utcnow
+from gpuyard.settings import Settings, SettingsError, load_settings
+from gpuyard.store import teams as team_store
+
+app = typer.Typer(help="gpuyard: a GPU training platform's control plane.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+out = Console()
+err = Console(stderr=True)
+
+Home = Annotated[
+    Path | None,
+    typer.Option("--home", help="State of the embedded instance [default: $GPUYARD_HOME or ~/.gpuyard]"),
+]
+Url = Annotated[str | None, typer.Option("--url", help="API URL [default: $GPUYARD_URL, else from --home]")]
+Token = Annotated[
+    str | None, typer.Option("--token", help="Bearer token [default: $GPUYARD_TOKEN, else --home's]")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _settings(home: Path | None, **overrides: Any) -> Settings:
+    if home is not None:
+        os.environ["GPUYARD_HOME"] = str(home)  # also where config.yaml is looked for
+    try:
+        settings = load_settings(**overrides)
+    except SettingsError as error:
+        _fail(str(error))
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def _fail(message: str, code: int = 1) -> Any:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _client(home: Path | None, url: str | None, token: str | None) -> GpuyardClient:
+    try:
+        return GpuyardClient(resolve_endpoint(url, token, home))
+    except NotConfigured as error:
+        return _fail(str(error))
+
+
+def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except ApiError as error:
+        _fail(str(error), code=2 if error.status in (400, 409, 413, 422) else 1)
+    except OSError as error:
+        _fail(f"cannot reach the server: {error}")
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "ATTEMPTS", "CREATED")
+    for job in jobs:
+        resources = job["spec"]["resources"]
+        table.add_row(
+            job["id"],
+            job["name"],
+            job["team"],
+            job["state"],
+            f"{resources['gpus']} x {','.join(resources['gpu_types']) or 'any'}",
+            str(job["attempt_count"]),
+            job["created_at"][:19].replace("T", " "),
+        )
+    return table
+
+
+@app.command()
+def up(
+    home: Home = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8080,
+) -> None:
+    """Run the embedded all-in-one control plane: API and outbox relay in one process."""
+    from gpuyard.api.app import create_app
+    from gpuyard.services import AnnouncingServer, background, ensure_admin_token, open_store, relay_loop
+
+    settings = _settings(home, host=host, port=port)
+    engine = open_store(settings)
+    token_path = ensure_admin_token(engine, settings)
+    bus = make_bus(settings)
+    fleet = settings.fleet()
+    gpu_note = ", ".join(sorted({f"{n.gpus} x {n.gpu_type}" for n in fleet.nodes}))
+
+    def ready(url: str) -> None:
+        out.print(
+            f"gpuyard is up at [bold]{url}[/bold]  (store: {settings.database_url}, bus: {settings.bus})"
+        )
+        out.print(f"admin token: {token_path}  (clients find both through --home {settings.home})")
+        cpu_only = {n.gpu_type for n in fleet.nodes} == {"cpu"}
+        out.print(f"fleet: {gpu_note}" + ("  [yellow](CPU slots, no GPUs)[/yellow]" if cpu_only else ""))
+
+    server = AnnouncingServer(
+        uvicorn.Config(
+            create_app(settings, engine), host=host, port=port, log_level="warning", access_log=False
+        ),
+        settings.home,
+        ready,
+    )
+    with background("relay", relay_loop(engine, bus, settings)):
+        server.run()
+
+
+@app.command()
+def api(
+    home: Home = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port.")] = 8080,
+    workers: Annotated[int, typer.Option(min=1, help="Server processes.")] = 2,
+) -> None:
+    """Run the HTTP API alone (production: run `gpuyard relay` beside it)."""
+    from gpuyard.services import open_store
+
+    settings = _settings(home)
+    if settings.bus == "memory" and workers > 1:
+        _fail("bus=memory lives inside one process: use `gpuyard up`, or set GPUYARD_BUS=redis")
+    open_store(settings).dispose()  # migrate once, before the workers start
+    uvicorn.run(
+        "gpuyard.services:app_from_environment",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
+
+
+@app.command()
+def relay(home: Home = None) -> None:
+    """Run the outbox relay alone (production). Several replicas may run at once."""
+    import signal
+    import threading
+
+    from gpuyard.services import open_store, relay_loop
+
+    settings = _settings(home)
+    if settings.bus != "redis":
+        _fail(
+            "bus: a relay in its own process needs bus=redis (the in-process bus lives inside `gpuyard up`)"
+        )
+    engine = open_store(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    err.print(f"relay: publishing {settings.database_url} -> {settings.redis_url}")
+    relay_loop(engine, make_bus(settings), settings)(stop)
+
+
+@token_app.command("create")
+def token_create(
+    team: Annotated[str, typer.Option(help="Team of the token; created with the default quota if new.")],
+    role: Annotated[str, typer.Option(help="member, team-admin or platform-admin.")] = "member",
+    description: Annotated[str, typer.Option(help="What the token is for.")] = "",
+    home: Home = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a token directly in the store and print it once (it is stored only as a hash)."""
+    from gpuyard.domain.spec import dns_label
+    from gpuyard.services import open_store
+
+    try:
+        parsed_role = team_store.Role(role)
+        dns_label(team)
+    except ValueError as error:
+        _fail(f"--role/--team: {error}", code=2)
+    settings = _settings(home)
+    engine = open_store(settings)
+    with engine.begin() as conn:
+        created = team_store.ensure_team(conn, team, settings.default_quota, utcnow())
+        token = team_store.create_token(conn, team, parsed_role, utcnow(), description)
+    if as_json:
+        _print_json({"team": team, "role": role, "token": token, "team_created": created})
+        return
+    if created:
+        err.print(f"created team {team} with the default quota {settings.default_quota.model_dump()}")
+    err.print("token (shown once, store it now):")
+    sys.stdout.write(token + "\n")
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JobSpec YAML (or JSON).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it ends.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Resubmitting with the same key returns the same job.")
+    ] = None,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job."""
+    try:
+        spec = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        _fail(f"{file}: not valid YAML: {error}", code=2)
+    with _client(home, url, token) as client:
+        job = _call(client.submit, spec, idempotency_key=idempotency_key)
+        if not as_json:
+            out.print(
+                f"submitted [bold]{job['id']}[/bold] ({job['name']}, team {job['team']}): {job['state']}"
+            )
+        if wait:
+            with out.status(f"{job['id']}: {job['state']}") as status:
+                job = _call(
+                    client.wait,
+                    job["id"],
+                    on_change=lambda j: status.update(
+                        f"{j['id']}: {j['state']} (attempts: {j['attempt_count']})"
+                    ),
+                )
+            if not as_json:
+                out.print(
+                    f"{job['id']} ended {job['state']}" + (f": {job['reason']}" if job["reason"] else "")
+                )
+    if as_json:
+        _print_json(job)
+    if wait and job["state"] != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@app.command()
+def jobs(
+    team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only this state (PENDING, RUNNING, ...).")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 50,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs, newest first."""
+    with _client(home, url, token) as client:
+        found = _call(lambda: list(client.jobs(team=team, state=state, limit=limit)))
+    if as_json:
+        _print_json(found)
+    else:
+        out.print(_jobs_table(found))
+
+
+@app.command()
+def show(
+    job_id: Annotated[str, typer.Argument(help="Job ID.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show a job with its attempts and events."""
+    with _client(home, url, token) as client:
+        job = _call(client.job, job_id)
+    if as_json:
+        _print_json(job)
+        return
+    out.print(_jobs_table([job]))
+    if job["reason"]:
+        out.print(f"reason: {job['reason']}")
+    if job["attempts"]:
+        attempts = Table("ATTEMPT", "STATE", "PLACEMENT", "STEP", "CHECKPOINT", "EXIT", "REASON")
+        for a in job["attempts"]:
+            attempts.add_row(
+                f"#{a['number']} {a['id']}",
+                a["state"],
+                json.dumps(a["placement"].get("nodes", a["placement"])),
+                str(a["step"] or ""),
+                str(a["checkpoint_step"] or ""),
+                str(a["exit_code"] or ""),
+                a["reason"] or "",
+            )
+        out.print(attempts)
+    events = Table("SEQ", "AT", "EVENT", "DATA")
+    for e in job["events"]:
+        events.add_row(
+            str(e["seq"]), (e["at"] or "")[:23].replace("T", " "), e["type"], json.dumps(e["data"])
+        )
+    out.print(events)
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job ID.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel a job (a running one is stopped by its launcher first)."""
+    with _client(home, url, token) as client:
+        job = _call(client.cancel, job_id)
+    if as_json:
+        _print_json(job)
+    else:
+        pending = " (stop requested)" if job["cancel_requested"] and job["state"] != "CANCELLED" else ""
+        out.print(f"{job['id']}: {job['state']}{pending}")

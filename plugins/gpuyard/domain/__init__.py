@@ -1,0 +1,1 @@
+"""The domain model: immutable values and the state machines. Depends on nothing else in gpuyard."""

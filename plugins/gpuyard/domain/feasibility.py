@@ -1,0 +1,109 @@
+"""Admission checks of a JobSpec against the fleet (can it EVER run?) and the team's quota.
+
+Pure functions: they return every violation found, each with a field path and the rule.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.spec import JobSpec, SpecViolation
+
+
+class TeamQuota(BaseModel):
+    """A team's admission limits (Kueue: its ClusterQueue). `gpu_quota` is nominal concurrent GPUs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_gpus_per_job: int = Field(8, ge=0)
+    allowed_gpu_types: tuple[str, ...] = Field((), description="Empty allows every type.")
+    gpu_quota: int = Field(8, ge=0)
+    cohort: str | None = None
+    weight: float = Field(1.0, gt=0)
+
+
+def check_quota(spec: JobSpec, quota: TeamQuota) -> list[SpecViolation]:
+    violations = []
+    if spec.resources.gpus > quota.max_gpus_per_job:
+        violations.append(
+            SpecViolation(
+                path="resources.gpus",
+                rule=f"team {spec.team} may use at most {quota.max_gpus_per_job} GPUs per job, "
+                f"asked for {spec.resources.gpus}",
+            )
+        )
+    if quota.allowed_gpu_types:
+        # An empty gpu_types ("any") is admitted: placement only offers the team's allowed types.
+        refused = [t for t in spec.resources.gpu_types if t not in quota.allowed_gpu_types]
+        if refused:
+            violations.append(
+                SpecViolation(
+                    path="resources.gpu_types",
+                    rule=f"team {spec.team} may use GPU types {list(quota.allowed_gpu_types)}, not {refused}",
+                )
+            )
+    return violations
+
+
+def _fits_node(spec: JobSpec, node: Node) -> bool:
+    res = spec.resources
+    return (
+        (not res.gpu_types or node.gpu_type in res.gpu_types)
+        and node.gpus >= res.gpus_per_node
+        and (res.gpu_memory_bytes is None or node.gpu_memory_gb * 2**30 >= res.gpu_memory_bytes)
+        and (not spec.sites or node.site in spec.sites)
+    )
+
+
+def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
+    """Could the whole gang ever fit inside ONE fast domain of this fleet, on an empty fleet?"""
+    res = spec.resources
+    typed = [n for n in fleet.nodes if not res.gpu_types or n.gpu_type in res.gpu_types]
+    if not typed:
+        return [
+            SpecViolation(
+                path="resources.gpu_types",
+                rule=f"no node in the fleet has GPU type {list(res.gpu_types)}; "
+                f"the fleet has {sorted(fleet.gpu_types)}",
+            )
+        ]
+    if spec.sites and not any(n.site in spec.sites for n in typed):
+        return [
+            SpecViolation(
+                path="sites",
+                rule=f"none of the allowed sites {list(spec.sites)} has GPU type {list(res.gpu_types)}; "
+                f"sites with it: {sorted({n.site for n in typed})}",
+            )
+        ]
+    largest_node = max(n.gpus for n in typed)
+    if res.gpus_per_node > largest_node:
+        return [
+            SpecViolation(
+                path="resources.gpus",
+                rule=f"{res.gpus} GPUs over {res.nodes} node(s) needs {res.gpus_per_node} GPUs per node, "
+                f"but the largest node of the accepted types has {largest_node}",
+            )
+        ]
+    memory = res.gpu_memory_bytes
+    if memory is not None and not any(n.gpu_memory_gb * 2**30 >= memory for n in typed):
+        best = max(n.gpu_memory_gb for n in typed)
+        return [
+            SpecViolation(
+                path="resources.gpu_memory",
+                rule=f"asks for {memory / 2**30:g} GiB per GPU; the most any accepted node has is {best:g}",
+            )
+        ]
+    best_domain = 0
+    for nodes in fleet.domains().values():
+        fitting = sum(1 for n in nodes if _fits_node(spec, n))
+        best_domain = max(best_domain, fitting)
+        if fitting >= res.nodes:
+            return []
+    return [
+        SpecViolation(
+            path="resources.nodes",
+            rule=f"a gang of {res.nodes} nodes x {res.gpus_per_node} GPUs must fit in ONE fast domain, "
+            f"but the largest domain offers {best_domain} such node(s)",
+        )
+    ]

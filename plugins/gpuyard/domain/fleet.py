@@ -1,0 +1,85 @@
+"""The fleet: sites -> clusters -> fast interconnect domains -> nodes, and what it can ever offer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from gpuyard.domain.spec import Name
+
+
+class Node(BaseModel):
+    """One machine. `domain` names its fast interconnect island (NVLink/InfiniBand) in its cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: StrictStr
+    site: Name
+    cluster: Name
+    domain: Name
+    gpu_type: StrictStr
+    gpus: StrictInt = Field(ge=0)
+    gpu_memory_gb: StrictFloat | StrictInt = Field(0, ge=0)
+    cpu: StrictFloat | StrictInt = Field(1, gt=0)
+    memory_gb: StrictFloat | StrictInt = Field(1, gt=0)
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    taints: tuple[StrictStr, ...] = ()
+    price_per_gpu_hour: StrictFloat | StrictInt = Field(0.0, ge=0)
+    preemptible: StrictBool = False
+
+    @property
+    def domain_key(self) -> tuple[str, str, str]:
+        """Domains are named within their cluster, which is named within its site."""
+        return (self.site, self.cluster, self.domain)
+
+
+class Fleet(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: tuple[Node, ...]
+
+    def domains(self) -> dict[tuple[str, str, str], list[Node]]:
+        grouped: dict[tuple[str, str, str], list[Node]] = defaultdict(list)
+        for node in self.nodes:
+            grouped[node.domain_key].append(node)
+        return dict(grouped)
+
+    @property
+    def gpu_types(self) -> frozenset[str]:
+        return frozenset(node.gpu_type for node in self.nodes)
+
+    @property
+    def sites(self) -> frozenset[str]:
+        return frozenset(node.site for node in self.nodes)
+
+
+def load_fleet(path: Path) -> Fleet:
+    """Read a fleet YAML file: `{nodes: [...]}`. Errors name the file and the field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"fleet file {path}: {error}") from error
+    try:
+        return Fleet.model_validate(data)
+    except Exception as error:
+        raise ValueError(f"fleet file {path}: {error}") from error
+
+
+def local_fleet(slots: int, gpu_type: str = "cpu", gpu_memory_gb: float = 0.0) -> Fleet:
+    """The embedded default: this machine as one node, one domain, one site."""
+    return Fleet(
+        nodes=(
+            Node(
+                name="local",
+                site="local",
+                cluster="local",
+                domain="local",
+                gpu_type=gpu_type,
+                gpus=slots,
+                gpu_memory_gb=gpu_memory_gb,
+            ),
+        )
+    )

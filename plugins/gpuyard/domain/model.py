@@ -1,0 +1,66 @@
+"""Read models of what the store holds: Job, Attempt, Lease, Event. Immutable snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpuyard.domain.spec import JobSpec
+from gpuyard.domain.states import AttemptState, JobState
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    team: str
+    name: str
+    spec: JobSpec
+    state: JobState
+    created_at: datetime
+    updated_at: datetime
+    created_by: str
+    failures: int = 0
+    attempt_count: int = 0
+    cancel_requested: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim on one GPU of one node for an attempt; valid until `expires_at` and only for its token."""
+
+    attempt_id: str
+    node: str
+    gpu_index: int
+    fencing_token: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: str
+    job_id: str
+    number: int
+    state: AttemptState
+    fencing_token: int
+    placement: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    exit_code: int | None = None
+    reason: str | None = None
+    step: int | None = None
+    checkpoint_url: str | None = None
+    checkpoint_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened, kept as the job's history AND published by the outbox relay."""
+
+    seq: int
+    type: str
+    job_id: str
+    attempt_id: str | None
+    data: dict[str, Any] = field(default_factory=dict)
+    at: datetime | None = None

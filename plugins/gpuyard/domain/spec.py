@@ -1,0 +1,233 @@
+"""JobSpec: the immutable description of a job, validated strictly at the door.
+
+A spec is checked in two stages. The model itself enforces shape, types, units and internal
+consistency (extra fields are rejected). `feasibility.check_feasible` then checks it against the
+fleet and the team's quota, which are data the model cannot know.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from gpuyard.domain.units import parse_bytes, parse_cpu, parse_duration
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://.+$")
+
+PRIORITY_CLASSES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+
+
+def dns_label(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"expected a lowercase DNS label (a-z, 0-9, '-', at most 63 characters), got {value!r}"
+        )
+    return value
+
+
+def _url(value: str) -> str:
+    if not _URL.match(value):
+        raise ValueError(
+            f"expected an fsspec URL with a scheme such as 'file:///...' or 's3://...', got {value!r}"
+        )
+    return value
+
+
+def _quantity(parse: Callable[[Any], object], *, allow: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """A validator that keeps the value as written (so specs round-trip) once `parse` accepts it."""
+
+    def validate(value: Any) -> Any:
+        if value in allow:
+            return value
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ValueError(f"expected a string or a number, got {type(value).__name__}")
+        parse(value)
+        return value
+
+    return validate
+
+
+Name = Annotated[StrictStr, AfterValidator(dns_label)]
+Url = Annotated[StrictStr, AfterValidator(_url)]
+ByteQuantity = Annotated[str | int, PlainValidator(_quantity(parse_bytes), json_schema_input_type=str | int)]
+CpuQuantity = Annotated[
+    str | int | float, PlainValidator(_quantity(parse_cpu), json_schema_input_type=str | int | float)
+]
+Duration = Annotated[
+    str | int | float, PlainValidator(_quantity(parse_duration), json_schema_input_type=str | int | float)
+]
+Interval = Annotated[
+    str | int | float,
+    PlainValidator(_quantity(parse_duration, allow=("auto",)), json_schema_input_type=str | int | float),
+]
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataAccess(_Value):
+    """A dataset the job reads or writes; the scheduler places jobs where this access exists."""
+
+    uri: Url
+    access: Literal["read", "write"] = "read"
+
+
+class Resources(_Value):
+    """What one run needs. `gpus` is the total over all nodes and is split evenly across them."""
+
+    gpus: StrictInt = Field(1, ge=0, le=4096)
+    gpu_types: tuple[StrictStr, ...] = Field(
+        (), description="Accepted GPU types (e.g. a100, h100, cpu); empty accepts any type."
+    )
+    gpu_memory: ByteQuantity | None = Field(None, description="Minimum memory per GPU, e.g. '80Gi'.")
+    nodes: StrictInt = Field(1, ge=1, le=1024)
+    cpu: CpuQuantity | None = Field(None, description="CPU per node, e.g. 8 or '500m'.")
+    memory: ByteQuantity | None = Field(None, description="Memory per node, e.g. '64Gi'.")
+
+    @model_validator(mode="after")
+    def _split_evenly(self) -> Resources:
+        if self.gpus % self.nodes:
+            raise ValueError(
+                f"gpus ({self.gpus}) must split evenly over nodes ({self.nodes}): "
+                "every node of a gang runs the same number of workers"
+            )
+        if len(set(self.gpu_types)) != len(self.gpu_types):
+            raise ValueError(f"gpu_types lists a type twice: {list(self.gpu_types)}")
+        return self
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory is None else parse_bytes(self.gpu_memory)
+
+
+class RetryPolicy(_Value):
+    """Failures of the job's own code use up `max_failures`; preemption and node loss never do."""
+
+    max_failures: StrictInt = Field(2, ge=0, le=100)
+    backoff: Duration = Field("30s", description="Wait before retrying after a failure.")
+    retryable_exit_codes: tuple[StrictInt, ...] | None = Field(
+        None, description="Exit codes worth a retry; null retries any failure."
+    )
+
+
+class CheckpointPolicy(_Value):
+    """Where checkpoints go (never local disk in production) and how often they are taken."""
+
+    url: Url
+    interval: Interval = Field(
+        "auto", description="'auto' (Young/Daly from measured cost and interruption rate) or a duration."
+    )
+    keep: StrictInt = Field(3, ge=1, le=1000, description="Newest checkpoints kept.")
+
+    @property
+    def interval_seconds(self) -> float | None:
+        return None if self.interval == "auto" else parse_duration(self.interval)
+
+
+class Reproducibility(_Value):
+    seed: StrictInt | None = None
+    code_version: StrictStr | None = None
+    data_snapshot: StrictStr | None = None
+
+
+class JobSpec(_Value):
+    """An accepted JobSpec never changes; a change is a new job."""
+
+    name: Name
+    team: Name
+    image: StrictStr = Field(min_length=1, max_length=512)
+    command: tuple[StrictStr, ...] = Field(min_length=1, max_length=256)
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    priority: Literal["low", "normal", "high"] = "normal"
+    preemptible: StrictBool = False
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    checkpoint: CheckpointPolicy | None = None
+    data: tuple[DataAccess, ...] = ()
+    sites: tuple[Name, ...] = Field((), description="Sites the job may run at; empty allows all.")
+    max_runtime: Duration | None = None
+    reproducibility: Reproducibility = Field(default_factory=Reproducibility)
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_env(self) -> JobSpec:
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"env: {key!r} is not a valid environment variable name")
+            if key.startswith("GPUYARD_"):
+                raise ValueError(f"env: {key!r} is reserved: GPUYARD_* variables are set by the launcher")
+        return self
+
+    @property
+    def priority_value(self) -> int:
+        return PRIORITY_CLASSES[self.priority]
+
+    def canonical_json(self) -> str:
+        """The spec with every default filled in, keys sorted: equal specs give equal strings."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+class SpecViolation(BaseModel):
+    """One broken rule: where (a dotted field path) and what."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    rule: str
+
+
+class SpecRejected(ValueError):
+    def __init__(self, violations: list[SpecViolation]):
+        self.violations = violations
+        super().__init__("; ".join(f"{v.path}: {v.rule}" for v in violations))
+
+    @classmethod
+    def one(cls, path: str, rule: str) -> SpecRejected:
+        return cls([SpecViolation(path=path, rule=rule)])
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    # pydantic puts union branches and validator names into loc; keep only field names and indexes
+    parts = [str(part) for part in loc if not (isinstance(part, str) and "[" in part)]
+    return ".".join(parts) or "(root)"
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validate a decoded document (dict from YAML or JSON) into a JobSpec or raise SpecRejected."""
+    if not isinstance(data, dict):
+        raise SpecRejected([SpecViolation(path="(root)", rule="expected a mapping of JobSpec fields")])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        violations: dict[str, SpecViolation] = {}
+        for item in error.errors():
+            path = field_path(item["loc"])
+            message = item["msg"].removeprefix("Value error, ")
+            violations.setdefault(path, SpecViolation(path=path, rule=message))
+        raise SpecRejected(list(violations.values())) from None

@@ -1,0 +1,98 @@
+"""Starting the control plane's processes: store, admin bootstrap, relay loop, HTTP server.
+
+`gpuyard up` runs all of them in one process (the embedded default); production runs `gpuyard api`
+and `gpuyard relay` as separate processes (replicas are safe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from sqlalchemy import Engine
+
+from gpuyard.api.app import create_app
+from gpuyard.bus.base import EventBus
+from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
+from gpuyard.clock import utcnow
+from gpuyard.relay import Relay
+from gpuyard.settings import Settings, load_settings
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine, migrate
+
+ADMIN_TEAM = "platform"
+
+
+def open_store(settings: Settings) -> Engine:
+    engine = make_engine(str(settings.database_url), pool_size=settings.db_pool_size)
+    migrate(engine)
+    return engine
+
+
+def ensure_admin_token(engine: Engine, settings: Settings) -> Path:
+    """Keep a platform-admin token in `<home>/admin.token` (mode 0600) that this store accepts."""
+    path = settings.home / ADMIN_TOKEN_FILE
+    with engine.begin() as conn:
+        if path.exists() and team_store.authenticate(conn, path.read_text().strip()):
+            return path
+        team_store.ensure_team(conn, ADMIN_TEAM, settings.default_quota, utcnow())
+        token = team_store.create_token(
+            conn, ADMIN_TEAM, team_store.Role.PLATFORM_ADMIN, utcnow(), "embedded instance admin"
+        )
+    settings.home.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return path
+
+
+@contextmanager
+def background(name: str, loop: Callable[[threading.Event], None]) -> Any:
+    """Run `loop(stop)` in a daemon thread for the duration of the block."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loop, args=(stop,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def relay_loop(engine: Engine, bus: EventBus, settings: Settings) -> Callable[[threading.Event], None]:
+    relay = Relay(engine, bus, batch_size=settings.relay_batch_size)
+    return lambda stop: relay.run(stop, poll_s=settings.relay_poll_seconds)
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that writes `<home>/server.json` once it listens, and removes it on exit."""
+
+    def __init__(self, config: uvicorn.Config, home: Path, on_ready: Callable[[str], None]):
+        super().__init__(config)
+        self.home, self.on_ready = home, on_ready
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.should_exit:
+            return
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        url = f"http://{host}:{port}"
+        (self.home / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        self.on_ready(url)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        with suppress(FileNotFoundError):
+            (self.home / SERVER_FILE).unlink()
+        await super().shutdown(sockets)
+
+
+def app_from_environment() -> Any:
+    """ASGI factory for `gpuyard api` workers: settings come from the environment."""
+    settings = load_settings()
+    return create_app(settings, make_engine(str(settings.database_url), pool_size=settings.db_pool_size))

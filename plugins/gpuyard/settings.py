@@ -1,0 +1,126 @@
+"""One settings object: environment (GPUYARD_*), an optional YAML file, then defaults.
+
+`profile` picks the embedded parts (SQLite, in-process bus, local launcher) or the production
+parts (PostgreSQL, Redis Streams, Kubernetes) of DESIGN.md section 6; every part can be set on its
+own, and combinations that cannot work are refused at start with the setting named.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
+
+
+class SettingsError(ValueError):
+    """A setting is missing, malformed or contradicts another; the message names it."""
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("GPUYARD_HOME") or Path.home() / ".gpuyard")
+
+
+class _YamlFile(PydanticBaseSettingsSource):
+    """Settings from `$GPUYARD_CONFIG`, else `<home>/config.yaml` when it exists."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None):
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            data = yaml.safe_load(self.path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise SettingsError(f"config file {self.path}: not valid YAML: {error}") from error
+        if not isinstance(data, dict):
+            raise SettingsError(f"config file {self.path}: expected a mapping of settings")
+        return data
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUYARD_", extra="forbid", env_nested_delimiter="__")
+
+    profile: Literal["embedded", "production"] = "embedded"
+    home: Path = Field(default_factory=default_home)
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite under home.")
+    bus: Literal["memory", "redis"] | None = None
+    redis_url: str | None = None
+    launcher: Literal["local", "kubernetes"] | None = None
+    fleet_file: Path | None = None
+    local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")
+    default_quota: TeamQuota = Field(default_factory=TeamQuota)
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    relay_batch_size: int = Field(200, ge=1, le=10_000)
+    relay_poll_seconds: float = Field(0.05, gt=0)
+    db_pool_size: int = Field(16, ge=1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = os.environ.get("GPUYARD_CONFIG")
+        path = Path(config) if config else default_home() / "config.yaml"
+        if config and not path.exists():
+            raise SettingsError(f"GPUYARD_CONFIG points at {path}, which does not exist")
+        return (init_settings, env_settings, _YamlFile(settings_cls, path))
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Settings:
+        production = self.profile == "production"
+        if self.bus is None:
+            self.bus = "redis" if production else "memory"
+        if self.launcher is None:
+            self.launcher = "kubernetes" if production else "local"
+        if self.database_url is None:
+            if production:
+                raise ValueError("database_url (GPUYARD_DATABASE_URL) is required with profile=production")
+            self.database_url = f"sqlite:///{self.home / 'gpuyard.db'}"
+        if not self.database_url.startswith(("sqlite", "postgresql")):
+            raise ValueError(f"database_url must be sqlite:// or postgresql://, got {self.database_url!r}")
+        if production and self.database_url.startswith("sqlite"):
+            raise ValueError("database_url: profile=production needs PostgreSQL, not SQLite")
+        if self.bus == "redis" and not self.redis_url:
+            raise ValueError("redis_url (GPUYARD_REDIS_URL) is required with bus=redis")
+        if production and self.bus == "memory":
+            raise ValueError("bus: profile=production cannot use the in-process bus; use bus=redis")
+        if self.fleet_file is not None and not self.fleet_file.exists():
+            raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return str(self.database_url).startswith("sqlite")
+
+    def fleet(self) -> Fleet:
+        return load_fleet(self.fleet_file) if self.fleet_file else local_fleet(self.local_slots)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings or raise SettingsError naming the broken setting."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy Core tables, Alembic migrations, and the queries the services run."""

@@ -1,0 +1,189 @@
+"""Jobs: submission with idempotency, reads with cursor pagination, cancellation."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gpuyard.domain.model import Attempt, Event, Job
+from gpuyard.domain.spec import JobSpec
+from gpuyard.domain.states import TERMINAL_JOB_STATES, AttemptState, JobState
+from gpuyard.store.outbox import append_event, job_events
+from gpuyard.store.tables import attempts, jobs
+from gpuyard.store.transitions import move_job
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different JobSpec."""
+
+    def __init__(self, key: str, job_id: str):
+        self.key, self.job_id = key, job_id
+        super().__init__(f"Idempotency-Key {key!r} was already used for job {job_id} with a different body")
+
+
+class NotCancellable(Exception):
+    def __init__(self, job: Job):
+        self.job = job
+        super().__init__(f"job {job.id} is already {job.state.value}")
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    job: Job
+    attempts: list[Attempt]
+    events: list[Event]
+
+
+def new_job_id() -> str:
+    return f"job-{secrets.token_hex(8)}"
+
+
+def _insert(conn: Connection) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(jobs)
+
+
+def submit(
+    engine: Engine, spec: JobSpec, *, idempotency_key: str | None, created_by: str, at: datetime
+) -> tuple[Job, bool]:
+    """Store the job and its `job.submitted` event in ONE transaction. Returns (job, created)."""
+    spec_json = spec.model_dump(mode="json")
+    spec_hash = spec.fingerprint()
+    row = {
+        "id": new_job_id(),
+        "team": spec.team,
+        "name": spec.name,
+        "spec": spec_json,
+        "spec_hash": spec_hash,
+        "idempotency_key": idempotency_key,
+        "state": JobState.PENDING.value,
+        "priority": spec.priority_value,
+        "gpus": spec.resources.gpus,
+        "created_by": created_by,
+        "created_at": at,
+        "updated_at": at,
+    }
+    with engine.begin() as conn:
+        statement = _insert(conn).values(**row)
+        if idempotency_key is not None:
+            statement = statement.on_conflict_do_nothing(index_elements=["team", "idempotency_key"])
+        if conn.execute(statement).rowcount == 0:
+            existing = conn.execute(
+                select(jobs).where(jobs.c.team == spec.team, jobs.c.idempotency_key == idempotency_key)
+            ).one()
+            if existing.spec_hash != spec_hash:
+                raise IdempotencyConflict(str(idempotency_key), existing.id)
+            return job_from_row(existing), False
+        append_event(
+            conn,
+            type="job.submitted",
+            job_id=row["id"],
+            at=at,
+            data={"team": spec.team, "gpus": spec.resources.gpus, "priority": spec.priority},
+        )
+    return _job(row, spec), True
+
+
+def get(conn: Connection, job_id: str) -> Job | None:
+    row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+    return job_from_row(row) if row else None
+
+
+def detail(engine: Engine, job_id: str) -> JobDetail | None:
+    with engine.connect() as conn:
+        job = get(conn, job_id)
+        if job is None:
+            return None
+        rows = conn.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number))
+        return JobDetail(
+            job=job, attempts=[attempt_from_row(r) for r in rows], events=job_events(conn, job_id)
+        )
+
+
+def page(
+    engine: Engine,
+    *,
+    teams: list[str] | None,
+    state: JobState | None,
+    limit: int,
+    after_seq: int | None,
+) -> tuple[list[Job], int | None]:
+    """Newest first. `teams=None` means every team. Returns the jobs and the cursor of the next page."""
+    query = select(jobs).order_by(jobs.c.seq.desc()).limit(limit + 1)
+    if teams is not None:
+        query = query.where(jobs.c.team.in_(teams))
+    if state is not None:
+        query = query.where(jobs.c.state == state.value)
+    if after_seq is not None:
+        query = query.where(jobs.c.seq < after_seq)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [job_from_row(r) for r in rows], (rows[-1].seq if more else None)
+
+
+def count_by_state(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
+        return {state: count for state, count in rows}
+
+
+def cancel(engine: Engine, job_id: str, *, at: datetime, by: str) -> Job:
+    """A pending job is cancelled at once; a placed one is marked, and its attempt is stopped by its owner."""
+    with engine.begin() as conn:
+        job = get(conn, job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if job.state in TERMINAL_JOB_STATES:
+            raise NotCancellable(job)
+        if job.state == JobState.PENDING:
+            move_job(conn, job_id, JobState.PENDING, JobState.CANCELLED, at=at, reason=f"cancelled by {by}")
+        elif not job.cancel_requested:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=at))
+            append_event(conn, type="job.cancel_requested", job_id=job_id, at=at, data={"by": by})
+        return get(conn, job_id)  # type: ignore[return-value]
+
+
+def _job(row: dict[str, Any], spec: JobSpec) -> Job:
+    return Job(
+        id=row["id"],
+        team=row["team"],
+        name=row["name"],
+        spec=spec,
+        state=JobState(row["state"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        created_by=row["created_by"],
+        failures=row.get("failures", 0),
+        attempt_count=row.get("attempt_count", 0),
+        cancel_requested=row.get("cancel_requested", False),
+        reason=row.get("reason"),
+    )
+
+
+def job_from_row(row: Any) -> Job:
+    mapping = row._mapping
+    return _job(dict(mapping), JobSpec.model_validate(mapping["spec"]))
+
+
+def attempt_from_row(row: Any) -> Attempt:
+    return Attempt(
+        id=row.id,
+        job_id=row.job_id,
+        number=row.number,
+        state=AttemptState(row.state),
+        fencing_token=row.fencing_token,
+        placement=row.placement,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        exit_code=row.exit_code,
+        reason=row.reason,
+        step=row.step,
+        checkpoint_url=row.checkpoint_url,
+        checkpoint_step=row.checkpoint_step,
+    )

@@ -1,0 +1,159 @@
+"""The schema, as SQLAlchemy Core tables. Alembic migrations under migrations/ create it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData()
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timestamps are UTC-aware in Python on every database (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("gpuyard stores aware datetimes only")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+SeqId = BigInteger().with_variant(Integer(), "sqlite")
+
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("max_gpus_per_job", Integer, nullable=False),
+    Column("allowed_gpu_types", JSON, nullable=False),
+    Column("gpu_quota", Integer, nullable=False),
+    Column("cohort", String(63)),
+    Column("weight", Float, nullable=False, server_default=text("1.0")),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("team", String(63), ForeignKey("teams.name"), nullable=False),
+    Column("role", String(32), nullable=False),
+    Column("description", String(200), nullable=False, server_default=""),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("revoked_at", UtcDateTime()),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("seq", SeqId, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("team", String(63), ForeignKey("teams.name"), nullable=False),
+    Column("name", String(63), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("spec_hash", String(64), nullable=False),
+    Column("idempotency_key", String(255)),
+    Column("state", String(16), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("attempt_count", Integer, nullable=False, server_default=text("0")),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("reason", Text),
+    Column("created_by", String(32), nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+    Index("ix_jobs_state_priority", "state", "priority", "seq"),
+    Index("ix_jobs_team_seq", "team", "seq"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", String(48), primary_key=True),
+    Column("job_id", String(40), ForeignKey("jobs.id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("placement", JSON, nullable=False),
+    Column("exit_code", Integer),
+    Column("reason", Text),
+    Column("step", BigInteger),
+    Column("checkpoint_url", Text),
+    Column("checkpoint_step", BigInteger),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    # (job, number) is the idempotency key of a launch: a duplicate message cannot make a second one.
+    UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),
+    Index("ix_attempts_state", "state"),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column("gpu_index", Integer, primary_key=True),
+    Column("attempt_id", String(48), ForeignKey("attempts.id"), nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Index("ix_leases_attempt", "attempt_id"),
+)
+
+# The event log is also the transactional outbox: a row written in the same transaction as the
+# change it records, published by the relay, which then sets `published_at`.
+events = Table(
+    "events",
+    metadata,
+    Column("seq", SeqId, primary_key=True, autoincrement=True),
+    Column("type", String(64), nullable=False),
+    Column("job_id", String(40), nullable=False),
+    Column("attempt_id", String(48)),
+    Column("data", JSON, nullable=False),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("published_at", UtcDateTime()),
+    Index("ix_events_job", "job_id", "seq"),
+    Index(
+        "ix_events_unpublished",
+        "seq",
+        postgresql_where=text("published_at IS NULL"),
+        sqlite_where=text("published_at IS NULL"),
+    ),
+)
+
+# A monotonically increasing source of fencing tokens, shared by every scheduler replica.
+fencing = Table(
+    "fencing",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)

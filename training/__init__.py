@@ -1,0 +1,1 @@
+"""gpuyard worker runtime: the training entry point, checkpoints, heartbeats and the parallelism planner."""
