@@ -1,0 +1,359 @@
+"""Durable, resumable checkpoints with torch.distributed.checkpoint (DCP) through fsspec.
+
+Layout under the checkpoint root (any fsspec URL):
+
+    step-000000120/
+        state/            DCP files: model and optimizer, sharded by the ranks that saved them
+        rng/rank-N.pt     each rank's RNG states
+        trainer.pt        LR scheduler state, step, data position, metrics (rank 0)
+        manifest.json     written LAST, after every other file is durable: sizes and sha256 of every file
+
+A checkpoint without a manifest (or whose checksums do not match) is incomplete and never read. DCP stores
+tensors by their fully qualified names, so a checkpoint saved by N ranks loads on M ranks, DDP or FSDP.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What a heartbeat reports about the newest durable checkpoint."""
+
+    url: str
+    step: int
+    saved_at: datetime
+    cost_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "step": self.step, "saved_at": self.saved_at.isoformat(),
+                "cost_s": round(self.cost_s, 6)}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    saved_at: str
+    files: dict[str, dict[str, Any]]
+    metrics: dict[str, float] = field(default_factory=dict)
+    run: dict[str, str | None] = field(default_factory=dict)
+    """mlflow_run_id, job_id, attempt_id: what ties attempts of one run together."""
+    cost_s: float = 0.0
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        if raw.get("format_version") != FORMAT_VERSION:
+            got = raw.get("format_version")
+            raise CheckpointError(f"manifest format_version: expected {FORMAT_VERSION}, got {got}")
+        return cls(**raw)
+
+
+def _sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class CheckpointStore:
+    """The checkpoint root: lists complete checkpoints, writes manifests, applies retention."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+
+    def step_url(self, step: int) -> str:
+        return f"{self.url}/step-{step:09d}"
+
+    def _step_path(self, step: int) -> str:
+        return f"{self.root}/step-{step:09d}"
+
+    def steps(self) -> list[int]:
+        """Steps that have a folder, complete or not, oldest first."""
+        if not self.fs.exists(self.root):
+            return []
+        found = []
+        for entry in self.fs.ls(self.root, detail=False):
+            m = _STEP_DIR.search(entry.rstrip("/"))
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def read_manifest(self, step: int) -> Manifest | None:
+        path = f"{self._step_path(step)}/{MANIFEST}"
+        if not self.fs.exists(path):
+            return None
+        with self.fs.open(path, "r") as fh:
+            return Manifest.from_json(fh.read())
+
+    def complete(self) -> list[Manifest]:
+        manifests = []
+        for step in self.steps():
+            try:
+                m = self.read_manifest(step)
+            except (CheckpointError, ValueError, TypeError) as exc:
+                log.warning("checkpoint step %d: unreadable manifest (%s), skipped", step, exc)
+                continue
+            if m is not None:
+                manifests.append(m)
+        return manifests
+
+    def verify(self, manifest: Manifest, checksums: bool = True) -> str | None:
+        """None when every file the manifest lists is there with its size (and sha256); else the reason."""
+        base = self._step_path(manifest.step)
+        for rel, info in manifest.files.items():
+            path = f"{base}/{rel}"
+            if not self.fs.exists(path):
+                return f"{rel} is missing"
+            size = self.fs.size(path)
+            if size != info["size"]:
+                return f"{rel} has {size} bytes, manifest says {info['size']}"
+            if checksums and _sha256(self.fs, path) != info["sha256"]:
+                return f"{rel} does not match its sha256"
+        return None
+
+    def latest(self, verify_checksums: bool = True) -> Manifest | None:
+        """The newest checkpoint that is complete and intact."""
+        for manifest in reversed(self.complete()):
+            problem = self.verify(manifest, verify_checksums)
+            if problem is None:
+                return manifest
+            log.warning("checkpoint step %d is damaged (%s); trying an older one", manifest.step, problem)
+        return None
+
+    def finalize(self, step: int, world_size: int, metrics: dict[str, float], run: dict[str, str | None],
+                 cost_s: float) -> Manifest:
+        """Checksum every file of the step's folder, then write the manifest (atomically, last)."""
+        base = self._step_path(step)
+        files = {}
+        for path in sorted(self.fs.find(base)):
+            rel = path[len(base) + 1:] if path.startswith(base + "/") else path.rsplit("/step-", 1)[-1]
+            if rel in (MANIFEST, MANIFEST + ".tmp"):
+                continue
+            files[rel] = {"size": self.fs.size(path), "sha256": _sha256(self.fs, path)}
+        manifest = Manifest(step=step, world_size=world_size, saved_at=datetime.now(UTC).isoformat(),
+                            files=files, metrics=metrics, run=run, cost_s=cost_s)
+        tmp = f"{base}/{MANIFEST}.tmp"
+        self.fs.makedirs(base, exist_ok=True)
+        with self.fs.open(tmp, "w") as fh:
+            fh.write(json.dumps(asdict(manifest), indent=1, sort_keys=True))
+        self.fs.mv(tmp, f"{base}/{MANIFEST}")
+        return manifest
+
+    def apply_retention(self, keep_last: int, best_metric: str | None, best_mode: str,
+                        newest: int) -> list[int]:
+        """Delete complete checkpoints beyond the newest `keep_last` and the best by `best_metric`, and
+        abandoned incomplete ones older than `newest`. Returns the steps deleted."""
+        complete = self.complete()
+        keep = {m.step for m in complete[-keep_last:]} | {newest}
+        scored = [m for m in complete if best_metric and best_metric in m.metrics]
+        if scored:
+            pick = min if best_mode == "min" else max
+            keep.add(pick(scored, key=lambda m: m.metrics[best_metric]).step)
+        complete_steps = {m.step for m in complete}
+        doomed = [s for s in self.steps() if s not in keep and (s in complete_steps or s < newest)]
+        for step in doomed:
+            # Remove the manifest first so a concurrent reader never sees a complete-looking partial folder.
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(f"{self._step_path(step)}/{MANIFEST}")
+            self.fs.rm(self._step_path(step), recursive=True)
+        return doomed
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                             "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_torch(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as fh:
+        fh.write(buf.getvalue())
+
+
+def _read_torch(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    with fs.open(path, "rb") as fh:
+        return torch.load(io.BytesIO(fh.read()), weights_only=False)
+
+
+@dataclass(frozen=True)
+class Restored:
+    manifest: Manifest
+    trainer: dict[str, Any]
+    rng_restored: bool
+    """False when this rank had no saved RNG state (the run grew); it was reseeded instead."""
+
+
+class Checkpointer:
+    """Saves and restores one training run's state on every rank; synchronously or asynchronously.
+
+    Asynchronous saves copy the state to CPU memory (the only stall), then a background thread writes it
+    and, on rank 0, writes the manifest. At most one save is in flight: the next one waits for it.
+    """
+
+    def __init__(self, store: CheckpointStore, rank: int, world_size: int, group: dist.ProcessGroup | None,
+                 *, async_save: bool = False, keep_last: int = 2, best_metric: str | None = None,
+                 best_mode: str = "min", clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.async_save = async_save
+        self.keep_last = keep_last
+        self.best_metric = best_metric
+        self.best_mode = best_mode
+        self.clock = clock
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
+        self._pending: concurrent.futures.Future[None] | None = None
+        self._lock = threading.Lock()
+        self._latest: CheckpointRecord | None = None
+        self.stalls_s: list[float] = []
+
+    @property
+    def latest(self) -> CheckpointRecord | None:
+        """The newest checkpoint known durable (manifest written)."""
+        with self._lock:
+            return self._latest
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, trainer: dict[str, Any],
+             metrics: dict[str, float], run: dict[str, str | None], *, force_sync: bool = False) -> None:
+        """Checkpoint `step` on every rank (a collective). Returns once the state is safe to mutate: at
+        once for an asynchronous save, after the manifest is written for a synchronous one."""
+        started = self.clock()
+        self.wait()
+        step_url = self.store.step_url(step)
+        _write_torch(self.store.fs, f"{self.store._step_path(step)}/rng/rank-{self.rank}.pt", capture_rng())
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+        trainer = {**trainer, "step": step, "metrics": dict(metrics)}
+        if self.async_save and not force_sync:
+            response = dcp.async_save(state, storage_writer=FsspecWriter(f"{step_url}/state"),
+                                      process_group=self.group)
+            upload = response.upload_completion if hasattr(response, "upload_completion") else response
+            self.stalls_s.append(self.clock() - started)
+            self._pending = self._pool.submit(self._complete, upload, step, trainer, metrics, run, started)
+        else:
+            dcp.save(state, storage_writer=FsspecWriter(f"{step_url}/state"), process_group=self.group)
+            self._complete(None, step, trainer, metrics, run, started)
+            if self.group is not None:
+                dist.barrier(group=self.group)
+            self.stalls_s.append(self.clock() - started)
+
+    def _complete(self, upload: concurrent.futures.Future[Any] | None, step: int, trainer: dict[str, Any],
+                  metrics: dict[str, float], run: dict[str, str | None], started: float) -> None:
+        if upload is not None:
+            upload.result()
+        if self.rank != 0:
+            return
+        _write_torch(self.store.fs, f"{self.store._step_path(step)}/trainer.pt", trainer)
+        cost = self.clock() - started
+        manifest = self.store.finalize(step, self.world_size, metrics, run, cost)
+        with self._lock:
+            self._latest = CheckpointRecord(self.store.step_url(step), step,
+                                            datetime.fromisoformat(manifest.saved_at), cost)
+        deleted = self.store.apply_retention(self.keep_last, self.best_metric, self.best_mode, step)
+        if deleted:
+            log.info("retention removed checkpoints at steps %s", deleted)
+
+    def wait(self) -> None:
+        """Block until the in-flight asynchronous save (if any) is durable; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
+
+    def find_latest(self, verify_checksums: bool = True) -> Manifest | None:
+        """Rank 0 picks the newest intact checkpoint and tells every rank (a collective)."""
+        box: list[Any] = [None]
+        if self.rank == 0:
+            found = self.store.latest(verify_checksums)
+            box[0] = asdict(found) if found is not None else None
+        if self.group is not None and self.world_size > 1:
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        return Manifest(**box[0]) if box[0] is not None else None
+
+    def restore(self, manifest: Manifest, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored:
+        """Load model and optimizer (resharded to this world), this rank's RNG, and the trainer state."""
+        step_url = self.store.step_url(manifest.step)
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, storage_reader=FsspecReader(f"{step_url}/state"), process_group=self.group)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        base = self.store._step_path(manifest.step)
+        trainer = _read_torch(self.store.fs, f"{base}/trainer.pt")
+        rng_path = f"{base}/rng/rank-{self.rank}.pt"
+        rng_restored = self.store.fs.exists(rng_path)
+        if rng_restored:
+            restore_rng(_read_torch(self.store.fs, rng_path))
+        with self._lock:
+            saved_at = datetime.fromisoformat(manifest.saved_at)
+            self._latest = CheckpointRecord(step_url, manifest.step, saved_at, manifest.cost_s)
+        return Restored(manifest, trainer, rng_restored)
+
+
+def read_model_state(step_url: str) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model weights of one checkpoint, read in this process without a process group."""
+    reader = FsspecReader(f"{step_url.rstrip('/')}/state")
+    metadata = reader.read_metadata()
+    template = {
+        key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    state = {"model": template}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state["model"]

@@ -1,0 +1,202 @@
+"""Heartbeat client: renews the attempt's lease and carries progress; the answer tells the worker what to do.
+
+Contract with the control plane:
+
+    POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
+    {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...}}
+    200 -> {"lease_expires_at": iso8601, "action": "continue" | "checkpoint_and_stop" | "stop",
+            "checkpoint_interval_s": float | null}
+    409 -> the fencing token is stale: treated as "stop" (exit without writing anything).
+
+Network errors and 5xx are retried with backoff while training goes on: if the control plane is really
+gone, the lease expires and it requeues the job; the worker does not guess.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from training.checkpoint import CheckpointRecord
+
+log = logging.getLogger(__name__)
+
+
+class Action(enum.IntEnum):
+    """Ordered by severity: when several ranks or beats disagree, the highest wins."""
+
+    CONTINUE = 0
+    CHECKPOINT_AND_STOP = 1
+    STOP = 2
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    action: Action
+    lease_expires_at: datetime | None = None
+    checkpoint_interval_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LauncherEnv:
+    """What the launcher puts in each worker's environment."""
+
+    api_url: str | None
+    attempt_id: str | None
+    fencing_token: str | None
+    checkpoint_url: str | None
+    job_id: str | None
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] = os.environ) -> LauncherEnv:
+        return cls(env.get("GPUYARD_API_URL") or None, env.get("GPUYARD_ATTEMPT_ID") or None,
+                   env.get("GPUYARD_FENCING_TOKEN") or None, env.get("GPUYARD_CHECKPOINT_URL") or None,
+                   env.get("GPUYARD_JOB_ID") or None)
+
+    @property
+    def managed(self) -> bool:
+        return self.api_url is not None
+
+    def check(self) -> None:
+        if self.managed and not (self.attempt_id and self.fencing_token):
+            raise ValueError("GPUYARD_API_URL is set but GPUYARD_ATTEMPT_ID or GPUYARD_FENCING_TOKEN is not")
+
+
+class HeartbeatError(RuntimeError):
+    """The control plane answered something outside the contract."""
+
+
+class HeartbeatClient:
+    """One heartbeat = one POST, retried with exponential backoff on network errors and 5xx."""
+
+    def __init__(self, api_url: str, attempt_id: str, fencing_token: str, *, timeout_s: float = 5.0,
+                 retries: int = 3, backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = f"{api_url.rstrip('/')}/v1/attempts/{attempt_id}/heartbeat"
+        self.fencing_token = fencing_token
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.sleep = sleep
+        self._http = httpx.Client(timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def beat(self, step: int, checkpoint: CheckpointRecord | None,
+             metrics: Mapping[str, float] | None = None) -> HeartbeatAnswer | None:
+        """Send one heartbeat. None when the control plane could not be reached after the retries."""
+        body: dict[str, Any] = {
+            "fencing_token": self.fencing_token,
+            "step": step,
+            "checkpoint": checkpoint.to_json() if checkpoint else None,
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        }
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.post(self.url, json=body)
+            except httpx.HTTPError as exc:
+                log.warning("heartbeat %d/%d failed: %s", attempt + 1, self.retries + 1, exc)
+            else:
+                if response.status_code == 409:
+                    log.error("heartbeat refused: stale fencing token (%s)", response.text[:200])
+                    return HeartbeatAnswer(Action.STOP)
+                if response.status_code == 200:
+                    return parse_answer(response.json())
+                if response.status_code < 500:
+                    raise HeartbeatError(f"heartbeat: expected 200 or 409, got {response.status_code}: "
+                                         f"{response.text[:200]}")
+                log.warning("heartbeat %d/%d: HTTP %d", attempt + 1, self.retries + 1, response.status_code)
+            if attempt < self.retries:
+                self.sleep(delay)
+                delay *= 2
+        return None
+
+
+def parse_answer(raw: Any) -> HeartbeatAnswer:
+    if not isinstance(raw, dict) or "action" not in raw:
+        raise HeartbeatError(f"heartbeat answer: expected an object with 'action', got {raw!r}")
+    try:
+        action = Action[str(raw["action"]).upper()]
+    except KeyError:
+        raise HeartbeatError(
+            f"heartbeat answer: action expected continue, checkpoint_and_stop or stop, got {raw['action']!r}"
+        ) from None
+    expires = raw.get("lease_expires_at")
+    interval = raw.get("checkpoint_interval_s")
+    return HeartbeatAnswer(
+        action,
+        datetime.fromisoformat(expires) if expires else None,
+        float(interval) if interval is not None else None,
+    )
+
+
+class HeartbeatAgent:
+    """Rank 0's background thread: beats every `interval_s` with the newest progress, remembers the most
+    severe action heard and the latest checkpoint interval. The training loop polls it between steps."""
+
+    def __init__(self, client: HeartbeatClient, interval_s: float,
+                 progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]]) -> None:
+        self.client = client
+        self.interval_s = interval_s
+        self.progress = progress
+        self._action = Action.CONTINUE
+        self._interval: float | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.beats = 0
+
+    def start(self) -> HeartbeatAgent:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self.beat_now()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def beat_now(self) -> HeartbeatAnswer | None:
+        step, checkpoint, metrics = self.progress()
+        try:
+            answer = self.client.beat(step, checkpoint, metrics)
+        except HeartbeatError as exc:
+            log.error("%s", exc)
+            return None
+        self.beats += 1
+        if answer is not None:
+            with self._lock:
+                self._action = max(self._action, answer.action)
+                if answer.checkpoint_interval_s is not None:
+                    self._interval = answer.checkpoint_interval_s
+        return answer
+
+    @property
+    def action(self) -> Action:
+        with self._lock:
+            return self._action
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        with self._lock:
+            return self._interval
+
+    def stop(self, final_beat: bool = True) -> None:
+        """Stop the thread; with `final_beat`, report the final progress (e.g. the preemption checkpoint)."""
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout=self.client._http.timeout.read or 10.0)
+        if final_beat:
+            self.beat_now()
+        self.client.close()
