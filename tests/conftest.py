@@ -60,9 +60,21 @@ class RedisServer:
         if binary is None:
             pytest.fail("no Redis answers and redis-server is not installed (apt-get install redis-server)")
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_until(lambda: answers("127.0.0.1", self.port), what=f"redis-server on {self.port}")
         return self
@@ -85,12 +97,26 @@ def _start_postgres(directory: Path) -> str:
     if os.geteuid() == 0:  # initdb and postgres refuse to run as root
         run_as = ["runuser", "-u", "postgres", "--"]
         shutil.chown(directory, "postgres")
-    subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
-                   check=True, capture_output=True)
     subprocess.run(
-        [*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(directory / "pg.log"), "start",
-         "-o", f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300"],
-        check=True, capture_output=True,
+        [*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *run_as,
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(directory / "pg.log"),
+            "start",
+            "-o",
+            f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+        ],
+        check=True,
+        capture_output=True,
     )
     return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
@@ -104,8 +130,11 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     directory = tmp_path_factory.mktemp("postgres")
     yield _start_postgres(directory)
-    subprocess.run(["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(directory / "pgdata"), "stop"],
-                   check=False, capture_output=True)
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(directory / "pgdata"), "stop"],
+        check=False,
+        capture_output=True,
+    )
 
 
 @pytest.fixture(scope="session")

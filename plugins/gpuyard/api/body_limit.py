@@ -25,20 +25,25 @@ class BodyLimit:
         refused = False
 
         async def counting_receive() -> Message:
+            # A chunked body has no Content-Length: count it as it streams, answer 413 as soon as it
+            # is over, and tell the application the client went away so it stops reading.
             nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:  # chunked body without a Content-Length
+                if received > self.max_bytes:
                     refused = True
-                    raise _TooLarge
+                    await self._refuse(scope, receive, send)
+                    return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            if refused:
-                await self._refuse(scope, receive, send)
+        async def guarded_send(message: Message) -> None:
+            if not refused:  # the 413 is already out; drop whatever the application says next
+                await send(message)
+
+        await self.app(scope, counting_receive, guarded_send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         problem = Problem(
@@ -49,7 +54,3 @@ class BodyLimit:
         )
         response: Any = problem_response(problem, scope.get("path"))
         await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass

@@ -71,7 +71,7 @@ def submit(
         statement = _insert(conn).values(**row)
         if idempotency_key is not None:
             statement = statement.on_conflict_do_nothing(index_elements=["team", "idempotency_key"])
-        if conn.execute(statement).rowcount == 0:
+        if conn.execute(statement.returning(jobs.c.seq)).first() is None:  # the key was used before
             existing = conn.execute(
                 select(jobs).where(jobs.c.team == spec.team, jobs.c.idempotency_key == idempotency_key)
             ).one()

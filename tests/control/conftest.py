@@ -1,0 +1,89 @@
+"""Fixtures of the control-plane tests: a migrated store (SQLite and PostgreSQL) and an API client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from gpuyard.api.app import create_app
+from gpuyard.clock import utcnow
+from gpuyard.settings import Settings, load_settings
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.tables import metadata
+from sqlalchemy import Engine, text
+
+EXAMPLE_SPEC: dict[str, Any] = {
+    "name": "flights-delay",
+    "team": "a",
+    "image": "python:3.11-slim",
+    "command": ["python", "-m", "training.run", "--config", "pipelines/flights.yaml"],
+    "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
+    "priority": "normal",
+    "preemptible": True,
+    "retry": {"max_failures": 2},
+    "checkpoint": {"url": "file:///tmp/gpuyard-ckpt/flights", "interval": "auto"},
+}
+
+
+@pytest.fixture(scope="session")
+def _postgres_engine(postgres_url: str) -> Iterator[Engine]:
+    engine = make_engine(postgres_url, pool_size=8)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def _empty(engine: Engine) -> None:
+    names = ", ".join(t.name for t in metadata.sorted_tables)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        else:
+            for table in reversed(metadata.sorted_tables):
+                conn.execute(table.delete())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gpuyard.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    _empty(request.getfixturevalue("_postgres_engine"))
+    return url
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return load_settings(home=tmp_path / "home", database_url=database_url, profile="embedded")
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[Engine]:
+    engine = make_engine(str(settings.database_url), pool_size=8)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def make_token(engine: Engine, settings: Settings) -> Callable[..., str]:
+    def make(team: str = "a", role: str = "member") -> str:
+        with engine.begin() as conn:
+            team_store.ensure_team(conn, team, settings.default_quota, utcnow())
+            return team_store.create_token(conn, team, team_store.Role(role), utcnow())
+
+    return make
+
+
+@pytest.fixture
+def api(settings: Settings, engine: Engine) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, engine)) as client:
+        yield client
+
+
+def bearer(token: str, **headers: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **headers}

@@ -1,0 +1,195 @@
+"""JobSpec: the documented example is valid; every bad input names its field and rule."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from gpuyard.domain.feasibility import TeamQuota, check_feasible, check_quota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.spec import JobSpec, SpecRejected, parse_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from .conftest import EXAMPLE_SPEC
+
+EXAMPLE_YAML = """
+name: flights-delay
+team: a
+image: python:3.11-slim
+command: ["python", "-m", "training.run", "--config", "pipelines/flights.yaml"]
+resources: {gpus: 1, gpu_types: [cpu], nodes: 1}
+priority: normal
+preemptible: true
+retry: {max_failures: 2}
+checkpoint: {url: "file:///tmp/gpuyard-ckpt/flights", interval: auto}
+"""
+
+# Two sites; the biggest fast domain is 2 nodes x 8 a100 GPUs.
+FLEET = Fleet(
+    nodes=tuple(
+        Node(
+            name=f"{site}-{domain}-{i}",
+            site=site,
+            cluster="c1",
+            domain=domain,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            gpu_memory_gb=memory,
+        )
+        for site, domain, gpu_type, gpus, memory, count in [
+            ("east", "rack1", "a100", 8, 80, 2),
+            ("east", "rack2", "a100", 8, 80, 1),
+            ("west", "rack1", "t4", 4, 16, 4),
+        ]
+        for i in range(count)
+    )
+)
+
+
+def violations(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecRejected) as caught:
+        parse_spec(data)
+    return {v.path: v.rule for v in caught.value.violations}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    return {**EXAMPLE_SPEC, **changes}
+
+
+def test_the_documented_example_is_valid_in_yaml_and_json() -> None:
+    from_yaml = parse_spec(yaml.safe_load(EXAMPLE_YAML))
+    from_json = parse_spec(json.loads(json.dumps(EXAMPLE_SPEC)))
+    assert from_yaml == from_json
+    assert from_yaml.resources.gpus_per_node == 1
+    assert from_yaml.checkpoint is not None and from_yaml.checkpoint.interval_seconds is None
+    assert from_yaml.fingerprint() == from_json.fingerprint()
+
+
+def test_spec_is_immutable() -> None:
+    spec = parse_spec(EXAMPLE_SPEC)
+    with pytest.raises(Exception, match="frozen"):
+        spec.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "fragment"),
+    [
+        (with_(colour="blue"), "colour", "Extra inputs"),
+        (with_(resources={"gpus": 1, "gpu": 2}), "resources.gpu", "Extra inputs"),
+        (with_(resources={"memory": "16GB"}), "resources.memory", "'16Gi'"),
+        (with_(resources={"cpu": "four"}), "resources.cpu", "CPU amount"),
+        (with_(resources={"gpus": "1"}), "resources.gpus", "integer"),
+        (with_(resources={"gpus": -1}), "resources.gpus", "greater than or equal"),
+        (with_(resources={"gpus": 9, "nodes": 2}), "resources", "split evenly"),
+        (with_(checkpoint={"url": "/tmp/x"}), "checkpoint.url", "scheme"),
+        (with_(checkpoint={"url": "file:///x", "interval": "10 minutes"}), "checkpoint.interval", "duration"),
+        (with_(priority="urgent"), "priority", "'low', 'normal' or 'high'"),
+        (with_(name="Flights_Delay"), "name", "DNS label"),
+        (with_(command=[]), "command", "at least 1"),
+        (with_(env={"GPUYARD_ATTEMPT_ID": "x"}), "(root)", "reserved"),
+        (with_(retry={"max_failures": 2, "backof": "1s"}), "retry.backof", "Extra inputs"),
+    ],
+)
+def test_bad_input_names_field_and_rule(data: dict[str, Any], path: str, fragment: str) -> None:
+    found = violations(data)
+    assert path in found, found
+    assert fragment in found[path]
+
+
+def test_several_violations_are_reported_together() -> None:
+    found = violations(with_(colour="blue", priority="urgent", resources={"memory": "lots"}))
+    assert set(found) == {"colour", "priority", "resources.memory"}
+
+
+def test_not_a_mapping_is_rejected() -> None:
+    with pytest.raises(SpecRejected, match="mapping"):
+        parse_spec(["name", "x"])
+
+
+@pytest.mark.parametrize(
+    ("resources", "path", "fragment"),
+    [
+        (
+            {"gpus": 9, "gpu_types": ["a100"], "nodes": 1},
+            "resources.gpus",
+            "largest node of the accepted types has 8",
+        ),
+        ({"gpus": 24, "gpu_types": ["a100"], "nodes": 3}, "resources.nodes", "ONE fast domain"),
+        ({"gpus": 1, "gpu_types": ["h100"]}, "resources.gpu_types", "no node in the fleet"),
+        ({"gpus": 1, "gpu_types": ["t4"], "gpu_memory": "40Gi"}, "resources.gpu_memory", "40 GiB"),
+    ],
+)
+def test_requests_the_fleet_can_never_offer_are_rejected(
+    resources: dict[str, Any], path: str, fragment: str
+) -> None:
+    spec = parse_spec(with_(resources=resources))
+    found = {v.path: v.rule for v in check_feasible(spec, FLEET)}
+    assert path in found, found
+    assert fragment in found[path]
+
+
+def test_a_gang_that_fits_one_domain_is_feasible() -> None:
+    spec = parse_spec(with_(resources={"gpus": 16, "gpu_types": ["a100"], "nodes": 2}))
+    assert check_feasible(spec, FLEET) == []
+    pinned = parse_spec(with_(resources={"gpus": 4, "gpu_types": ["a100"]}, sites=["west"]))
+    assert [v.path for v in check_feasible(pinned, FLEET)] == ["sites"]
+
+
+def test_quota_limits_gpus_per_job_and_types() -> None:
+    spec = parse_spec(with_(resources={"gpus": 4, "gpu_types": ["a100", "t4"]}))
+    quota = TeamQuota(max_gpus_per_job=2, allowed_gpu_types=("t4",))
+    found = {v.path: v.rule for v in check_quota(spec, quota)}
+    assert "at most 2 GPUs" in found["resources.gpus"]
+    assert "['a100']" in found["resources.gpu_types"]
+    assert check_quota(parse_spec(with_(resources={"gpus": 1})), quota) == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={key: json_values for key in JobSpec.model_fields},
+    )
+)
+def test_any_document_is_accepted_or_rejected_with_paths(data: dict[str, Any]) -> None:
+    try:
+        spec = parse_spec(data)
+    except SpecRejected as rejected:
+        assert rejected.violations
+        assert all(v.path and v.rule for v in rejected.violations)
+    else:
+        assert parse_spec(json.loads(spec.canonical_json())) == spec
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gpus_per_node=st.integers(0, 16),
+    nodes=st.integers(1, 8),
+    memory=st.sampled_from([None, "512Mi", "16Gi", 1024, "1.5Ti"]),
+    interval=st.sampled_from(["auto", "30s", "10m", "2h", 90]),
+    priority=st.sampled_from(["low", "normal", "high"]),
+)
+def test_valid_specs_round_trip(
+    gpus_per_node: int, nodes: int, memory: Any, interval: Any, priority: str
+) -> None:
+    data = with_(
+        resources={"gpus": gpus_per_node * nodes, "nodes": nodes, "memory": memory},
+        checkpoint={"url": "s3://bucket/ckpt", "interval": interval},
+        priority=priority,
+    )
+    spec = parse_spec(data)
+    assert spec.resources.gpus_per_node == gpus_per_node
+    again = parse_spec(json.loads(spec.canonical_json()))
+    assert again == spec and again.fingerprint() == spec.fingerprint()
