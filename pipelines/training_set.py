@@ -1,0 +1,162 @@
+"""Training-set step: point-in-time join of labels and feature service, written as parquet + manifest.
+
+The labels of ``training_start_date..training_end_date`` are the entity rows; Feast's
+``get_historical_features`` attaches, for each label, the newest feature row at or before the label's
+``event_timestamp`` (the scheduled departure) within each view's TTL. Missing values are filled with the
+column median of this training set (recorded in the manifest). Output, under
+``<data_root>/training/<feature_service>/<start>_<end>/``: ``data.parquet`` (``flight_id``,
+``event_timestamp``, numeric feature columns, the binary label) and ``manifest.json``, written last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines import features, storage, validate
+from pipelines.config import PipelineConfig
+from pipelines.errors import DataPipelineError
+
+if TYPE_CHECKING:
+    from feast import FeatureService
+
+log = logging.getLogger(__name__)
+
+ENTITY_COLUMNS = ("flight_id", "carrier", "route", "origin", "tailnum")
+UNKNOWN_TAILNUM = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """Where the training set was written and what its manifest says."""
+
+    data_url: str
+    manifest_url: str
+    manifest: dict[str, Any]
+    build_seconds: float
+
+
+def feature_columns(service: FeatureService) -> list[str]:
+    return [f.name for projection in service.feature_view_projections for f in projection.features]
+
+
+def service_fingerprint(service: FeatureService) -> str:
+    """A digest of what the service serves (views, features, types); changes when a definition changes."""
+    spec = [
+        [projection.name, sorted((f.name, str(f.dtype)) for f in projection.features)]
+        for projection in sorted(service.feature_view_projections, key=lambda p: p.name)
+    ]
+    return "sha256:" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def snapshot_id(frame: pd.DataFrame) -> str:
+    """A content digest of the training rows: the same inputs give the same id, any change a new one."""
+    hashed = pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes()
+    return "sha256:" + hashlib.sha256(hashed).hexdigest()[:16]
+
+
+def entity_frame(config: PipelineConfig, start: dt.date, end: dt.date) -> pd.DataFrame:
+    labels_url = storage.join(config.data_root, "prepared", "labels")
+    labels = storage.read_partitions(labels_url, validate.storage_dates(start, end), "labels")
+    frame = labels[[*ENTITY_COLUMNS, "event_timestamp", config.label_column]].copy()
+    frame["tailnum"] = frame["tailnum"].fillna(UNKNOWN_TAILNUM)
+    frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    return frame.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
+
+
+def historical_features(
+    config: PipelineConfig, entity_df: pd.DataFrame, service: FeatureService | None = None
+) -> pd.DataFrame:
+    """Point-in-time correct features for ``entity_df`` (raw Feast output, nulls kept)."""
+    store = features.get_store(config)
+    service = service or features.feature_service(config, store)
+    return store.get_historical_features(entity_df=entity_df, features=service).to_df()
+
+
+def build_training_set(
+    config: PipelineConfig,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    output_url: str | None = None,
+) -> TrainingSet:
+    """The Airflow-callable step. Raises :class:`ValidationFailed` when the training-set suite fails."""
+    start, end = start or config.training_start_date, end or config.training_end_date
+    store = features.get_store(config)
+    service = features.feature_service(config, store)
+    columns = feature_columns(service)
+    label = config.label_column
+    started = time.perf_counter()
+    entity_df = entity_frame(config, start, end)
+    log.info("training set: %d labels %s..%s, %d features", len(entity_df), start, end, len(columns))
+    joined = historical_features(config, entity_df, service)
+    missing = [c for c in (*columns, label) if c not in joined.columns]
+    if missing:
+        raise DataPipelineError(f"Feast returned no column(s) {missing} for feature service {service.name!r}")
+    joined = joined.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
+    null_counts = {c: int(joined[c].isna().sum()) for c in columns}
+    fills: dict[str, float] = {}
+    data = joined[["flight_id", "event_timestamp"]].copy()
+    for column in columns:
+        values = pd.to_numeric(joined[column], errors="coerce").astype("float64")
+        median = values.median()
+        fills[column] = float(median) if pd.notna(median) else 0.0
+        data[column] = values.fillna(fills[column])
+    data[label] = joined[label].astype("int64")
+    build_seconds = time.perf_counter() - started
+
+    output_url = output_url or storage.join(
+        config.data_root, "training", service.name, f"{start.isoformat()}_{end.isoformat()}"
+    )
+    validate.run_suite(
+        "training_set",
+        data,
+        validate.training_set_suite(columns, label),
+        storage.join(output_url, "validation.html"),
+    )
+    fs, path = storage.filesystem(output_url)
+    fs.makedirs(path, exist_ok=True)
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(data, preserve_index=False), buffer)
+    with fs.open(f"{path}/data.parquet", "wb") as handle:
+        handle.write(buffer.getvalue())
+    manifest = {
+        "format": "parquet",
+        "data_file": "data.parquet",
+        "row_count": len(data),
+        "label_column": label,
+        "label_definition": f"arrival delay > {config.late_threshold_minutes} minutes",
+        "positive_rate": float(data[label].mean()) if len(data) else 0.0,
+        "feature_columns": columns,
+        "key_columns": ["flight_id", "event_timestamp"],
+        "feature_service": {
+            "name": service.name,
+            "version": service.tags.get("version", "unversioned"),
+            "fingerprint": service_fingerprint(service),
+            "features": [f"{p.name}:{f.name}" for p in service.feature_view_projections for f in p.features],
+        },
+        "data_snapshot_id": snapshot_id(data),
+        "label_dates": {"start": start.isoformat(), "end": end.isoformat()},
+        "fill_values": fills,
+        "null_counts_before_fill": null_counts,
+        "data_root": config.data_root,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    with fs.open(f"{path}/manifest.json", "w") as handle:
+        handle.write(json.dumps(manifest, indent=2) + "\n")
+    log.info("training set: %d rows in %.1fs -> %s", len(data), build_seconds, output_url)
+    return TrainingSet(
+        storage.join(output_url, "data.parquet"),
+        storage.join(output_url, "manifest.json"),
+        manifest,
+        build_seconds,
+    )

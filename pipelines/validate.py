@@ -1,0 +1,362 @@
+"""Validation step: Great Expectations 1.x suites for the raw tables, the feature tables and the training set.
+
+Each suite is a list of expectations built from the pipeline config (schema, nulls, ranges, key uniqueness,
+freshness, row-count bounds). :func:`run_suite` validates a pandas DataFrame, always writes a readable HTML
+report under ``<data_root>/reports/validation/``, and raises :class:`ValidationFailed` naming every failing
+expectation with example values, which stops the pipeline.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from pipelines import ingest, storage
+from pipelines.config import PipelineConfig
+from pipelines.errors import ValidationFailed
+
+log = logging.getLogger(__name__)
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+Expectation = Any  # a great_expectations.expectations.Expectation instance
+FEATURE_TABLES = (
+    "flight_schedule",
+    "carrier_delay_stats",
+    "route_delay_stats",
+    "origin_weather",
+    "plane_attributes",
+)
+
+
+@dataclass(frozen=True)
+class SuiteReport:
+    """Outcome of one suite on one batch."""
+
+    suite: str
+    success: bool
+    evaluated: int
+    failures: tuple[str, ...]
+    report_url: str
+
+
+def _gxe() -> Any:
+    import great_expectations.expectations as gxe
+
+    return gxe
+
+
+def _utc(value: dt.datetime) -> pd.Timestamp:
+    return pd.Timestamp(value).tz_localize("UTC") if value.tzinfo is None else pd.Timestamp(value)
+
+
+def _day_window_utc(start: dt.date, end: dt.date) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """UTC bounds of the local (New York) days ``start..end``, with an hour of slack each side."""
+    first = pd.Timestamp(start).tz_localize("America/New_York").tz_convert("UTC") - pd.Timedelta(hours=1)
+    last = pd.Timestamp(end + dt.timedelta(days=1)).tz_localize("America/New_York").tz_convert("UTC")
+    return first, last + pd.Timedelta(hours=1)
+
+
+def _dates(start: dt.date, end: dt.date) -> list[str]:
+    return [d.isoformat() for d in pd.date_range(start, end, freq="D").date]
+
+
+# ---------------------------------------------------------------- suites
+
+
+def raw_flights_suite(config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
+    gxe = _gxe()
+    days = (end - start).days + 1
+    columns = [
+        "year",
+        "month",
+        "day",
+        "sched_dep_time",
+        "sched_arr_time",
+        "carrier",
+        "flight",
+        "origin",
+        "dest",
+    ]
+    return [
+        *(
+            gxe.ExpectColumnToExist(column=c)
+            for c in (*columns, "dep_delay", "arr_delay", "tailnum", "distance")
+        ),
+        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in columns),
+        gxe.ExpectColumnValuesToBeBetween(column="sched_dep_time", min_value=0, max_value=2400),
+        gxe.ExpectColumnValuesToBeBetween(column="month", min_value=1, max_value=12),
+        gxe.ExpectColumnValuesToBeBetween(column="distance", min_value=1, max_value=6000),
+        gxe.ExpectColumnValuesToBeBetween(column="dep_delay", min_value=-240, max_value=2880, mostly=0.999),
+        gxe.ExpectColumnValuesToBeBetween(column="arr_delay", min_value=-240, max_value=2880, mostly=0.999),
+        gxe.ExpectColumnValuesToMatchRegex(column="origin", regex=r"^[A-Z0-9]{3}$"),
+        gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"]
+        ),
+        gxe.ExpectTableRowCountToBeBetween(
+            min_value=config.min_flights_per_day * days, max_value=config.max_flights_per_day * days
+        ),
+        # freshness: every requested date has landed
+        gxe.ExpectColumnDistinctValuesToContainSet(column="date", value_set=_dates(start, end)),
+    ]
+
+
+def raw_weather_suite(config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
+    gxe = _gxe()
+    days = (end - start).days + 1
+    return [
+        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ("origin", "year", "month", "day", "hour")),
+        gxe.ExpectColumnValuesToBeBetween(column="hour", min_value=0, max_value=23),
+        gxe.ExpectColumnValuesToBeBetween(column="temp", min_value=-60, max_value=130, mostly=0.99),
+        gxe.ExpectColumnValuesToBeBetween(column="humid", min_value=0, max_value=100, mostly=0.99),
+        gxe.ExpectColumnValuesToBeBetween(column="wind_speed", min_value=0, max_value=150, mostly=0.99),
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=["origin", "year", "month", "day", "hour"]),
+        gxe.ExpectTableRowCountToBeBetween(min_value=24 * days, max_value=24 * 10 * days),
+        gxe.ExpectColumnDistinctValuesToContainSet(column="date", value_set=_dates(start, end)),
+    ]
+
+
+def _feature_common(
+    keys: Sequence[str], start: dt.date, end: dt.date, min_rows: int, max_rows: int
+) -> list[Expectation]:
+    gxe = _gxe()
+    first, last = _day_window_utc(start, end)
+    return [
+        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in (*keys, "event_timestamp")),
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=[*keys, "event_timestamp"]),
+        gxe.ExpectColumnMinToBeBetween(column="event_timestamp", min_value=first, max_value=last),
+        # freshness: the newest row belongs to the last requested day
+        gxe.ExpectColumnMaxToBeBetween(
+            column="event_timestamp", min_value=last - pd.Timedelta(hours=26), max_value=last
+        ),
+        gxe.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows),
+    ]
+
+
+def feature_suite(table: str, config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
+    gxe = _gxe()
+    days = (end - start).days + 1
+    between = gxe.ExpectColumnValuesToBeBetween
+    if table == "labels":
+        return [
+            *_feature_common(["flight_id"], start, end, days * 10, days * config.max_flights_per_day),
+            *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ("carrier", "origin", "route", "is_late")),
+            gxe.ExpectColumnValuesToBeInSet(column="is_late", value_set=[0, 1]),
+            gxe.ExpectColumnValuesToBeUnique(column="flight_id"),
+        ]
+    if table == "flight_schedule":
+        return [
+            *_feature_common(["flight_id"], start, end, days * 10, days * config.max_flights_per_day),
+            between(column="distance", min_value=1, max_value=6000),
+            between(column="sched_dep_hour", min_value=0, max_value=24),
+            between(column="sched_dep_weekday", min_value=1, max_value=7),
+            between(column="month", min_value=1, max_value=12),
+            between(column="sched_block_minutes", min_value=10, max_value=24 * 60, mostly=0.999),
+        ]
+    if table in ("carrier_delay_stats", "route_delay_stats"):
+        entity = table.split("_", 1)[0]
+        return [
+            *_feature_common([entity], start, end, days * 23, days * 25 * 5000),
+            between(column=f"{entity}_flights", min_value=0, max_value=100_000),
+            between(column=f"{entity}_late_share", min_value=0, max_value=1),
+            between(column=f"{entity}_mean_arr_delay", min_value=-240, max_value=2880),
+        ]
+    if table == "origin_weather":
+        return [
+            *_feature_common(["origin"], start, end, days * 20, days * 25 * 10),
+            between(column="temp", min_value=-60, max_value=130),
+            between(column="humid", min_value=0, max_value=100),
+            between(column="wind_speed", min_value=0, max_value=150),
+            between(column="visib", min_value=0, max_value=100),
+            gxe.ExpectColumnProportionOfNonNullValuesToBeBetween(column="temp", min_value=0.9),
+        ]
+    if table == "plane_attributes":
+        return [
+            *_feature_common(["tailnum"], start, end, days, days * 100_000),
+            between(column="plane_age_years", min_value=0, max_value=100),
+            between(column="seats", min_value=1, max_value=1000),
+        ]
+    raise ValueError(f"no validation suite for table {table!r}; expected labels or one of {FEATURE_TABLES}")
+
+
+def training_set_suite(
+    feature_columns: Sequence[str], label: str, min_rows: int = 1, max_rows: int = 100_000_000
+) -> list[Expectation]:
+    gxe = _gxe()
+    return [
+        gxe.ExpectColumnValuesToBeUnique(column="flight_id"),
+        gxe.ExpectColumnValuesToNotBeNull(column=label),
+        gxe.ExpectColumnValuesToBeInSet(column=label, value_set=[0, 1]),
+        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in feature_columns),
+        gxe.ExpectColumnValuesToBeBetween(column="carrier_late_share", min_value=0, max_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="route_late_share", min_value=0, max_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="distance", min_value=1, max_value=6000),
+        gxe.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows),
+    ]
+
+
+# ---------------------------------------------------------------- running
+
+
+def _describe(result: Any) -> str:
+    config = result.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k not in ("batch_id", "result_format")}
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    res = result.result or {}
+    if "unexpected_count" in res:
+        examples = res.get("partial_unexpected_list") or []
+        shown = ", ".join(repr(e) for e in examples[:5])
+        return (
+            f"{config.type}({args}): {res['unexpected_count']} of {res.get('element_count')} rows "
+            f"unexpected, e.g. [{shown}]"
+        )
+    if "observed_value" in res:
+        observed = res["observed_value"]
+        if isinstance(observed, list) and len(observed) > 10:
+            observed = [*observed[:10], "..."]
+        return f"{config.type}({args}): observed {observed!r}"
+    if result.exception_info and result.exception_info.get("raised_exception"):
+        return f"{config.type}({args}): raised {result.exception_info.get('exception_message')}"
+    return f"{config.type}({args}): failed"
+
+
+def render_html(suite: str, success: bool, rows: int, results: Sequence[Any]) -> str:
+    """A standalone HTML page: one table row per expectation, failures first, with examples."""
+    items = sorted(results, key=lambda r: r.success)
+    body = []
+    for r in items:
+        status = "PASS" if r.success else "FAIL"
+        text = html.escape(_describe(r)) if not r.success else html.escape(r.expectation_config.type)
+        kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
+        body.append(
+            f'<tr class="{status.lower()}"><td>{status}</td><td>{text}</td>'
+            f"<td><code>{html.escape(repr(kwargs))}</code></td></tr>"
+        )
+    verdict = "PASSED" if success else "FAILED"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(suite)}: {verdict}</title><style>"
+        "body{font-family:sans-serif;margin:2em}"
+        "td{border-bottom:1px solid #ddd;padding:4px;vertical-align:top}"
+        "tr.fail td:first-child{color:#b00;font-weight:bold}tr.pass td:first-child{color:#070}</style></head>"
+        f"<body><h1>Validation suite {html.escape(suite)}: {verdict}</h1>"
+        f"<p>{rows} rows checked, {sum(not r.success for r in results)} of {len(results)} "
+        "expectations failed; "
+        f"generated {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}.</p>"
+        "<table><tr><th>status</th><th>expectation</th><th>arguments</th></tr>"
+        + "".join(body)
+        + "</table></body></html>"
+    )
+
+
+def run_suite(
+    suite_name: str, frame: pd.DataFrame, expectations: Sequence[Expectation], report_url: str
+) -> SuiteReport:
+    """Validate ``frame`` with real Great Expectations; write the HTML report; raise on failure."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    batch = (
+        context.data_sources.add_pandas(f"{suite_name}_source")
+        .add_dataframe_asset(f"{suite_name}_asset")
+        .add_batch_definition_whole_dataframe(f"{suite_name}_batch")
+    )
+    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name=f"{suite_name}_validation", data=batch, suite=suite)
+    )
+    result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    failures = tuple(_describe(r) for r in result.results if not r.success)
+    fs, path = storage.filesystem(report_url)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "w") as handle:
+        handle.write(render_html(suite_name, bool(result.success), len(frame), result.results))
+    report = SuiteReport(suite_name, bool(result.success), len(result.results), failures, report_url)
+    log.info(
+        "validation %s: %s (%d expectations) -> %s",
+        suite_name,
+        result.success,
+        len(result.results),
+        report_url,
+    )
+    if not result.success:
+        raise ValidationFailed(suite_name, list(failures), report_url)
+    return report
+
+
+def report_url(config: PipelineConfig, suite: str, start: dt.date, end: dt.date) -> str:
+    return storage.join(config.data_root, "reports", "validation", f"{suite}_{start}_{end}.html")
+
+
+def _validate_tables(
+    config: PipelineConfig,
+    start: dt.date,
+    end: dt.date,
+    tables: Sequence[tuple[str, str, Callable[[], list[Expectation]]]],
+) -> list[SuiteReport]:
+    reports = []
+    for suite_name, table_url, build in tables:
+        frame = storage.read_partitions(table_url, storage_dates(start, end), suite_name.split(".", 1)[-1])
+        frame["date"] = frame["date"].astype(str)
+        reports.append(run_suite(suite_name, frame, build(), report_url(config, suite_name, start, end)))
+    return reports
+
+
+def storage_dates(start: dt.date, end: dt.date) -> list[dt.date]:
+    return list(pd.date_range(start, end, freq="D").date)
+
+
+def validate_raw(
+    config: PipelineConfig, start: dt.date | None = None, end: dt.date | None = None
+) -> list[SuiteReport]:
+    """The Airflow-callable step: raw ``flights`` and ``weather`` of ``start..end``."""
+    start, end = start or config.start_date, end or config.end_date
+    return _validate_tables(
+        config,
+        start,
+        end,
+        [
+            (
+                "raw.flights",
+                ingest.raw_url(config.data_root, "flights"),
+                lambda: raw_flights_suite(config, start, end),
+            ),
+            (
+                "raw.weather",
+                ingest.raw_url(config.data_root, "weather"),
+                lambda: raw_weather_suite(config, start, end),
+            ),
+        ],
+    )
+
+
+def prepared_url(data_root: str, table: str) -> str:
+    return storage.join(data_root, "prepared", table)
+
+
+def validate_features(
+    config: PipelineConfig, start: dt.date | None = None, end: dt.date | None = None
+) -> list[SuiteReport]:
+    """The Airflow-callable step: the labels and every feature table of ``start..end``."""
+    start, end = start or config.start_date, end or config.end_date
+    tables = [
+        (
+            f"features.{table}",
+            prepared_url(config.data_root, table),
+            (lambda t=table: feature_suite(t, config, start, end)),
+        )
+        for table in ("labels", *FEATURE_TABLES)
+    ]
+    return _validate_tables(config, start, end, tables)

@@ -1,0 +1,195 @@
+"""Shared plumbing for the Spark jobs: the session, the command-line contract and date partitions."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import urlparse
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+log = logging.getLogger("spark_jobs")
+
+HOME_TIMEZONE = "America/New_York"
+
+
+class JobInputError(ValueError):
+    """A Spark job got a bad argument or is missing input; the message names what is wrong."""
+
+
+def build_session(
+    app: str,
+    master: str | None = None,
+    shuffle_partitions: int = 8,
+    driver_memory: str | None = None,
+) -> SparkSession:
+    """The SparkSession the jobs use: UTC session clock, microsecond parquet timestamps, dynamic overwrite.
+
+    ``master=None`` keeps what spark-submit configured (``local[*]`` when run as a plain script).
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.appName(app)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+    )
+    if master:
+        builder = builder.master(master)
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    # getOrCreate reuses a running session: make the settings the jobs rely on hold there too
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    return spark
+
+
+def parse_date(value: str, what: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise JobInputError(f"{what}: expected a date as YYYY-MM-DD, got {value!r}") from None
+
+
+def check_url(value: str, what: str) -> str:
+    """Accept a local path or a URL with a scheme Spark can read; return it as Spark names it."""
+    if not value or not value.strip():
+        raise JobInputError(f"{what}: expected a path or URL, got {value!r}")
+    value = value.strip().rstrip("/")
+    scheme = urlparse(value).scheme
+    if len(scheme) <= 1:
+        return "file://" + os.path.abspath(value)
+    if scheme == "s3":
+        return "s3a://" + value[len("s3://") :]
+    if scheme not in ("file", "s3a", "gs", "hdfs", "abfs", "abfss", "wasb", "wasbs", "viewfs", "memory"):
+        raise JobInputError(f"{what}: unsupported URL scheme {scheme!r} in {value!r}")
+    return value
+
+
+def check_timezone(name: str, what: str) -> str:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise JobInputError(f"{what}: unknown IANA time zone {name!r}") from None
+    return name
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--run-date", required=True, help="first (or only) local date to process, YYYY-MM-DD")
+    parser.add_argument("--end-date", default=None, help="last date to process (inclusive); default run-date")
+    parser.add_argument("--input", required=True, help="raw data root URL (holds flights/, weather/, ...)")
+    parser.add_argument(
+        "--output", required=True, help="prepared data root URL (receives one folder per table)"
+    )
+    parser.add_argument("--master", default=None, help="Spark master; default: spark-submit's, else local[*]")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--driver-memory", default=None)
+    parser.add_argument("--home-timezone", default=HOME_TIMEZONE, help="time zone of the partition dates")
+    return parser
+
+
+def date_bounds(args: argparse.Namespace) -> tuple[dt.date, dt.date]:
+    start = parse_date(args.run_date, "--run-date")
+    end = parse_date(args.end_date, "--end-date") if args.end_date else start
+    if end < start:
+        raise JobInputError(f"--end-date {end} is before --run-date {start}")
+    return start, end
+
+
+def local_midnight_utc(day: dt.date, timezone: str) -> dt.datetime:
+    """The UTC instant (naive) of local midnight starting ``day`` in ``timezone``."""
+    local = dt.datetime.combine(day, dt.time(0, 0), tzinfo=ZoneInfo(timezone))
+    return local.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def existing_dates(spark: SparkSession, table_url: str) -> set[str]:
+    """Partition dates present under ``table_url`` (Hadoop filesystem listing, works for any scheme)."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(table_url)
+    fs = path.getFileSystem(conf)
+    if not fs.exists(path):
+        return set()
+    names = [status.getPath().getName() for status in fs.listStatus(path)]
+    return {n.split("=", 1)[1] for n in names if n.startswith("date=")}
+
+
+def read_dated(
+    spark: SparkSession, table_url: str, table: str, lo: dt.date, hi: dt.date, required: Sequence[dt.date]
+) -> DataFrame:
+    """Read the partitions of ``table`` between ``lo`` and ``hi``; every date in ``required`` must exist."""
+    present = existing_dates(spark, table_url)
+    if not present:
+        raise JobInputError(f"input table {table!r} does not exist or is empty at {table_url}")
+    missing = [d.isoformat() for d in required if d.isoformat() not in present]
+    if missing:
+        raise JobInputError(
+            f"input table {table!r} at {table_url} has no partition for {len(missing)} date(s): "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    frame = spark.read.option("basePath", table_url).parquet(table_url)
+    return frame.where(F.col("date").between(lo.isoformat(), hi.isoformat()))
+
+
+def read_reference(spark: SparkSession, table_url: str, table: str) -> DataFrame:
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(table_url)
+    if not path.getFileSystem(conf).exists(path):
+        raise JobInputError(f"input table {table!r} does not exist at {table_url}")
+    return spark.read.parquet(table_url)
+
+
+def write_dated(frame: DataFrame, table_url: str) -> None:
+    """Write ``frame`` partitioned by ``date``, replacing exactly the dates it holds."""
+    (
+        frame.repartition("date")
+        .sortWithinPartitions("date")
+        .write.mode("overwrite")
+        .partitionBy("date")
+        .parquet(table_url)
+    )
+
+
+def parse_overrides(value: str | None) -> dict[str, str]:
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise JobInputError(f"--timezone-overrides: expected a JSON object, got {value!r} ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise JobInputError(f"--timezone-overrides: expected a JSON object, got {value!r}")
+    return {str(k): check_timezone(str(v), f"--timezone-overrides[{k}]") for k, v in parsed.items()}
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Log the start and duration of a stage (progress for long jobs)."""
+    log.info("%s ...", name)
+    started = time.perf_counter()
+    yield
+    log.info("%s done in %.1fs", name, time.perf_counter() - started)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,0 +1,129 @@
+"""Spark job: raw flights -> labels, per-flight schedule features, carrier and route trailing delay stats.
+
+Reads ``<input>/flights`` (partitions of the run dates plus a look-back for the trailing windows) and
+``<input>/airports``; writes ``labels``, ``flight_schedule``, ``carrier_delay_stats`` and
+``route_delay_stats`` under ``<output>``, replacing only the run dates' partitions.
+
+    spark-submit spark_jobs/prepare_flights.py --run-date 2013-01-10 --input data/flights/raw \
+        --output data/flights/prepared
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs import common, transforms
+
+OUTPUT_TABLES = ("labels", "flight_schedule", "carrier_delay_stats", "route_delay_stats")
+
+
+@dataclass(frozen=True)
+class FlightJobParams:
+    """Parameters of the flights preparation (defaults match ``pipelines/flights.yaml``)."""
+
+    carrier_window_hours: int = 24
+    route_window_hours: int = 168
+    late_minutes: int = 15
+    timezone_overrides: Mapping[str, str] = field(default_factory=dict)
+    home_timezone: str = common.HOME_TIMEZONE
+
+    @property
+    def lookback_days(self) -> int:
+        # a flight departs at most ~1 day late and flies under a day: 2 extra days cover every arrival
+        return math.ceil(max(self.carrier_window_hours, self.route_window_hours) / 24) + 2
+
+
+def prepared_flights(
+    spark: SparkSession, input_url: str, start: dt.date, end: dt.date, params: FlightJobParams
+) -> DataFrame:
+    """Cleaned, de-duplicated flights of ``start - lookback .. end`` with their UTC times."""
+    dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    lo = start - dt.timedelta(days=params.lookback_days)
+    raw = common.read_dated(spark, f"{input_url}/flights", "flights", lo, end, required=dates)
+    airports = common.read_reference(spark, f"{input_url}/airports", "airports")
+    timezones = transforms.timezone_table(spark, airports, params.timezone_overrides)
+    return transforms.add_flight_times(transforms.clean_flights(raw), timezones)
+
+
+def build_outputs(
+    spark: SparkSession, flights: DataFrame, start: dt.date, end: dt.date, params: FlightJobParams
+) -> dict[str, DataFrame]:
+    """The four output tables for ``start..end`` from prepared flights (which include the look-back)."""
+    in_range = flights.where(F.col("date").between(start.isoformat(), end.isoformat()))
+    grid = transforms.hourly_grid(
+        spark,
+        common.local_midnight_utc(start, params.home_timezone),
+        common.local_midnight_utc(end + dt.timedelta(days=1), params.home_timezone),
+    )
+    stats = {
+        f"{entity}_delay_stats": transforms.delay_window_stats(
+            flights, grid, entity, hours, params.late_minutes, entity, params.home_timezone
+        )
+        for entity, hours in (("carrier", params.carrier_window_hours), ("route", params.route_window_hours))
+    }
+    return {
+        "labels": transforms.labels(in_range, params.late_minutes),
+        "flight_schedule": transforms.schedule_features(in_range),
+        **stats,
+    }
+
+
+def run(
+    spark: SparkSession,
+    input_url: str,
+    output_url: str,
+    start: dt.date,
+    end: dt.date,
+    params: FlightJobParams,
+) -> None:
+    with common.stage(f"prepare_flights {start}..{end}: clean and time flights"):
+        flights = prepared_flights(spark, input_url, start, end, params).cache()
+    try:
+        outputs = build_outputs(spark, flights, start, end, params)
+        for table, frame in outputs.items():
+            with common.stage(f"prepare_flights {start}..{end}: write {table}"):
+                common.write_dated(frame, f"{output_url}/{table}")
+    finally:
+        flights.unpersist()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    common.configure_logging()
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--carrier-window-hours", type=int, default=24)
+    parser.add_argument("--route-window-hours", type=int, default=168)
+    parser.add_argument("--late-minutes", type=int, default=15)
+    parser.add_argument(
+        "--timezone-overrides", default=None, help='JSON object, e.g. {"SJU": "America/Puerto_Rico"}'
+    )
+    args = parser.parse_args(argv)
+    try:
+        start, end = common.date_bounds(args)
+        input_url = common.check_url(args.input, "--input")
+        output_url = common.check_url(args.output, "--output")
+        params = FlightJobParams(
+            carrier_window_hours=args.carrier_window_hours,
+            route_window_hours=args.route_window_hours,
+            late_minutes=args.late_minutes,
+            timezone_overrides=common.parse_overrides(args.timezone_overrides),
+            home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),
+        )
+        spark = common.build_session(
+            "prepare_flights", args.master, args.shuffle_partitions, args.driver_memory
+        )
+        run(spark, input_url, output_url, start, end, params)
+    except common.JobInputError as exc:
+        print(f"prepare_flights: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

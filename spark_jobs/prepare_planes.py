@@ -1,0 +1,60 @@
+"""Spark job: the planes reference table -> daily ``plane_attributes`` snapshots (what was known that day).
+
+    spark-submit spark_jobs/prepare_planes.py --run-date 2013-01-10 --input data/flights/raw \
+        --output data/flights/prepared
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_jobs import common, transforms
+
+
+def build_output(
+    spark: SparkSession, input_url: str, start: dt.date, end: dt.date, home_timezone: str
+) -> DataFrame:
+    planes = common.read_reference(spark, f"{input_url}/planes", "planes")
+    days = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    starts = [common.local_midnight_utc(d, home_timezone) for d in days]
+    return transforms.plane_snapshots(planes, transforms.day_table(spark, days, starts))
+
+
+def run(
+    spark: SparkSession,
+    input_url: str,
+    output_url: str,
+    start: dt.date,
+    end: dt.date,
+    home_timezone: str = common.HOME_TIMEZONE,
+) -> None:
+    with common.stage(f"prepare_planes {start}..{end}"):
+        frame = build_output(spark, input_url, start, end, home_timezone)
+        common.write_dated(frame, f"{output_url}/plane_attributes")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    common.configure_logging()
+    parser = common.base_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    try:
+        start, end = common.date_bounds(args)
+        input_url = common.check_url(args.input, "--input")
+        output_url = common.check_url(args.output, "--output")
+        home = common.check_timezone(args.home_timezone, "--home-timezone")
+        spark = common.build_session(
+            "prepare_planes", args.master, args.shuffle_partitions, args.driver_memory
+        )
+        run(spark, input_url, output_url, start, end, home)
+    except common.JobInputError as exc:
+        print(f"prepare_planes: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Spark job: raw hourly weather -> ``origin_weather`` features (one row per origin airport and hour).
+
+    spark-submit spark_jobs/prepare_weather.py --run-date 2013-01-10 --input data/flights/raw \
+        --output data/flights/prepared
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_jobs import common, transforms
+
+
+def build_output(
+    spark: SparkSession, input_url: str, start: dt.date, end: dt.date, overrides: Mapping[str, str]
+) -> DataFrame:
+    dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    raw = common.read_dated(spark, f"{input_url}/weather", "weather", start, end, required=dates)
+    airports = common.read_reference(spark, f"{input_url}/airports", "airports")
+    return transforms.clean_weather(raw, transforms.timezone_table(spark, airports, overrides))
+
+
+def run(
+    spark: SparkSession,
+    input_url: str,
+    output_url: str,
+    start: dt.date,
+    end: dt.date,
+    overrides: Mapping[str, str] | None = None,
+) -> None:
+    with common.stage(f"prepare_weather {start}..{end}"):
+        common.write_dated(
+            build_output(spark, input_url, start, end, overrides or {}), f"{output_url}/origin_weather"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    common.configure_logging()
+    parser = common.base_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    try:
+        start, end = common.date_bounds(args)
+        input_url = common.check_url(args.input, "--input")
+        output_url = common.check_url(args.output, "--output")
+        spark = common.build_session(
+            "prepare_weather", args.master, args.shuffle_partitions, args.driver_memory
+        )
+        run(spark, input_url, output_url, start, end)
+    except common.JobInputError as exc:
+        print(f"prepare_weather: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Spark job: multiplies the 2013 flights and weather into later years for scale tests (seeded).
+
+Copy ``k`` (``0 <= k < copies``) moves every row ``k`` years forward (copy 0 is the original data) and, for
+``k >= 1``, perturbs it with noise derived from ``xxhash64(seed, k, row key)``: departure delays move by
+-10..+10 minutes, arrival delays by that plus -5..+5, temperatures by -0.5..+0.5 F. Cancelled flights stay
+cancelled and the schedule is kept, so the data stays real-shaped. The same seed and copies always give the
+same rows. 60 copies give 20.2 million flights (2013..2072).
+
+    spark-submit spark_jobs/scale_up.py --input data/flights/raw --output data/scaled/raw --copies 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs import common
+
+FLIGHTS_PER_COPY = 336_776
+REFERENCE_TABLES = ("planes", "airlines", "airports")
+
+
+def _hhmm(minutes: Column) -> Column:
+    wrapped = F.pmod(minutes.cast("long"), F.lit(1440))
+    return (F.floor(wrapped / 60) * 100 + wrapped % 60).cast("double")
+
+
+def _minutes(hhmm: Column) -> Column:
+    return F.floor(hhmm / 100) * 60 + hhmm % 100
+
+
+def _time_hour(year: Column, month: Column, day: Column, hour: Column, timezone: str) -> Column:
+    midnight = F.unix_timestamp(F.to_timestamp(F.make_date(year, month, day)))
+    wall = F.timestamp_seconds(midnight + hour.cast("long") * 3600)
+    return F.date_format(F.to_utc_timestamp(wall, timezone), "yyyy-MM-dd'T'HH:mm:ss'Z'")
+
+
+def copies_frame(spark: SparkSession, copies: int) -> DataFrame:
+    return spark.range(copies).withColumnRenamed("id", "copy")
+
+
+def scale_flights(flights: DataFrame, copies: DataFrame, seed: int, home_timezone: str) -> DataFrame:
+    """Every flight once per copy, ``copy`` years later, with seeded delay noise for copies >= 1."""
+    rows = flights.drop("date").crossJoin(F.broadcast(copies))
+    noise_key = F.xxhash64(
+        F.lit(seed), F.col("copy"), "carrier", "flight", "origin", "month", "day", "sched_dep_time"
+    )
+    dep_noise = F.when(F.col("copy") > 0, F.pmod(noise_key, F.lit(21)) - 10).otherwise(0).cast("double")
+    arr_noise = (
+        F.when(F.col("copy") > 0, F.pmod(F.floor(noise_key / 21), F.lit(11)) - 5).otherwise(0).cast("double")
+        + dep_noise
+    )
+    year = (F.col("year") + F.col("copy")).cast("long")
+    dep_delay = F.col("dep_delay") + dep_noise
+    return rows.select(
+        year.alias("year"),
+        "month",
+        "day",
+        F.when(F.col("dep_time").isNull(), None)
+        .when(F.col("copy") == 0, F.col("dep_time"))
+        .otherwise(_hhmm(_minutes(F.col("sched_dep_time")) + dep_delay))
+        .alias("dep_time"),
+        "sched_dep_time",
+        dep_delay.alias("dep_delay"),
+        F.when(F.col("arr_time").isNull(), None)
+        .when(F.col("copy") == 0, F.col("arr_time"))
+        .otherwise(_hhmm(_minutes(F.col("arr_time")) + arr_noise))
+        .alias("arr_time"),
+        "sched_arr_time",
+        (F.col("arr_delay") + arr_noise).alias("arr_delay"),
+        "carrier",
+        "flight",
+        "tailnum",
+        "origin",
+        "dest",
+        "air_time",
+        "distance",
+        "hour",
+        "minute",
+        _time_hour(year, F.col("month"), F.col("day"), F.col("hour"), home_timezone).alias("time_hour"),
+        F.date_format(F.make_date(year, F.col("month"), F.col("day")), "yyyy-MM-dd").alias("date"),
+    )
+
+
+def scale_weather(weather: DataFrame, copies: DataFrame, seed: int, home_timezone: str) -> DataFrame:
+    rows = weather.drop("date").crossJoin(F.broadcast(copies))
+    noise = F.when(
+        F.col("copy") > 0,
+        (F.pmod(F.xxhash64(F.lit(seed), F.col("copy"), "origin", "month", "day", "hour"), F.lit(11)) - 5)
+        / 10.0,
+    ).otherwise(0.0)
+    year = (F.col("year") + F.col("copy")).cast("long")
+    columns = [c for c in weather.columns if c not in ("date", "year", "temp", "time_hour")]
+    return rows.select(
+        year.alias("year"),
+        *columns,
+        (F.col("temp") + noise).alias("temp"),
+        _time_hour(year, F.col("month"), F.col("day"), F.col("hour"), home_timezone).alias("time_hour"),
+        F.date_format(F.make_date(year, F.col("month"), F.col("day")), "yyyy-MM-dd").alias("date"),
+    )
+
+
+def run(
+    spark: SparkSession,
+    input_url: str,
+    output_url: str,
+    copies: int,
+    seed: int,
+    home_timezone: str = common.HOME_TIMEZONE,
+) -> int:
+    """Write the scaled raw tables; returns the number of flights written (``copies`` x source flights)."""
+    if copies < 1:
+        raise common.JobInputError(f"--copies: expected at least 1, got {copies}")
+    if input_url.rstrip("/") == output_url.rstrip("/"):
+        raise common.JobInputError(
+            "--output must differ from --input (the scaled data would mix with the source)"
+        )
+    copy_ids = copies_frame(spark, copies)
+    flights = common.read_reference(spark, f"{input_url}/flights", "flights")
+    weather = common.read_reference(spark, f"{input_url}/weather", "weather")
+    for table in REFERENCE_TABLES:
+        with common.stage(f"scale_up: copy {table}"):
+            common.read_reference(spark, f"{input_url}/{table}", table).write.mode("overwrite").parquet(
+                f"{output_url}/{table}"
+            )
+    with common.stage(f"scale_up: weather x{copies}"):
+        common.write_dated(scale_weather(weather, copy_ids, seed, home_timezone), f"{output_url}/weather")
+    with common.stage(f"scale_up: flights x{copies}"):
+        common.write_dated(scale_flights(flights, copy_ids, seed, home_timezone), f"{output_url}/flights")
+    return int(flights.count()) * copies
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    common.configure_logging()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", required=True, help="raw data root holding the landed 2013 tables")
+    parser.add_argument("--output", required=True, help="raw data root that receives the scaled tables")
+    parser.add_argument(
+        "--copies", type=int, default=60, help="years of data to produce (60 -> 20.2M flights)"
+    )
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--master", default=None)
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--driver-memory", default=None)
+    args = parser.parse_args(argv)
+    try:
+        input_url = common.check_url(args.input, "--input")
+        output_url = common.check_url(args.output, "--output")
+        spark = common.build_session("scale_up", args.master, args.shuffle_partitions, args.driver_memory)
+        rows = run(spark, input_url, output_url, args.copies, args.seed)
+    except common.JobInputError as exc:
+        print(f"scale_up: {exc}", file=sys.stderr)
+        return 2
+    print(f"scale_up: wrote {rows} flights ({args.copies} copies) to {output_url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""Pure DataFrame -> DataFrame transformations of the preparation jobs (no I/O here).
+
+Times: the raw tables carry local wall-clock fields (year, month, day, hhmm). Every event timestamp the jobs
+emit is UTC, derived with the IANA time zone of the airport (``airports.tzone``, plus overrides for the
+few destinations the reference table lacks). The session clock must be UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+FLIGHT_KEY = ("date", "carrier", "flight", "origin", "sched_dep_time")
+WEATHER_COLUMNS = (
+    "temp",
+    "dewp",
+    "humid",
+    "wind_dir",
+    "wind_speed",
+    "wind_gust",
+    "precip",
+    "pressure",
+    "visib",
+)
+# Physically possible ranges; values outside become null (they are sensor or entry errors).
+WEATHER_RANGES: Mapping[str, tuple[float, float]] = {
+    "temp": (-60.0, 130.0),  # Fahrenheit
+    "dewp": (-80.0, 100.0),
+    "humid": (0.0, 100.0),
+    "wind_dir": (0.0, 360.0),
+    "wind_speed": (0.0, 150.0),  # mph; the raw data has a 1048 mph reading
+    "wind_gust": (0.0, 200.0),
+    "precip": (0.0, 10.0),  # inches per hour
+    "pressure": (900.0, 1100.0),  # millibar
+    "visib": (0.0, 100.0),  # miles
+}
+DELAY_RANGE = (-240.0, 2880.0)  # minutes: an arrival 4 h early or 2 days late is an entry error
+
+
+def _hhmm_minutes(col: Column) -> Column:
+    """Minutes after midnight of an ``hhmm`` integer; null when not a valid clock time (2400 is midnight)."""
+    hours = F.floor(col / 100)
+    minutes = col % 100
+    valid = col.isNotNull() & (col >= 0) & (hours <= 24) & (minutes < 60) & ~((hours == 24) & (minutes > 0))
+    return F.when(valid, hours * 60 + minutes).cast("int")
+
+
+def _wall_clock(year: Column, month: Column, day: Column, minutes: Column) -> Column:
+    """A timestamp whose UTC reading is the local wall clock ``date + minutes`` (session clock is UTC)."""
+    midnight = F.unix_timestamp(F.to_timestamp(F.make_date(year, month, day)))
+    return F.timestamp_seconds(midnight + minutes.cast("long") * 60)
+
+
+def timezone_table(spark: SparkSession, airports: DataFrame, overrides: Mapping[str, str]) -> DataFrame:
+    """``faa -> tzone`` from the airports reference table, with ``overrides`` winning."""
+    base = airports.select(F.upper(F.trim("faa")).alias("faa"), F.col("tzone").alias("tzone")).where(
+        F.col("tzone").isNotNull()
+    )
+    if overrides:
+        extra = spark.createDataFrame(sorted(overrides.items()), "faa string, tzone string")
+        base = base.join(extra.select("faa"), "faa", "left_anti").unionByName(extra)
+    return base.dropDuplicates(["faa"])
+
+
+def clean_flights(raw: DataFrame) -> DataFrame:
+    """Types, trimmed codes, impossible values to null, rows without a usable key dropped, duplicates removed.
+
+    Duplicates share the flight key (date, carrier, flight number, origin, scheduled departure); the kept row
+    is the most complete one (arrival known, then departure known, then latest departure time).
+    """
+    code = lambda c: F.nullif(F.upper(F.trim(F.col(c).cast("string"))), F.lit(""))  # noqa: E731
+    delay = lambda c: F.when(  # noqa: E731
+        F.col(c).cast("double").between(*DELAY_RANGE), F.col(c).cast("double")
+    )
+    typed = raw.select(
+        F.col("date").cast("string").alias("date"),
+        F.col("year").cast("int").alias("year"),
+        F.col("month").cast("int").alias("month"),
+        F.col("day").cast("int").alias("day"),
+        F.col("dep_time").cast("double").alias("dep_time"),
+        F.col("sched_dep_time").cast("int").alias("sched_dep_time"),
+        delay("dep_delay").alias("dep_delay"),
+        F.col("arr_time").cast("double").alias("arr_time"),
+        F.col("sched_arr_time").cast("int").alias("sched_arr_time"),
+        delay("arr_delay").alias("arr_delay"),
+        code("carrier").alias("carrier"),
+        F.col("flight").cast("int").alias("flight"),
+        code("tailnum").alias("tailnum"),
+        code("origin").alias("origin"),
+        code("dest").alias("dest"),
+        F.when(F.col("air_time").cast("double").between(1, 1500), F.col("air_time").cast("double")).alias(
+            "air_time"
+        ),
+        F.when(F.col("distance").cast("double") > 0, F.col("distance").cast("double")).alias("distance"),
+    )
+    usable = typed.where(
+        F.col("carrier").isNotNull()
+        & F.col("flight").isNotNull()
+        & F.col("origin").isNotNull()
+        & F.col("dest").isNotNull()
+        & F.col("distance").isNotNull()
+        & _hhmm_minutes(F.col("sched_dep_time")).isNotNull()
+        & _hhmm_minutes(F.col("sched_arr_time")).isNotNull()
+        & F.make_date("year", "month", "day").isNotNull()
+    )
+    order = Window.partitionBy(*FLIGHT_KEY).orderBy(
+        F.col("arr_delay").isNull(),
+        F.col("dep_delay").isNull(),
+        F.col("dep_time").desc_nulls_last(),
+        F.col("tailnum").asc_nulls_last(),
+    )
+    deduped = usable.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+    return deduped.withColumn(
+        "flight_id",
+        F.concat_ws(
+            "-",
+            "date",
+            "carrier",
+            F.col("flight").cast("string"),
+            "origin",
+            F.lpad(F.col("sched_dep_time"), 4, "0"),
+        ),
+    ).withColumn("route", F.concat_ws("-", "origin", "dest"))
+
+
+def add_flight_times(flights: DataFrame, timezones: DataFrame) -> DataFrame:
+    """Adds UTC times: ``sched_dep_ts``, ``sched_arr_ts``, ``arrival_ts`` (actual, null if it never arrived).
+
+    The scheduled arrival is the destination's local clock time on the departure date, or the next day when
+    that would not be after the departure (overnight flights). The actual arrival is the scheduled one plus
+    ``arr_delay``. A flight whose destination has no known time zone gets null arrival times.
+    """
+    tz = F.broadcast(timezones)
+    with_tz = flights.join(
+        tz.withColumnRenamed("faa", "origin").withColumnRenamed("tzone", "origin_tz"), "origin", "left"
+    ).join(tz.withColumnRenamed("faa", "dest").withColumnRenamed("tzone", "dest_tz"), "dest", "left")
+    dep_wall = _wall_clock(
+        F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_dep_time"))
+    )
+    arr_wall = _wall_clock(
+        F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_arr_time"))
+    )
+    dep_ts = F.to_utc_timestamp(dep_wall, F.col("origin_tz"))
+    arr_same_day = F.to_utc_timestamp(arr_wall, F.col("dest_tz"))
+    arr_next_day = F.to_utc_timestamp(arr_wall + F.expr("INTERVAL 1 DAY"), F.col("dest_tz"))
+    timed = with_tz.withColumn("sched_dep_ts", dep_ts).withColumn(
+        "sched_arr_ts", F.when(arr_same_day > F.col("sched_dep_ts"), arr_same_day).otherwise(arr_next_day)
+    )
+    return timed.withColumn(
+        "arrival_ts",
+        F.when(
+            F.col("arr_delay").isNotNull(),
+            F.timestamp_seconds(F.unix_timestamp("sched_arr_ts") + (F.col("arr_delay") * 60).cast("long")),
+        ),
+    ).where(F.col("sched_dep_ts").isNotNull())
+
+
+def labels(flights: DataFrame, late_minutes: int) -> DataFrame:
+    """One row per flight that arrived: keys, ``event_timestamp`` (scheduled departure), ``is_late``."""
+    return flights.where(F.col("arr_delay").isNotNull()).select(
+        "flight_id",
+        F.col("sched_dep_ts").alias("event_timestamp"),
+        "carrier",
+        "origin",
+        "dest",
+        "route",
+        "tailnum",
+        F.col("arr_delay"),
+        (F.col("arr_delay") > late_minutes).cast("int").alias("is_late"),
+        "date",
+    )
+
+
+def schedule_features(flights: DataFrame) -> DataFrame:
+    """Per-flight features known when the flight is scheduled, stamped at its scheduled departure."""
+    dep_minutes = _hhmm_minutes(F.col("sched_dep_time"))
+    return flights.select(
+        "flight_id",
+        F.col("sched_dep_ts").alias("event_timestamp"),
+        F.col("distance").cast("double").alias("distance"),
+        (dep_minutes / 60).cast("int").alias("sched_dep_hour"),
+        F.dayofweek(F.make_date("year", "month", "day")).alias("sched_dep_weekday"),
+        F.col("month").alias("month"),
+        ((F.unix_timestamp("sched_arr_ts") - F.unix_timestamp("sched_dep_ts")) / 60.0).alias(
+            "sched_block_minutes"
+        ),
+        "date",
+    )
+
+
+def hourly_grid(spark: SparkSession, start_utc: dt.datetime, end_utc: dt.datetime) -> DataFrame:
+    """One row per UTC hour ``grid_h`` (hours since the epoch) in ``[start_utc, end_utc)``."""
+    epoch = dt.datetime(1970, 1, 1)
+    first = int((start_utc - epoch).total_seconds() // 3600)
+    last = int((end_utc - epoch).total_seconds() // 3600)
+    return spark.range(first, last).withColumnRenamed("id", "grid_h")
+
+
+def delay_window_stats(
+    flights: DataFrame,
+    grid: DataFrame,
+    entity: str,
+    window_hours: int,
+    late_minutes: int,
+    prefix: str,
+    home_timezone: str,
+) -> DataFrame:
+    """Trailing-window delay statistics per ``entity`` at every hour ``T`` of ``grid``.
+
+    A flight counts at ``T`` only if it had ARRIVED by ``T`` (``arrival_ts <= T``) and arrived within the
+    window (``arrival_ts > T - window``). Each flight is bucketed at the first full hour at or after its
+    arrival, so a running sum over the ``window_hours`` buckets ending at ``T`` is exactly that set.
+    Output: ``<entity>, event_timestamp (=T), <prefix>_flights, <prefix>_mean_arr_delay, <prefix>_late_share,
+    date`` (local date of ``T`` in ``home_timezone``).
+    """
+    arrived = flights.where(F.col("arrival_ts").isNotNull())
+    buckets = (
+        arrived.select(
+            entity,
+            F.ceil(F.unix_timestamp("arrival_ts") / 3600).cast("long").alias("grid_h"),
+            F.col("arr_delay"),
+            (F.col("arr_delay") > late_minutes).cast("long").alias("late"),
+        )
+        .groupBy(entity, "grid_h")
+        .agg(F.count("*").alias("n"), F.sum("arr_delay").alias("delay_sum"), F.sum("late").alias("late_sum"))
+        .withColumn("is_grid", F.lit(False))
+    )
+    entities = flights.select(entity).where(F.col(entity).isNotNull()).distinct()
+    points = (
+        entities.crossJoin(grid)
+        .withColumn("n", F.lit(0).cast("long"))
+        .withColumn("delay_sum", F.lit(0.0))
+        .withColumn("late_sum", F.lit(0).cast("long"))
+        .withColumn("is_grid", F.lit(True))
+    )
+    window = Window.partitionBy(entity).orderBy("grid_h").rangeBetween(-(window_hours - 1), 0)
+    summed = buckets.unionByName(points).select(
+        entity,
+        "grid_h",
+        "is_grid",
+        F.sum("n").over(window).alias("n"),
+        F.sum("delay_sum").over(window).alias("delay_sum"),
+        F.sum("late_sum").over(window).alias("late_sum"),
+    )
+    ts = F.timestamp_seconds(F.col("grid_h") * 3600)
+    return summed.where("is_grid").select(
+        entity,
+        ts.alias("event_timestamp"),
+        F.col("n").alias(f"{prefix}_flights"),
+        F.when(F.col("n") > 0, F.col("delay_sum") / F.col("n")).alias(f"{prefix}_mean_arr_delay"),
+        F.when(F.col("n") > 0, F.col("late_sum") / F.col("n")).alias(f"{prefix}_late_share"),
+        F.date_format(F.from_utc_timestamp(ts, home_timezone), "yyyy-MM-dd").alias("date"),
+    )
+
+
+def clean_weather(raw: DataFrame, timezones: DataFrame) -> DataFrame:
+    """Hourly weather per origin airport: impossible readings to null, one row per (airport, hour)."""
+    measures = [
+        F.when(F.col(c).cast("double").between(*WEATHER_RANGES[c]), F.col(c).cast("double")).alias(c)
+        for c in WEATHER_COLUMNS
+    ]
+    typed = raw.select(
+        F.col("date").cast("string").alias("date"),
+        F.upper(F.trim("origin")).alias("origin"),
+        F.col("year").cast("int").alias("year"),
+        F.col("month").cast("int").alias("month"),
+        F.col("day").cast("int").alias("day"),
+        F.col("hour").cast("int").alias("hour"),
+        *measures,
+    ).where(F.col("origin").isNotNull() & F.col("hour").between(0, 23))
+    tz = F.broadcast(timezones.withColumnRenamed("faa", "origin"))
+    wall = _wall_clock(F.col("year"), F.col("month"), F.col("day"), F.col("hour") * 60)
+    stamped = typed.join(tz, "origin", "inner").withColumn(
+        "event_timestamp", F.to_utc_timestamp(wall, F.col("tzone"))
+    )
+    completeness = sum(F.col(c).isNotNull().cast("int") for c in WEATHER_COLUMNS)
+    order = Window.partitionBy("origin", "event_timestamp").orderBy(
+        F.desc(completeness), *[F.col(c) for c in WEATHER_COLUMNS]
+    )
+    return (
+        stamped.withColumn("_rank", F.row_number().over(order))
+        .where("_rank = 1")
+        .select("origin", "event_timestamp", *WEATHER_COLUMNS, "date")
+    )
+
+
+def plane_snapshots(planes: DataFrame, days: DataFrame) -> DataFrame:
+    """Plane attributes as known on each day of ``days`` (columns ``date``, ``event_timestamp``)."""
+    typed = planes.select(
+        F.upper(F.trim("tailnum")).alias("tailnum"),
+        F.col("year").cast("double").alias("plane_year"),
+        F.when(F.col("seats").cast("double") > 0, F.col("seats").cast("double")).alias("seats"),
+        F.when(F.col("engines").cast("double") > 0, F.col("engines").cast("double")).alias("engines"),
+    ).where(F.col("tailnum").isNotNull())
+    order = Window.partitionBy("tailnum").orderBy(F.col("plane_year").desc_nulls_last(), "seats", "engines")
+    unique = typed.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+    snap = unique.crossJoin(F.broadcast(days))
+    year_of_day = F.year(F.to_date("date"))
+    valid_year = F.col("plane_year").between(1900, year_of_day)
+    return snap.select(
+        "tailnum",
+        "event_timestamp",
+        F.when(valid_year, F.col("plane_year")).alias("plane_year"),
+        F.when(valid_year, year_of_day - F.col("plane_year")).cast("double").alias("plane_age_years"),
+        "seats",
+        "engines",
+        "date",
+    )
+
+
+def day_table(spark: SparkSession, days: list[dt.date], starts_utc: list[dt.datetime]) -> DataFrame:
+    """``date`` (string) and ``event_timestamp`` (UTC start of that local day) for each day."""
+    schema = T.StructType(
+        [
+            T.StructField("date", T.StringType(), False),
+            T.StructField("event_timestamp", T.TimestampNTZType(), False),
+        ]
+    )
+    frame = spark.createDataFrame([(d.isoformat(), s) for d, s in zip(days, starts_utc, strict=True)], schema)
+    return frame.withColumn("event_timestamp", F.to_timestamp(F.col("event_timestamp").cast("string")))
