@@ -26,17 +26,29 @@ def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
 
 def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: float = 0.1) -> Path:
     work = tmp_path / f"baseline-{strategy}-{nproc}"
-    cfg = write_config(tmp_path / f"baseline-{strategy}.yaml", data, work, parallel={"strategy": strategy},
-                       model={"dropout": dropout})
+    cfg = write_config(
+        tmp_path / f"baseline-{strategy}.yaml",
+        data,
+        work,
+        parallel={"strategy": strategy},
+        model={"dropout": dropout},
+    )
     assert run_workers(cfg, nproc, work) == [exit_codes.SUCCESS] * nproc
     return work
 
 
-def preempt_then_resume(tmp_path: Path, data: Path, strategy: str, first: int, second: int,
-                        dropout: float = 0.1) -> Path:
+def preempt_then_resume(
+    tmp_path: Path, data: Path, strategy: str, first: int, second: int, dropout: float = 0.1
+) -> Path:
     work = tmp_path / f"resumed-{strategy}-{first}-{second}"
-    cfg = write_config(tmp_path / f"resumed-{strategy}.yaml", data, work, parallel={"strategy": strategy},
-                       train={"step_sleep_s": 0.25}, model={"dropout": dropout})
+    cfg = write_config(
+        tmp_path / f"resumed-{strategy}.yaml",
+        data,
+        work,
+        parallel={"strategy": strategy},
+        train={"step_sleep_s": 0.25},
+        model={"dropout": dropout},
+    )
     workers = launch(cfg, first, work)
     workers.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 5 for e in ev))
     workers.signal(signal.SIGTERM)
@@ -66,8 +78,9 @@ def assert_same_run(reference: Path, resumed: Path, atol: float) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_preempted_run_resumes_exactly_on_two_workers(tmp_path: Path, flights_parquet: Path,
-                                                      strategy: str) -> None:
+def test_preempted_run_resumes_exactly_on_two_workers(
+    tmp_path: Path, flights_parquet: Path, strategy: str
+) -> None:
     """Same world size: bit-for-bit the same trajectory, dropout included (every rank's RNG is restored)."""
     reference = baseline(tmp_path, flights_parquet, strategy, 2)
     resumed = preempt_then_resume(tmp_path, flights_parquet, strategy, 2, 2)

@@ -88,16 +88,29 @@ class Workers:
         raise AssertionError(f"condition not reached in {timeout}s\n{self.output()}")
 
 
-def launch(config: Path, nproc: int, workdir: Path, env: Mapping[str, str] | None = None,
-           overrides: Sequence[str] = ()) -> Workers:
+def launch(
+    config: Path,
+    nproc: int,
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
+) -> Workers:
     port = free_port()
     procs, logs = [], []
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(nproc):
-        worker_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                      "PYTHONWARNINGS": "ignore", **(env or {})}
+        worker_env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore",
+            **(env or {}),
+        }
         log = log_dir / f"{time.monotonic_ns()}-rank{rank}.log"
         args = [sys.executable, "-m", "training.run", "--config", str(config)]
         for o in overrides:
@@ -109,8 +122,14 @@ def launch(config: Path, nproc: int, workdir: Path, env: Mapping[str, str] | Non
     return Workers(procs, logs, workdir)
 
 
-def run_workers(config: Path, nproc: int, workdir: Path, env: Mapping[str, str] | None = None,
-                overrides: Sequence[str] = (), timeout: float = 120.0) -> list[int]:
+def run_workers(
+    config: Path,
+    nproc: int,
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
+    timeout: float = 120.0,
+) -> list[int]:
     workers = launch(config, nproc, workdir, env, overrides)
     codes = workers.wait(timeout)
     if any(codes):
