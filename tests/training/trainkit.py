@@ -154,3 +154,62 @@ def read_events(workdir: Path) -> list[dict[str, Any]]:
 def losses(events: list[dict[str, Any]]) -> dict[int, float]:
     """Step -> loss, the last value written for each step."""
     return {e["step"]: e["loss"] for e in events if e["event"] == "step"}
+
+
+class ControlPlane:
+    """A real HTTP server on 127.0.0.1 implementing the heartbeat contract; `answer(n, body)` scripts it."""
+
+    def __init__(self, answer: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any]]],
+                 attempt_id: str = "att-1", fencing_token: str = "tok-1") -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.beats: list[dict[str, Any]] = []
+        self.attempt_id = attempt_id
+        self.fencing_token = fencing_token
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                expected = f"/v1/attempts/{plane.attempt_id}/heartbeat"
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != expected:
+                    status, payload = 404, {"detail": f"expected {expected}"}
+                elif body.get("fencing_token") != plane.fencing_token:
+                    status, payload = 409, {"detail": "stale fencing token"}
+                else:
+                    plane.beats.append(body)
+                    status, payload = answer(len(plane.beats), body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ControlPlane:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def env(self, checkpoint_url: str | None = None, job_id: str = "job-1") -> dict[str, str]:
+        env = {"GPUYARD_API_URL": self.url, "GPUYARD_ATTEMPT_ID": self.attempt_id,
+               "GPUYARD_FENCING_TOKEN": self.fencing_token, "GPUYARD_JOB_ID": job_id}
+        if checkpoint_url:
+            env["GPUYARD_CHECKPOINT_URL"] = checkpoint_url
+        return env
+
+
+def lease(action: str = "continue", interval: float | None = None) -> tuple[int, dict[str, Any]]:
+    return 200, {"lease_expires_at": "2026-11-30T12:00:00+00:00", "action": action,
+                 "checkpoint_interval_s": interval}

@@ -1,0 +1,87 @@
+"""Heartbeat client against a real HTTP server implementing the control plane's contract."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import UTC, datetime
+
+import pytest
+from trainkit import ControlPlane, lease
+
+from training.checkpoint import CheckpointRecord
+from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, HeartbeatError, LauncherEnv
+
+
+def client(plane: ControlPlane, token: str | None = None, retries: int = 2) -> HeartbeatClient:
+    return HeartbeatClient(plane.url, plane.attempt_id, token or plane.fencing_token, retries=retries,
+                           backoff_s=0.01, timeout_s=2.0)
+
+
+def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
+    record = CheckpointRecord("file:///ckpt/step-000000010", 10, datetime(2026, 11, 30, tzinfo=UTC), 1.5)
+    with ControlPlane(lambda n, body: lease("continue", 42.0)) as plane:
+        answer = client(plane).beat(12, record, {"train_loss": 0.5})
+    assert answer is not None and answer.action == Action.CONTINUE
+    assert answer.checkpoint_interval_s == 42.0 and answer.lease_expires_at is not None
+    assert plane.beats == [{
+        "fencing_token": "tok-1", "step": 12, "metrics": {"train_loss": 0.5},
+        "checkpoint": {"url": "file:///ckpt/step-000000010", "step": 10,
+                       "saved_at": "2026-11-30T00:00:00+00:00", "cost_s": 1.5},
+    }]
+
+
+def test_checkpoint_and_stop_is_passed_on() -> None:
+    with ControlPlane(lambda n, body: lease("checkpoint_and_stop")) as plane:
+        answer = client(plane).beat(3, None)
+    assert answer is not None and answer.action == Action.CHECKPOINT_AND_STOP
+    assert plane.beats[0]["checkpoint"] is None
+
+
+def test_stale_fencing_token_means_stop() -> None:
+    with ControlPlane(lambda n, body: lease()) as plane:
+        answer = client(plane, token="tok-0").beat(3, None)
+    assert answer is not None and answer.action == Action.STOP
+    assert plane.beats == []
+
+
+def test_server_errors_are_retried_then_answered() -> None:
+    with ControlPlane(lambda n, body: (503, {}) if n < 3 else lease("continue")) as plane:
+        answer = client(plane, retries=3).beat(1, None)
+    assert answer is not None and answer.action == Action.CONTINUE
+    assert len(plane.beats) == 3
+
+
+def test_unreachable_control_plane_gives_no_answer_after_retries() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps: list[float] = []
+    c = HeartbeatClient(f"http://127.0.0.1:{port}", "a", "t", retries=3, backoff_s=0.5, sleep=sleeps.append)
+    assert c.beat(1, None) is None
+    assert sleeps == [0.5, 1.0, 2.0]  # exponential backoff between attempts
+
+
+def test_answer_outside_the_contract_is_an_error() -> None:
+    with ControlPlane(lambda n, body: (200, {"action": "explode"})) as plane, pytest.raises(HeartbeatError):
+        client(plane).beat(1, None)
+
+
+def test_agent_keeps_the_most_severe_action_and_the_latest_interval() -> None:
+    script = {1: lease("continue", 30.0), 2: lease("checkpoint_and_stop", 20.0)}
+    with ControlPlane(lambda n, body: script.get(n, lease("continue"))) as plane:
+        agent = HeartbeatAgent(client(plane), 0.05, lambda: (5, None, {})).start()
+        deadline = time.monotonic() + 10
+        while len(plane.beats) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        agent.stop(final_beat=True)
+    assert agent.action == Action.CHECKPOINT_AND_STOP  # a later "continue" does not cancel it
+    assert agent.checkpoint_interval_s == 20.0
+
+
+def test_launcher_env_standalone_and_managed() -> None:
+    assert not LauncherEnv.read({}).managed
+    env = LauncherEnv.read({"GPUYARD_API_URL": "http://x", "GPUYARD_ATTEMPT_ID": "a"})
+    assert env.managed
+    with pytest.raises(ValueError, match="FENCING_TOKEN"):
+        env.check()

@@ -1,0 +1,94 @@
+"""Preemption and the control plane, with real worker processes: SIGTERM, heartbeat answers, stale tokens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from trainkit import REPO, ControlPlane, free_port, launch, lease, read_events, write_config
+
+from training import exit_codes
+from training.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+
+def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
+        tmp_path: Path, flights_parquet: Path) -> None:
+    """Under `interval_s: auto` the control plane's interval drives checkpoints; `checkpoint_and_stop`
+    makes both ranks save at the same step and exit 75; the last heartbeat reports that checkpoint."""
+    def answer(n: int, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+        return lease("checkpoint_and_stop" if int(body["step"]) >= 12 else "continue", interval=0.5)
+
+    work, ckpt_dir = tmp_path / "work", tmp_path / "bucket"
+    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work,
+                       train={"max_steps": 500, "step_sleep_s": 0.1},
+                       checkpoint={"interval_steps": None, "interval_s": "auto", "auto_fallback_s": 1e6},
+                       heartbeat={"interval_s": 0.2})
+    with ControlPlane(answer) as plane:
+        workers = launch(cfg, 2, work, env=plane.env(ckpt_dir.as_uri()))
+        assert workers.wait(120) == [exit_codes.PREEMPTED] * 2, workers.output()
+    events = read_events(work)
+    exit_event = events[-1]
+    assert exit_event["event"] == "exit" and exit_event["code"] == exit_codes.PREEMPTED
+    checkpoints = [e["step"] for e in events if e["event"] == "checkpoint"]
+    assert len(checkpoints) >= 2 and checkpoints[-1] == exit_event["step"] < 500
+    # The final heartbeat carries the preemption checkpoint; earlier ones carried progress.
+    last = plane.beats[-1]
+    assert last["checkpoint"]["step"] == exit_event["step"] and last["step"] == exit_event["step"]
+    assert last["checkpoint"]["url"].startswith(ckpt_dir.as_uri())
+    assert any(b["metrics"].get("train_loss") for b in plane.beats)
+    manifest = CheckpointStore(ckpt_dir.as_uri()).latest()
+    assert manifest is not None and manifest.step == exit_event["step"]
+    assert manifest.run["job_id"] == "job-1" and manifest.run["attempt_id"] == "att-1"
+    assert not (work / "checkpoints").exists()  # GPUYARD_CHECKPOINT_URL wins over the config
+
+
+def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_parquet: Path) -> None:
+    work = tmp_path / "work"
+    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work,
+                       train={"max_steps": 500, "step_sleep_s": 0.05}, checkpoint={"interval_steps": None},
+                       heartbeat={"interval_s": 0.2})
+    with ControlPlane(lambda n, body: lease()) as plane:
+        env = {**plane.env(), "GPUYARD_FENCING_TOKEN": "stale"}
+        workers = launch(cfg, 1, work, env=env)
+        assert workers.wait(120) == [exit_codes.STALE_FENCING_TOKEN], workers.output()
+    assert plane.beats == []  # every beat was refused
+    assert CheckpointStore((work / "checkpoints").as_uri()).steps() == []
+    assert read_events(work)[-1]["code"] == exit_codes.STALE_FENCING_TOKEN
+
+
+def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(tmp_path: Path,
+                                                                  flights_parquet: Path) -> None:
+    """A pod eviction: SIGTERM reaches torchrun, which forwards it to its workers; they finish the step,
+    write a complete checkpoint and exit 75."""
+    work = tmp_path / "work"
+    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work, parallel={"strategy": "fsdp"},
+                       train={"max_steps": 500, "step_sleep_s": 0.1}, checkpoint={"interval_steps": None})
+    log = (tmp_path / "torchrun.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         "-m", "training.run", "--config", str(cfg)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+    )
+    deadline = time.monotonic() + 90
+    while not any(e["event"] == "step" and e["step"] >= 3 for e in read_events(work)):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "torchrun.log").read_text()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=90)
+    events = read_events(work)
+    exit_event = events[-1]
+    assert exit_event["event"] == "exit" and exit_event["code"] == exit_codes.PREEMPTED, events[-3:]
+    manifest = CheckpointStore((work / "checkpoints").as_uri()).latest()
+    assert manifest is not None and manifest.step == exit_event["step"] and manifest.world_size == 2
+    assert {"rng/rank-0.pt", "rng/rank-1.pt", "trainer.pt", "state/.metadata"} <= set(manifest.files)
+    text = (tmp_path / "torchrun.log").read_text()
+    assert text.count("preempted at step") == 2, text[-3000:]  # both workers, not a kill
