@@ -7,13 +7,10 @@ local binaries for the session, so the suite runs on any machine with PostgreSQL
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,69 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def answers(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-        return True
-    return False
-
-
-def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-class RedisServer:
-    """A throwaway redis-server on a free port, no persistence (like the machine's)."""
-
-    def __init__(self, directory: Path, port: int | None = None):
-        self.directory, self.port = directory, port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("no Redis answers and redis-server is not installed (apt-get install redis-server)")
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(lambda: answers("127.0.0.1", self.port), what=f"redis-server on {self.port}")
-        return self
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
+from servers import RedisServer, answers, free_port
 
 
 def _start_postgres(directory: Path) -> str:

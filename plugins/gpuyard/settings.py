@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite under home.")
     bus: Literal["memory", "redis"] | None = None
     redis_url: str | None = None
+    redis_stream: str = Field("gpuyard:events", min_length=1, description="Stream the relay publishes to.")
     launcher: Literal["local", "kubernetes"] | None = None
     fleet_file: Path | None = None
     local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")

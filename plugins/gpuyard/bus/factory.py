@@ -11,5 +11,5 @@ from gpuyard.settings import Settings
 def make_bus(settings: Settings) -> EventBus:
     if settings.bus == "redis":
         assert settings.redis_url  # guaranteed by Settings validation
-        return RedisStreamsBus(settings.redis_url)
+        return RedisStreamsBus(settings.redis_url, stream=settings.redis_stream)
     return MemoryBus()

@@ -25,7 +25,7 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 Home = Annotated[
     Path | None,

@@ -1,0 +1,141 @@
+"""Real servers and waiting, for tests: free ports, a throwaway Redis, polling with a deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def answers(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout_s: float = 20.0,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class RedisServer:
+    """A throwaway redis-server on a free port, no persistence (like the machine's)."""
+
+    def __init__(self, directory: Path, port: int | None = None):
+        self.directory, self.port = directory, port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("no Redis answers and redis-server is not installed (apt-get install redis-server)")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: answers("127.0.0.1", self.port), what=f"redis-server on {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+class TcpProxy:
+    """A TCP proxy the test can cut and restore: the network between a service and its database."""
+
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._connections: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> TcpProxy:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def cut(self) -> None:
+        """Refuse new connections and break every open one."""
+        with self._lock:
+            if self._listener:
+                # shutdown wakes the thread blocked in accept(); close alone would leave it listening
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                self._listener.close()
+                self._listener = None
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+                connection.close()
+            self._connections.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
