@@ -273,7 +273,9 @@ def run_suite(
     )
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for expectation in expectations:
-        suite.add_expectation(expectation)
+        copied = expectation.copy(deep=True)  # an expectation belongs to one suite: add a fresh copy
+        copied.id = None
+        suite.add_expectation(copied)
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=f"{suite_name}_validation", data=batch, suite=suite)
     )

@@ -1,0 +1,135 @@
+"""Great Expectations suites: pass on good data, fail on planted bad batches with readable messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines import ingest, storage, validate
+from pipelines.errors import ValidationFailed
+
+DAY = dt.date(2013, 1, 5)
+
+
+@pytest.fixture(scope="module")
+def raw_day(landed_config) -> pd.DataFrame:
+    frame = storage.read_partitions(ingest.raw_url(landed_config.data_root, "flights"), [DAY], "flights")
+    frame["date"] = frame["date"].astype(str)
+    return frame
+
+
+def _fails(suite, frame, expectations, tmp_path) -> ValidationFailed:
+    report = storage.normalize_url(str(tmp_path / "report.html"))
+    with pytest.raises(ValidationFailed) as info:
+        validate.run_suite(suite, frame, expectations, report)
+    html = (tmp_path / "report.html").read_text()
+    assert "FAILED" in html and "<table>" in html
+    return info.value
+
+
+def test_raw_suite_passes_on_real_data(landed_config, raw_day, tmp_path) -> None:
+    report = storage.normalize_url(str(tmp_path / "ok.html"))
+    result = validate.run_suite(
+        "raw.flights", raw_day, validate.raw_flights_suite(landed_config, DAY, DAY), report
+    )
+    assert result.success and result.evaluated > 20 and not result.failures
+    assert "PASSED" in (tmp_path / "ok.html").read_text()
+
+
+def test_raw_suite_fails_on_planted_bad_batch(landed_config, raw_day, tmp_path) -> None:
+    bad = raw_day.copy()
+    bad.loc[bad.index[:3], "carrier"] = None  # nulls
+    bad.loc[bad.index[3:8], "dep_delay"] = 99999.0  # out of range (more than the 0.1% allowed)
+    bad = pd.concat([bad, bad.iloc[[10]]])  # duplicate key
+    error = _fails("raw.flights", bad, validate.raw_flights_suite(landed_config, DAY, DAY), tmp_path)
+    message = str(error)
+    assert "expect_column_values_to_not_be_null(column='carrier'): 3 of" in message
+    assert "expect_column_values_to_be_between(column='dep_delay'" in message and "99999.0" in message
+    assert "expect_compound_columns_to_be_unique" in message
+    assert "report.html" in message and len(error.failures) == 3
+
+
+def test_raw_suite_checks_freshness_and_row_counts(landed_config, raw_day, tmp_path) -> None:
+    stale = raw_day.head(50)
+    error = _fails(
+        "raw.flights",
+        stale,
+        validate.raw_flights_suite(landed_config, DAY, DAY + dt.timedelta(days=1)),
+        tmp_path,
+    )
+    assert "expect_column_distinct_values_to_contain_set" in str(error)
+    assert "expect_table_row_count_to_be_between" in str(error) and "observed 50" in str(error)
+
+
+def test_weather_suite(landed_config, tmp_path) -> None:
+    weather = storage.read_partitions(ingest.raw_url(landed_config.data_root, "weather"), [DAY], "weather")
+    weather["date"] = weather["date"].astype(str)
+    suite = validate.raw_weather_suite(landed_config, DAY, DAY)
+    assert validate.run_suite(
+        "raw.weather", weather, suite, storage.normalize_url(str(tmp_path / "w.html"))
+    ).success
+    bad = weather.copy()
+    bad.loc[bad.index[:5], "humid"] = 250.0
+    assert "column='humid'" in str(_fails("raw.weather", bad, suite, tmp_path))
+
+
+def test_feature_suites_pass_on_prepared_tables(prepared_config) -> None:
+    reports = validate.validate_features(prepared_config)
+    assert [r.suite for r in reports] == [f"features.{t}" for t in ("labels", *validate.FEATURE_TABLES)]
+    assert all(r.success for r in reports)
+    with open(storage.local_path(reports[0].report_url)) as handle:
+        assert handle.read().count("PASS") >= 5
+
+
+def test_feature_suite_fails_on_planted_bad_batch(prepared_config, tmp_path) -> None:
+    days = [dt.date(2013, 1, 10)]
+    url = storage.join(prepared_config.data_root, "prepared", "carrier_delay_stats")
+    stats = storage.read_partitions(url, days, "carrier_delay_stats")
+    bad = stats.copy()
+    bad.loc[bad.index[0], "carrier_late_share"] = 1.5
+    bad.loc[bad.index[1], "carrier"] = None
+    bad = pd.concat([bad, bad.iloc[[5]]])
+    suite = validate.feature_suite("carrier_delay_stats", prepared_config, days[0], days[0])
+    message = str(_fails("features.carrier_delay_stats", bad, suite, tmp_path))
+    assert "column='carrier_late_share'" in message and "1.5" in message
+    assert "expect_column_values_to_not_be_null(column='carrier')" in message
+    assert "expect_compound_columns_to_be_unique(column_list=['carrier', 'event_timestamp'])" in message
+
+
+def test_feature_suite_checks_freshness(prepared_config, tmp_path) -> None:
+    url = storage.join(prepared_config.data_root, "prepared", "origin_weather")
+    weather = storage.read_partitions(url, [dt.date(2013, 1, 10)], "origin_weather")
+    # claims to cover up to 2013-01-12 but holds only 2013-01-10: stale
+    suite = validate.feature_suite(
+        "origin_weather", prepared_config, dt.date(2013, 1, 10), dt.date(2013, 1, 12)
+    )
+    assert "expect_column_max_to_be_between(column='event_timestamp'" in str(
+        _fails("features.origin_weather", weather, suite, tmp_path)
+    )
+
+
+def test_training_set_suite(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    good = pd.DataFrame(
+        {
+            "flight_id": [f"f{i}" for i in range(100)],
+            "distance": rng.uniform(100, 2000, 100),
+            "carrier_late_share": rng.uniform(0, 1, 100),
+            "route_late_share": rng.uniform(0, 1, 100),
+            "is_late": rng.integers(0, 2, 100),
+        }
+    )
+    columns = ["distance", "carrier_late_share", "route_late_share"]
+    suite = validate.training_set_suite(columns, "is_late")
+    assert validate.run_suite(
+        "training_set", good, suite, storage.normalize_url(str(tmp_path / "t.html"))
+    ).success
+    bad = good.copy()
+    bad.loc[0, "distance"] = np.nan
+    bad.loc[1, "is_late"] = 2
+    bad.loc[2, "flight_id"] = "f3"
+    message = str(_fails("training_set", bad, validate.training_set_suite(columns, "is_late"), tmp_path))
+    assert "column='distance'" in message and "column='is_late'" in message and "'f3'" in message
