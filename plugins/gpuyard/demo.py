@@ -62,8 +62,9 @@ def main() -> int:
                 if published:
                     break
                 time.sleep(0.1)
-            console.print(f"outbox relay published {len(published)} event(s) of {job['id']}: "
-                          f"{json.dumps(published)}")
+            console.print(
+                f"outbox relay published {len(published)} event(s) of {job['id']}: {json.dumps(published)}"
+            )
             if not published:
                 raise SystemExit("the relay did not publish the job's event")
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem
@@ -12,23 +13,26 @@ from gpuyard.store.teams import Principal, Role
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def context(request: Request) -> ApiContext:
+async def context(request: Request) -> ApiContext:
+    # async: FastAPI would run a plain function in the thread pool, a hop on every request
     return request.app.state.context  # type: ignore[no-any-return]
 
 
-def principal(request: Request) -> Principal:
-    """FastAPI dependency: the caller, or 401."""
+async def principal(request: Request) -> Principal:
+    """FastAPI dependency: the caller, or 401. Cached briefly; the database is read on a miss only."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
-    ctx = context(request)
+    ctx: ApiContext = request.app.state.context
+    cached, found = ctx.principals.peek(token.strip())
 
     def load(value: str) -> Principal | None:
         with ctx.engine.connect() as conn:
             return team_store.authenticate(conn, value)
 
-    found = ctx.principals.get(token.strip(), load)
+    if not cached:
+        found = await run_in_threadpool(ctx.principals.get, token.strip(), load)
     if found is None:
         raise Problem(401, "Unauthorized", "the bearer token is unknown or revoked", headers=_CHALLENGE)
     return found

@@ -26,11 +26,18 @@ class TtlCache(Generic[K, V]):
         self._entries: dict[K, tuple[float, V]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: K, load: Callable[[K], V]) -> V:
-        now = time.monotonic()
+    def peek(self, key: K) -> tuple[bool, V | None]:
+        """(found, value) without loading: lets async callers skip a thread hop on a hit."""
         entry = self._entries.get(key)
-        if entry is not None and entry[0] > now:
-            return entry[1]
+        if entry is not None and entry[0] > time.monotonic():
+            return True, entry[1]
+        return False, None
+
+    def get(self, key: K, load: Callable[[K], V]) -> V:
+        found, value = self.peek(key)
+        if found:
+            return value  # type: ignore[return-value]
+        now = time.monotonic()
         value = load(key)
         with self._lock:
             if len(self._entries) >= self.max_entries:

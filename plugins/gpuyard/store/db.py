@@ -49,7 +49,8 @@ def make_engine(url: str, *, pool_size: int = 16) -> Engine:
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping (a round trip per checkout on the hot path): a dropped connection raises a
+        # disconnect error, SQLAlchemy invalidates the pool, and the API answers 503 until it is back.
         pool_timeout=10,
         connect_args={"connect_timeout": 5},
     )

@@ -43,8 +43,13 @@ def new_job_id() -> str:
     return f"job-{secrets.token_hex(8)}"
 
 
-def _insert(conn: Connection) -> Any:
-    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(jobs)
+# Built once: the idempotent insert, per dialect (both speak ON CONFLICT ... DO NOTHING RETURNING).
+_INSERT_JOB = {
+    dialect.__name__.rsplit(".", 1)[-1]: dialect.insert(jobs)
+    .on_conflict_do_nothing(index_elements=["team", "idempotency_key"])
+    .returning(jobs.c.seq)
+    for dialect in (postgresql, sqlite)
+}
 
 
 def submit(
@@ -68,10 +73,7 @@ def submit(
         "updated_at": at,
     }
     with engine.begin() as conn:
-        statement = _insert(conn).values(**row)
-        if idempotency_key is not None:
-            statement = statement.on_conflict_do_nothing(index_elements=["team", "idempotency_key"])
-        if conn.execute(statement.returning(jobs.c.seq)).first() is None:  # the key was used before
+        if conn.execute(_INSERT_JOB[conn.dialect.name], row).first() is None:  # the key was used before
             existing = conn.execute(
                 select(jobs).where(jobs.c.team == spec.team, jobs.c.idempotency_key == idempotency_key)
             ).one()

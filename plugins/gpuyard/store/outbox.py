@@ -11,6 +11,8 @@ from sqlalchemy import Connection, insert, select, update
 from gpuyard.domain.model import Event
 from gpuyard.store.tables import events
 
+_INSERT_EVENT = insert(events)
+
 
 def append_event(
     conn: Connection,
@@ -23,7 +25,8 @@ def append_event(
 ) -> None:
     """Record an event; it becomes visible (and publishable) only if the caller's transaction commits."""
     conn.execute(
-        insert(events).values(type=type, job_id=job_id, attempt_id=attempt_id, data=data or {}, at=at)
+        _INSERT_EVENT,
+        {"type": type, "job_id": job_id, "attempt_id": attempt_id, "data": data or {}, "at": at},
     )
 
 
