@@ -19,10 +19,13 @@ from gpuyard.client import ApiError, GpuyardClient, NotConfigured, resolve_endpo
 from gpuyard.clock import utcnow
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
+from training.planner_cli import plan
 
 app = typer.Typer(help="gpuyard: a GPU training platform's control plane.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
+# The planner lives with the worker runtime (training/); it is pure arithmetic, no torch import.
+app.command("plan")(plan)
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
