@@ -138,12 +138,15 @@ class MlflowTracker(Tracker):
         self.mlflow.set_tags(dict(tags))
 
     def log_model(self, model: torch.nn.Module, example: torch.Tensor) -> None:
+        """Log (and register) the model as served: raw features in, probability of delay out."""
         import mlflow.pytorch
         from mlflow.models import infer_signature
 
-        model = model.eval()
+        from training.model import Probability
+
+        model = Probability(model).eval()
         with torch.no_grad():
-            output = torch.sigmoid(model(example)).numpy()
+            output = model(example).numpy()
         signature = infer_signature(example.numpy(), output)
         mlflow.pytorch.log_model(
             model, name="model", signature=signature, input_example=example.numpy(),

@@ -57,3 +57,14 @@ class MLPClassifier(nn.Module):
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class Probability(nn.Module):
+    """The served form of a classifier: sigmoid(logit), the probability that the flight is late."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.classifier(x))

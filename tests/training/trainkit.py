@@ -99,9 +99,11 @@ def launch(
     procs, logs = [], []
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    # mlflow.set_tracking_uri() in a test exports MLFLOW_TRACKING_URI; workers take theirs from the config.
+    ambient = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     for rank in range(nproc):
         worker_env = {
-            **os.environ,
+            **ambient,
             "RANK": str(rank),
             "WORLD_SIZE": str(nproc),
             "LOCAL_RANK": str(rank),
