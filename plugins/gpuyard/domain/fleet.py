@@ -29,6 +29,9 @@ class Node(BaseModel):
     taints: tuple[StrictStr, ...] = ()
     price_per_gpu_hour: StrictFloat | StrictInt = Field(0.0, ge=0)
     preemptible: StrictBool = False
+    data_prefixes: tuple[StrictStr, ...] = Field(
+        (), description="URL prefixes of the data this node can read; empty reaches all data."
+    )
 
     @property
     def domain_key(self) -> tuple[str, str, str]:

@@ -168,6 +168,7 @@ class JobSpec(_Value):
     checkpoint: CheckpointPolicy | None = None
     data: tuple[DataAccess, ...] = ()
     sites: tuple[Name, ...] = Field((), description="Sites the job may run at; empty allows all.")
+    tolerations: tuple[StrictStr, ...] = Field((), description="Node taints this job accepts.")
     max_runtime: Duration | None = None
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)

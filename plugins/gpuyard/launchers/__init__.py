@@ -1,0 +1,1 @@
+"""Launchers turn attempts into running workers, and workers' fates into attempt outcomes."""

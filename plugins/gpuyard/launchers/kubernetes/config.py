@@ -1,0 +1,80 @@
+"""Settings of the Kubernetes launcher: namespace, identities, node label names, secrets, timeouts.
+
+Added to the settings object as `settings.kubernetes`; every field has a default that matches a
+cluster running the NVIDIA device plugin and GPU feature discovery with the well-known topology labels.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from gpuyard.domain.spec import Name
+
+
+class GpuToleration(BaseModel):
+    """A taint that GPU nodes carry and worker pods must tolerate (`operator: Exists`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: StrictStr
+    effect: StrictStr | None = Field(None, description="NoSchedule, PreferNoSchedule, NoExecute; None: all.")
+
+
+class KubernetesConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: Name = Field("gpuyard", description="Namespace of worker pods, services and secrets.")
+    in_cluster: bool = Field(True, description="Load the pod's service account; else ~/.kube/config.")
+    worker_service_account: Name = Field(
+        "gpuyard-worker", description="Service account of worker pods: it must hold no rights."
+    )
+    image_pull_secrets: tuple[Name, ...] = ()
+    cluster_domain: StrictStr = Field("cluster.local", min_length=1)
+    master_port: int = Field(29500, ge=1, le=65535, description="torchrun rendezvous port on rank 0.")
+    api_url: StrictStr | None = Field(
+        None, description="Control-plane URL the workers heartbeat to; default: the launch request's."
+    )
+
+    # Node labels: where the fleet comes from.
+    gpu_resource: StrictStr = "nvidia.com/gpu"
+    gpu_type_label: StrictStr = "nvidia.com/gpu.product"
+    gpu_memory_label: StrictStr = Field("nvidia.com/gpu.memory", description="MiB per GPU (GFD).")
+    domain_label: StrictStr = Field(
+        "gpuyard.io/domain",
+        description="Fast interconnect island (NVLink/InfiniBand); a node without it is a domain of its own.",
+    )
+    cluster_label: StrictStr = "gpuyard.io/cluster"
+    site_label: StrictStr = "topology.kubernetes.io/region"
+    preemptible_label: StrictStr = Field("gpuyard.io/spot", description="Value 'true' marks a spot node.")
+    price_label: StrictStr = Field(
+        "gpuyard.io/price-per-gpu-hour", description="Annotation (or label) with the price per GPU-hour."
+    )
+    default_cluster: Name = Field("default", description="Cluster name when a node has no cluster label.")
+    default_site: Name = Field("default", description="Site name when a node has no site label.")
+    gpu_type_aliases: dict[StrictStr, StrictStr] = Field(
+        default_factory=lambda: {
+            "NVIDIA-A100-SXM4-40GB": "a100",
+            "NVIDIA-A100-SXM4-80GB": "a100",
+            "NVIDIA-A100-80GB-PCIe": "a100",
+            "NVIDIA-H100-80GB-HBM3": "h100",
+            "NVIDIA-H100-PCIe": "h100",
+            "NVIDIA-H200": "h200",
+            "NVIDIA-L4": "l4",
+        },
+        description="GPU product label value -> gpuyard GPU type; other values are lowercased.",
+    )
+
+    gpu_tolerations: tuple[GpuToleration, ...] = (GpuToleration(key="nvidia.com/gpu"),)
+
+    # Secrets: mounted into the workers by reference, never copied into plain env values.
+    env_from_secrets: tuple[Name, ...] = Field(
+        (), description="Secrets whose every key becomes an environment variable (envFrom)."
+    )
+    secret_env: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict,
+        description="Variable name -> 'secret-name/key', read with secretKeyRef (e.g. object store keys).",
+    )
+
+    termination_grace_s: int = Field(60, ge=0, description="Time a worker has to checkpoint after SIGTERM.")
+    watch_timeout_s: int = Field(300, ge=1, description="Server-side watch timeout; the watch then resumes.")
+    request_timeout_s: float = Field(30.0, gt=0, description="Client-side timeout of one API request.")

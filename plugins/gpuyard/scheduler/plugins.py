@@ -1,0 +1,97 @@
+"""Filter and score plugins: small pure functions with a name (and a weight, for scores).
+
+Filters judge one node for one job. Scores judge one candidate placement (a set of nodes inside one
+fast domain) from 0 (worst) to 100 (best); the cycle adds them up by weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuyard.domain.fleet import Node
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+
+SPOT_TAINT = "gpuyard.io/spot"
+
+Filter = Callable[[PendingJob, Node, ClusterState], bool]
+Score = Callable[[PendingJob, list[Node], ClusterState], float]
+
+
+def gpu_type(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    allowed = state.quota(job.team).allowed_gpu_types
+    return (not job.gpu_types or node.gpu_type in job.gpu_types) and (not allowed or node.gpu_type in allowed)
+
+
+def gpu_memory(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    return node.gpu_memory_gb >= job.gpu_memory_gb
+
+
+def free_gpus(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    return len(state.free[node.name]) >= job.gpus_per_node
+
+
+def taints(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    """A tainted node takes only jobs that tolerate every taint; spot capacity only preemptible jobs."""
+    return all(t in job.tolerations or (t == SPOT_TAINT and job.preemptible) for t in node.taints)
+
+
+def site(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    return not job.sites or node.site in job.sites
+
+
+def data_access(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    """The node must reach every dataset the job names (a node with no prefixes reaches all)."""
+    prefixes = node.data_prefixes
+    return not prefixes or all(any(uri.startswith(p) for p in prefixes) for uri in job.data_uris)
+
+
+# Static filters read only node properties: a cycle evaluates them once per job shape.
+STATIC_FILTERS: tuple[tuple[str, Filter], ...] = (
+    ("gpu_type", gpu_type),
+    ("gpu_memory", gpu_memory),
+    ("taints", taints),
+    ("site", site),
+    ("data_access", data_access),
+)
+# Dynamic filters read what is free now.
+DYNAMIC_FILTERS: tuple[tuple[str, Filter], ...] = (("free_gpus", free_gpus),)
+
+
+def pack(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+    """Best fit: prefer the domain left with the fewest free GPUs, so whole domains stay free for gangs."""
+    domain = state.fleet_domain(nodes[0])
+    free_after = sum(len(state.free[n.name]) for n in domain) - job.gpus
+    capacity = sum(n.gpus for n in domain) or 1
+    return 100.0 * (1 - free_after / capacity)
+
+
+def checkpoint_locality(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+    """Resume where the checkpoint is: moving it to another site costs a copy before the start."""
+    return 100.0 if job.checkpoint_site is None or nodes[0].site == job.checkpoint_site else 0.0
+
+
+def price(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+    highest = state.highest_price or 1.0
+    return 100.0 * (1 - max(n.price_per_gpu_hour for n in nodes) / highest)
+
+
+def spot_fit(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+    """Preemptible jobs belong on spot nodes; jobs that may not be preempted stay off them."""
+    spot = sum(1 for n in nodes if n.preemptible) / len(nodes)
+    return 100.0 * (spot if job.preemptible else 1 - spot)
+
+
+@dataclass(frozen=True)
+class WeightedScore:
+    name: str
+    score: Score
+    weight: float
+
+
+SCORES: tuple[WeightedScore, ...] = (
+    WeightedScore("pack", pack, 3.0),
+    WeightedScore("checkpoint_locality", checkpoint_locality, 2.0),
+    WeightedScore("price", price, 1.0),
+    WeightedScore("spot_fit", spot_fit, 1.0),
+)

@@ -1,0 +1,115 @@
+"""Scheduling policies: how the queue is ordered and which mechanisms a cycle may use.
+
+Every policy runs through the same cycle (cycle.py) and plugins; only the order and the switches
+differ. None of them reads a job's true duration: scheduling is non-clairvoyant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+
+Order = Callable[[list[PendingJob], ClusterState, datetime], list[PendingJob]]
+
+# Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
+LAS_THRESHOLDS = (3250.0, 7200.0)
+
+
+def las_queue(attained_gpu_s: float) -> int:
+    """0 for the least-served jobs; a job moves down a queue as it receives service."""
+    return sum(1 for threshold in LAS_THRESHOLDS if attained_gpu_s >= threshold)
+
+
+def dominant_share(team: str, state: ClusterState) -> float:
+    """GPUs the team holds over its weighted nominal quota: lower is served first."""
+    quota = state.quota(team)
+    return state.usage.get(team, 0) / (max(quota.gpu_quota, 1) * quota.weight)
+
+
+def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+    return sorted(jobs, key=lambda j: (j.submitted_at, j.id))
+
+
+def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+    return sorted(jobs, key=lambda j: (las_queue(j.attained_gpu_s), j.submitted_at, j.id))
+
+
+def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+    """Priority class, then least attained service, then weighted fair share, then age."""
+    shares = {team: dominant_share(team, state) for team in {j.team for j in jobs}}
+    return sorted(
+        jobs,
+        key=lambda j: (-j.priority, las_queue(j.attained_gpu_s), shares[j.team], j.submitted_at, j.id),
+    )
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    order: Order
+    backfill: bool  # later jobs may start when an earlier one does not fit
+    reserve_head: bool  # the first job that does not fit holds a domain so it is not starved
+    quota: bool  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
+    preempt_priority: bool  # a higher class may preempt lower-class preemptible attempts
+    preempt_las: bool  # a less-served job may preempt a more-served one (2D-LAS)
+    reclaim: bool  # a team under its nominal quota reclaims what others borrowed
+
+
+POLICIES: dict[str, Policy] = {
+    policy.name: policy
+    for policy in (
+        Policy(
+            "fifo",
+            fifo_order,
+            backfill=False,
+            reserve_head=False,
+            quota=False,
+            preempt_priority=False,
+            preempt_las=False,
+            reclaim=False,
+        ),
+        Policy(
+            "fifo-backfill",
+            fifo_order,
+            backfill=True,
+            reserve_head=True,
+            quota=False,
+            preempt_priority=False,
+            preempt_las=False,
+            reclaim=False,
+        ),
+        Policy(
+            "kueue",
+            fifo_order,
+            backfill=True,
+            reserve_head=False,
+            quota=True,
+            preempt_priority=True,
+            preempt_las=False,
+            reclaim=True,
+        ),
+        Policy(
+            "tiresias",
+            las_order,
+            backfill=True,
+            reserve_head=False,
+            quota=False,
+            preempt_priority=False,
+            preempt_las=True,
+            reclaim=False,
+        ),
+        Policy(
+            "gpuyard",
+            gpuyard_order,
+            backfill=True,
+            reserve_head=True,
+            quota=True,
+            preempt_priority=True,
+            preempt_las=True,
+            reclaim=True,
+        ),
+    )
+}

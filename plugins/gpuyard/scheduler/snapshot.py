@@ -1,0 +1,109 @@
+"""What one scheduling cycle sees: pending work, running attempts, free GPUs, team quotas.
+
+Plain values, no I/O: the service builds a snapshot from the store, the simulator from its
+virtual cluster, and both hand it to the same cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.placement import Placement
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A job waiting for an attempt. Carries no duration: scheduling is non-clairvoyant."""
+
+    id: str
+    team: str
+    gpus: int
+    nodes: int
+    gpu_types: tuple[str, ...]
+    priority: int
+    preemptible: bool
+    submitted_at: datetime
+    gpu_memory_gb: float = 0.0
+    sites: tuple[str, ...] = ()
+    tolerations: tuple[str, ...] = ()
+    data_uris: tuple[str, ...] = ()
+    checkpoint_site: str | None = None  # where its newest checkpoint is, if any
+    attained_gpu_s: float = 0.0  # service received so far (for least-attained-service policies)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+
+@dataclass(frozen=True)
+class RunningAttempt:
+    attempt_id: str
+    job_id: str
+    team: str
+    priority: int
+    preemptible: bool
+    placement: Placement
+    started_at: datetime
+    last_checkpoint_at: datetime | None
+    borrowed: bool = False  # admitted on quota lent by the team's cohort
+    attained_gpu_s: float = 0.0
+    stopping: bool = False  # already asked to stop
+
+    @property
+    def gpus(self) -> int:
+        return self.placement.gpus
+
+    def unsaved_gpu_s(self, now: datetime) -> float:
+        """Progress a preemption would lose now: GPU-seconds since the last durable checkpoint."""
+        since = max(self.started_at, self.last_checkpoint_at or self.started_at)
+        return max(0.0, (now - since).total_seconds()) * self.gpus
+
+
+@dataclass
+class ClusterState:
+    """Free GPUs per node, mutated as the cycle reserves; usage per team for quota and fair share."""
+
+    fleet: Fleet
+    free: dict[str, set[int]]
+    quotas: dict[str, TeamQuota]
+    running: list[RunningAttempt] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)  # GPUs held per team
+    borrowed: dict[str, int] = field(default_factory=dict)  # of which borrowed from the cohort
+
+    def __post_init__(self) -> None:
+        self.nodes: dict[str, Node] = {node.name: node for node in self.fleet.nodes}
+        self.domains: dict[tuple[str, str, str], list[Node]] = self.fleet.domains()
+        self.highest_price = max((n.price_per_gpu_hour for n in self.fleet.nodes), default=0.0)
+
+    def fleet_domain(self, node: Node) -> list[Node]:
+        return self.domains[node.domain_key]
+
+    def free_in(self, nodes: list[Node]) -> int:
+        return sum(len(self.free[n.name]) for n in nodes)
+
+    @classmethod
+    def empty(cls, fleet: Fleet, quotas: dict[str, TeamQuota]) -> ClusterState:
+        return cls(fleet=fleet, free={n.name: set(range(n.gpus)) for n in fleet.nodes}, quotas=quotas)
+
+    def take(self, team: str, placement: Placement, *, borrowed: bool) -> None:
+        for piece in placement.slices:
+            missing = set(piece.gpu_indices) - self.free[piece.node]
+            if missing:
+                raise ValueError(f"GPUs {sorted(missing)} of {piece.node} are not free")
+            self.free[piece.node] -= set(piece.gpu_indices)
+        self.usage[team] = self.usage.get(team, 0) + placement.gpus
+        if borrowed:
+            self.borrowed[team] = self.borrowed.get(team, 0) + placement.gpus
+
+    def give_back(self, team: str, placement: Placement, *, borrowed: bool) -> None:
+        for piece in placement.slices:
+            self.free[piece.node] |= set(piece.gpu_indices)
+        self.usage[team] = self.usage.get(team, 0) - placement.gpus
+        if borrowed:
+            self.borrowed[team] = self.borrowed.get(team, 0) - placement.gpus
+
+    def quota(self, team: str) -> TeamQuota:
+        return self.quotas.get(team) or TeamQuota(gpu_quota=0)
