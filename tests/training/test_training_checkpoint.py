@@ -1,0 +1,124 @@
+"""Checkpoint store: completeness, integrity, retention; and a save/restore round trip in one process."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import distributed
+from training.checkpoint import MANIFEST, Checkpointer, CheckpointStore, read_model_state
+from training.model import MLPClassifier
+
+
+def fake_checkpoint(store: CheckpointStore, step: int, metrics: dict[str, float] | None = None,
+                    complete: bool = True) -> None:
+    base = Path(store.root) / f"step-{step:09d}"
+    (base / "state").mkdir(parents=True)
+    (base / "state" / "__0_0.distcp").write_bytes(bytes([step % 256]) * 100)
+    (base / "trainer.pt").write_bytes(b"x")
+    if complete:
+        store.finalize(step, 1, metrics or {}, {"mlflow_run_id": "r"}, 0.1)
+
+
+def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path.as_uri())
+    fake_checkpoint(store, 10)
+    fake_checkpoint(store, 20, complete=False)  # a writer died before the manifest
+    assert store.steps() == [10, 20]
+    latest = store.latest()
+    assert latest is not None and latest.step == 10
+    assert set(latest.files) == {"state/__0_0.distcp", "trainer.pt"}
+    assert not (tmp_path / f"step-{10:09d}" / f"{MANIFEST}.tmp").exists()
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path.as_uri())
+    fake_checkpoint(store, 10)
+    fake_checkpoint(store, 20)
+    data = tmp_path / f"step-{20:09d}" / "state" / "__0_0.distcp"
+    data.write_bytes(b"\x00" * 100)  # same size, different bytes: only the checksum sees it
+    assert store.verify(store.read_manifest(20), checksums=False) is None  # type: ignore[arg-type]
+    latest = store.latest(verify_checksums=True)
+    assert latest is not None and latest.step == 10
+    data.unlink()
+    assert "missing" in (store.verify(store.read_manifest(20)) or "")  # type: ignore[arg-type]
+
+
+def test_retention_keeps_newest_and_best_and_drops_abandoned(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path.as_uri())
+    losses = {10: 0.9, 20: 0.3, 30: 0.5, 40: 0.6, 50: 0.7}
+    for step, loss in losses.items():
+        fake_checkpoint(store, step, {"val_loss": loss})
+    fake_checkpoint(store, 45, complete=False)
+    deleted = store.apply_retention(keep_last=2, best_metric="val_loss", best_mode="min", newest=50)
+    assert sorted(deleted) == [10, 30, 45]
+    assert store.steps() == [20, 40, 50]
+    assert [m.step for m in store.complete()] == [20, 40, 50]
+
+
+def test_manifest_records_run_identity(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path.as_uri())
+    fake_checkpoint(store, 5)
+    raw = json.loads((tmp_path / f"step-{5:09d}" / MANIFEST).read_text())
+    assert raw["run"] == {"mlflow_run_id": "r"} and raw["format_version"] == 1
+    assert len(raw["files"]["trainer.pt"]["sha256"]) == 64
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[distributed.World]:
+    w = distributed.init("gloo", env={})
+    yield w
+    distributed.shutdown()
+
+
+def train_a_bit(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=g)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, async_save: bool) -> None:
+    torch.manual_seed(0)
+    model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train_a_bit(model, opt, 3)
+    store = CheckpointStore(tmp_path.as_uri())
+    ckpt = Checkpointer(store, 0, 1, world.checkpoint_group, async_save=async_save)
+    torch.manual_seed(1234)
+    ckpt.save(3, model, opt, {"scheduler": {}, "samples_seen": 24}, {"val_loss": 0.5},
+              {"mlflow_run_id": "abc"})
+    expected_rand = torch.rand(3)
+    saved = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    saved_opt = copy.deepcopy(opt.state_dict()["state"])
+    train_a_bit(model, opt, 2)  # mutates the live tensors while an async save may still be writing
+    ckpt.close()
+    assert ckpt.latest is not None and ckpt.latest.step == 3
+    on_disk = read_model_state(store.step_url(3))
+    for name, value in saved.items():
+        assert torch.equal(on_disk[name], value), name
+
+    torch.manual_seed(99)
+    fresh = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    loader = Checkpointer(store, 0, 1, world.checkpoint_group)
+    manifest = loader.find_latest()
+    assert manifest is not None and manifest.run["mlflow_run_id"] == "abc"
+    restored = loader.restore(manifest, fresh, fresh_opt)
+    assert restored.rng_restored and restored.trainer["samples_seen"] == 24
+    assert torch.equal(torch.rand(3), expected_rand)  # the RNG continues where it was saved
+    for name, value in saved.items():
+        assert torch.equal(fresh.module.state_dict()[name], value), name
+    restored_opt = fresh_opt.state_dict()["state"]
+    assert restored_opt.keys() == saved_opt.keys()
+    for index, state in saved_opt.items():
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(restored_opt[index][key], state[key]), (index, key)
