@@ -25,6 +25,17 @@ Precision = Literal["bf16", "fp16", "fp32"]
 GB = 1e9
 
 
+GPU_TYPES: dict[str, tuple[float, float]] = {
+    # name: (memory GB, dense 16-bit TFLOPS)
+    "h200": (141.0, 989.0),
+    "h100-80gb": (80.0, 989.0),
+    "a100-80gb": (80.0, 312.0),
+    "a100-40gb": (40.0, 312.0),
+    "l40s": (48.0, 362.0),
+    "a10g": (24.0, 125.0),
+}
+
+
 class PlanError(ValueError):
     """The request is impossible (does not fit even at the largest sharding) or inconsistent."""
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from training.planner import Fleet, ModelShape, PlanError, Training, infer_shape, shape_params
+from training.planner import GPU_TYPES, Fleet, ModelShape, PlanError, Training, infer_shape, shape_params
 from training.planner import plan as make_plan
 
 
@@ -24,20 +24,29 @@ def plan(
         "--global-batch", help="Sequences per step (default: one per GPU)")] = None,
     optimizer: Annotated[str, typer.Option(help="adamw, adam, sgd or adafactor")] = "adamw",
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
-    gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory per GPU, GB")] = 80.0,
+    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help=f"One of {', '.join(GPU_TYPES)}: sets "
+                                                 "memory and TFLOPS unless given")] = None,
+    gpu_memory_gb: Annotated[float | None, typer.Option("--gpu-memory-gb",
+                                                        help="Memory per GPU, GB (default 80)")] = None,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node")] = 8,
     nodes: Annotated[int, typer.Option(help="Nodes in the fast domain")] = 1,
     intra_node_gbps: Annotated[float, typer.Option("--intra-node-gbps",
                                                    help="GB/s per GPU inside a node (NVLink)")] = 450.0,
     inter_node_gbps: Annotated[float, typer.Option("--inter-node-gbps",
                                                    help="GB/s per GPU between nodes (IB 400G: 50)")] = 50.0,
-    gpu_tflops: Annotated[float, typer.Option("--gpu-tflops", help="Dense 16-bit TFLOPS per GPU")] = 989.0,
+    gpu_tflops: Annotated[float | None, typer.Option(
+        "--gpu-tflops", help="Dense 16-bit TFLOPS per GPU (default 989)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Recommend DDP / FSDP / tensor / pipeline parallelism with a per-GPU memory breakdown and reasons."""
     try:
         if optimizer not in ("adamw", "adam", "sgd", "adafactor"):
             raise PlanError(f"--optimizer: expected adamw, adam, sgd or adafactor, got {optimizer!r}")
+        if gpu_type is not None and gpu_type.lower() not in GPU_TYPES:
+            raise PlanError(f"--gpu-type: expected one of {sorted(GPU_TYPES)}, got {gpu_type!r}")
+        type_memory, type_tflops = GPU_TYPES[gpu_type.lower()] if gpu_type else (80.0, 989.0)
+        memory_gb = gpu_memory_gb if gpu_memory_gb is not None else type_memory
+        tflops = gpu_tflops if gpu_tflops is not None else type_tflops
         if precision not in ("bf16", "fp16", "fp32"):
             raise PlanError(f"--precision: expected bf16, fp16 or fp32, got {precision!r}")
         if layers and hidden:
@@ -52,7 +61,7 @@ def plan(
         result = make_plan(
             shape,
             Training(micro_batch, global_batch, optimizer, precision),  # type: ignore[arg-type]
-            Fleet(gpu_memory_gb, gpus_per_node, nodes, intra_node_gbps, inter_node_gbps, gpu_tflops),
+            Fleet(memory_gb, gpus_per_node, nodes, intra_node_gbps, inter_node_gbps, tflops),
         )
     except PlanError as exc:
         typer.echo(f"gpuyard plan: {exc}", err=True)

@@ -124,6 +124,18 @@ def test_cli_refuses_impossible_request_with_exit_code_2() -> None:
     assert "does not fit" in result.stderr
 
 
+def test_cli_gpu_type_sets_memory() -> None:
+    args = ["plan", "--params", "13e9", "--gpu-type", "a10g", "--gpus-per-node", "1"]
+    small = CliRunner().invoke(cli(), args)
+    assert small.exit_code == 2 and "24 GB" in small.stderr
+    big = CliRunner().invoke(cli(), ["plan", "--params", "13e9", "--gpu-type", "h200", "--gpus-per-node", "8",
+                                     "--json"])
+    assert big.exit_code == 0, big.output
+    assert json.loads(big.stdout)["per_gpu_memory_gb"]["total"] <= 141
+    unknown = CliRunner().invoke(cli(), ["plan", "--params", "1e9", "--gpu-type", "tpu"])
+    assert unknown.exit_code == 2 and "--gpu-type" in unknown.stderr
+
+
 def test_cli_text_output_with_a_model_config() -> None:
     result = CliRunner().invoke(
         cli(),
