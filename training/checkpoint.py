@@ -258,6 +258,7 @@ class Checkpointer:
         self._pending: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self._latest: CheckpointRecord | None = None
+        self._abandoned = threading.Event()
         self.stalls_s: list[float] = []
 
     @property
@@ -294,7 +295,7 @@ class Checkpointer:
                   metrics: dict[str, float], run: dict[str, str | None], started: float) -> None:
         if upload is not None:
             upload.result()
-        if self.rank != 0:
+        if self.rank != 0 or self._abandoned.is_set():
             return
         _write_torch(self.store.fs, f"{self.store._step_path(step)}/trainer.pt", trainer)
         cost = self.clock() - started
@@ -305,6 +306,11 @@ class Checkpointer:
         deleted = self.store.apply_retention(self.keep_last, self.best_metric, self.best_mode, step)
         if deleted:
             log.info("retention removed checkpoints at steps %s", deleted)
+
+    def abandon(self) -> None:
+        """Never write another manifest (stale fencing token: a successor may own the checkpoints now).
+        A save in flight finishes its data files, which stay incomplete and are never read."""
+        self._abandoned.set()
 
     def wait(self) -> None:
         """Block until the in-flight asynchronous save (if any) is durable; re-raise its error."""

@@ -193,6 +193,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
             if decision.action == Action.STOP:
                 log.error("stale fencing token at step %d: exiting without writing anything", step)
                 code = exit_codes.STALE_FENCING_TOKEN
+                ckpt.abandon()
                 break
             if decision.action == Action.CHECKPOINT_AND_STOP:
                 log.warning("preempted at step %d: checkpointing and exiting", step)

@@ -122,3 +122,19 @@ def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, a
     for index, state in saved_opt.items():
         for key in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(restored_opt[index][key], state[key]), (index, key)
+
+
+def test_abandoned_checkpointer_writes_no_manifest(tmp_path: Path, world: distributed.World) -> None:
+    model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    opt = torch.optim.AdamW(model.parameters())
+    store = CheckpointStore(tmp_path.as_uri())
+    ckpt = Checkpointer(store, 0, 1, world.checkpoint_group, async_save=True)
+    ckpt.save(1, model, opt, {}, {}, {})
+    ckpt.wait()
+    ckpt.abandon()
+    ckpt.save(2, model, opt, {}, {}, {})
+    ckpt.close()
+    assert store.steps() == [1, 2]  # the data of step 2 was written...
+    latest = store.latest()
+    assert latest is not None and latest.step == 1  # ...but it is not a checkpoint anyone will read
+    assert ckpt.latest is not None and ckpt.latest.step == 1
