@@ -30,6 +30,7 @@ class KubernetesConfig(BaseModel):
     )
     image_pull_secrets: tuple[Name, ...] = ()
     cluster_domain: StrictStr = Field("cluster.local", min_length=1)
+    run_as_user: int = Field(1000, ge=1, description="Non-root UID (and GID) of worker containers.")
     master_port: int = Field(29500, ge=1, le=65535, description="torchrun rendezvous port on rank 0.")
     api_url: StrictStr | None = Field(
         None, description="Control-plane URL the workers heartbeat to; default: the launch request's."

@@ -1,0 +1,158 @@
+"""Pure mapping from what Kubernetes says about pods to attempt outcomes.
+
+A pod's fate comes from its worker container's state and the pod's phase, reason and conditions.
+An attempt's fate comes from ALL its pods: the gang runs when every pod runs, succeeds when every
+pod succeeded, and ends as soon as one pod ends otherwise. When several pods ended badly, the cause
+that is not the job's fault wins (LOST over PREEMPTED over FAILED): a lost node makes its peers'
+collectives fail too, and those failures must not use up the job's failure budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuyard.launchers.base import EXIT_PREEMPTED, EXIT_STALE_TOKEN, Outcome, outcome_of_exit
+
+# Pod status reasons meaning the pod was pushed off its node, not that the job broke.
+LOST_POD_REASONS = frozenset(
+    {
+        "Evicted",
+        "Preempting",
+        "NodeLost",
+        "Shutdown",
+        "NodeShutdown",
+        "Terminated",
+        "UnexpectedAdmissionError",
+        "NodeAffinity",
+        "OutOfcpu",
+        "OutOfmemory",
+        "OutOfnvidia.com/gpu",
+    }
+)
+# DisruptionTarget condition reasons (Kubernetes >= 1.26) with the same meaning.
+DISRUPTION_REASONS = frozenset(
+    {
+        "PreemptionByScheduler",
+        "PreemptionByKubeScheduler",
+        "DeletionByTaintManager",
+        "EvictionByEvictionAPI",
+        "DeletionByPodGC",
+        "TerminationByKubelet",
+    }
+)
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+CREATE_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+_SEVERITY = {Outcome.LOST: 3, Outcome.PREEMPTED: 2, Outcome.FAILED: 1}
+
+
+@dataclass(frozen=True)
+class PodFate:
+    """One pod's state as far as gpuyard cares. `outcome` None: not started yet (pending)."""
+
+    outcome: Outcome | None
+    reason: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None and self.outcome is not Outcome.RUNNING
+
+
+PENDING = PodFate(None)
+
+
+def _detail(reason: str, message: str | None) -> str:
+    return f"{reason}: {message}" if message else reason
+
+
+def _worker_status(status: Mapping[str, Any], container: str) -> Mapping[str, Any]:
+    for item in status.get("containerStatuses") or ():
+        if item.get("name") == container:
+            return item
+    return {}
+
+
+def _disruption(status: Mapping[str, Any]) -> str | None:
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = condition.get("reason") or "DisruptionTarget"
+            if reason in DISRUPTION_REASONS or reason == "DisruptionTarget":
+                return _detail(reason, condition.get("message"))
+    return None
+
+
+def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
+    """What became of one pod, from its status alone."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    pod_reason = status.get("reason")
+    lost_reason = _detail(pod_reason, status.get("message")) if pod_reason in LOST_POD_REASONS else None
+    lost_reason = lost_reason or _disruption(status)
+    state = _worker_status(status, container).get("state") or {}
+
+    terminated = state.get("terminated")
+    if terminated is not None:
+        code = int(terminated.get("exitCode", 1))
+        if code in (0, EXIT_PREEMPTED, EXIT_STALE_TOKEN):
+            outcome, reason = outcome_of_exit(code)
+            return PodFate(outcome, reason, code)
+        if lost_reason:
+            return PodFate(Outcome.LOST, f"{lost_reason} (worker exited {code})", code)
+        if terminated.get("reason") == "OOMKilled":
+            return PodFate(Outcome.FAILED, "OOMKilled", code)
+        _, reason = outcome_of_exit(code)
+        extra = terminated.get("message") or terminated.get("reason")
+        return PodFate(Outcome.FAILED, f"{reason} ({extra})" if extra else reason, code)
+
+    if lost_reason:
+        return PodFate(Outcome.LOST, lost_reason)
+
+    waiting = state.get("waiting") or {}
+    waiting_reason = waiting.get("reason")
+    if waiting_reason in IMAGE_PULL_REASONS:
+        return PodFate(
+            Outcome.FAILED, f"image pull failed: {_detail(waiting_reason, waiting.get('message'))}"
+        )
+    if waiting_reason in CREATE_ERROR_REASONS:
+        return PodFate(
+            Outcome.FAILED, f"container not created: {_detail(waiting_reason, waiting.get('message'))}"
+        )
+
+    if phase == "Succeeded":
+        return PodFate(Outcome.SUCCEEDED, "exited 0", 0)
+    if phase == "Failed":
+        return PodFate(Outcome.FAILED, _detail(pod_reason or "pod failed", status.get("message")))
+    if phase == "Unknown":
+        return PodFate(Outcome.LOST, "pod phase Unknown: its node stopped reporting")
+    if phase == "Running":
+        return PodFate(Outcome.RUNNING)
+    return PENDING
+
+
+def attempt_fate(fates: Mapping[int, PodFate], gang_size: int) -> PodFate:
+    """The attempt's fate from its pods' fates by node rank (absent ranks are not running yet)."""
+    ended_badly = [
+        (rank, fate) for rank, fate in sorted(fates.items()) if fate.ended and fate.outcome in _SEVERITY
+    ]
+    if ended_badly:
+        rank, worst = max(ended_badly, key=lambda item: _SEVERITY[item[1].outcome])  # type: ignore[index]
+        prefix = f"node rank {rank}" if gang_size > 1 else "worker"
+        return PodFate(worst.outcome, f"{prefix}: {worst.reason}", worst.exit_code)
+    present = [fates[rank] for rank in range(gang_size) if rank in fates]
+    if len(present) == gang_size and all(f.outcome is Outcome.SUCCEEDED for f in present):
+        return PodFate(Outcome.SUCCEEDED, "every worker exited 0", 0)
+    if len(present) == gang_size and all(f.outcome in (Outcome.RUNNING, Outcome.SUCCEEDED) for f in present):
+        return PodFate(Outcome.RUNNING)
+    return PENDING
+
+
+def gone_fate(last: PodFate | None, *, cancelled: bool, why: str) -> PodFate:
+    """The fate of a pod that vanished from the API: what it last reported, else LOST."""
+    if last is not None and last.ended:
+        return last
+    if cancelled:
+        return PodFate(Outcome.LOST, "cancelled: pod deleted before its worker reported an exit")
+    return PodFate(Outcome.LOST, why)

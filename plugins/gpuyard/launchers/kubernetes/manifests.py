@@ -1,0 +1,327 @@
+"""Pure builders of the Kubernetes objects of one attempt: its Secret (the owner), headless Service, Pods.
+
+The per-attempt Secret is created first and owns the rest (ownerReferences): it exists for every
+attempt anyway (it carries the fencing token), lives in the same namespace as the pods and the
+Service, needs no custom resource and no extra RBAC. Deleting it lets the garbage collector remove
+the Service and every pod of the gang.
+
+Names: attempt ids are free-form strings, object names are DNS labels. `attempt_key` derives a
+stable DNS label (readable prefix + hash); the exact ids ride along in annotations.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuyard.domain.units import parse_bytes, parse_cpu
+from gpuyard.launchers.base import LaunchRequest
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
+
+Manifest = dict[str, Any]
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT = "app.kubernetes.io/component"
+ATTEMPT_LABEL = "gpuyard.io/attempt"
+JOB_LABEL = "gpuyard.io/job"
+RANK_LABEL = "gpuyard.io/node-rank"
+ATTEMPT_ID_ANNOTATION = "gpuyard.io/attempt-id"
+JOB_ID_ANNOTATION = "gpuyard.io/job-id"
+ATTEMPT_NUMBER_ANNOTATION = "gpuyard.io/attempt-number"
+GANG_SIZE_ANNOTATION = "gpuyard.io/gang-size"
+NODE_ANNOTATION = "gpuyard.io/node"
+FENCING_TOKEN_KEY = "fencing-token"
+WORKER_CONTAINER = "worker"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+
+# Selects every object gpuyard's launcher creates (and nothing else) in its namespace.
+SELECTOR = f"{MANAGED_BY}=gpuyard"
+
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_RESERVED_PREFIXES = ("gpuyard.io/", "app.kubernetes.io/")
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:8]
+
+
+def attempt_key(attempt_id: str) -> str:
+    """A DNS label (and label value) naming the attempt's objects: 'gy-<readable part>-<hash>'.
+
+    It starts with a letter (Service names must), is at most 52 characters (room for '-<rank>'),
+    and the hash of the exact id keeps ids that differ only in case or punctuation apart.
+    """
+    readable = re.sub(r"[^a-z0-9]+", "-", attempt_id.lower()).strip("-")[:39].rstrip("-")
+    return f"gy-{readable}-{_digest(attempt_id)}" if readable else f"gy-{_digest(attempt_id)}"
+
+
+def label_value(value: str) -> str:
+    """`value` when Kubernetes accepts it as a label value, else a readable hashed form that it does."""
+    if _LABEL_VALUE.match(value):
+        return value
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:50].strip("-_.")
+    return f"{readable}-{_digest(value)}" if readable else _digest(value)
+
+
+def pod_name(key: str, rank: int) -> str:
+    return f"{key}-{rank}"
+
+
+def master_addr(key: str, config: KubernetesConfig) -> str:
+    """DNS name of rank 0 through the headless Service: stable while pod IPs change."""
+    return f"{pod_name(key, 0)}.{key}.{config.namespace}.svc.{config.cluster_domain}"
+
+
+def attempt_labels(request: LaunchRequest) -> dict[str, str]:
+    return {
+        MANAGED_BY: "gpuyard",
+        ATTEMPT_LABEL: attempt_key(request.attempt_id),
+        JOB_LABEL: label_value(request.job_id),
+    }
+
+
+def attempt_annotations(request: LaunchRequest) -> dict[str, str]:
+    return {
+        ATTEMPT_ID_ANNOTATION: request.attempt_id,
+        JOB_ID_ANNOTATION: request.job_id,
+        ATTEMPT_NUMBER_ANNOTATION: str(request.attempt_number),
+        GANG_SIZE_ANNOTATION: str(len(request.placement.slices)),
+    }
+
+
+def owner_reference(owner: Manifest) -> dict[str, Any]:
+    """A reference to the attempt's Secret. `blockOwnerDeletion` stays off: setting it would need
+    `update` on secrets/finalizers, a right the launcher does not otherwise use."""
+    meta = owner["metadata"]
+    if not meta.get("uid"):
+        raise ValueError(f"owner Secret {meta.get('name')!r} has no uid: create it before its dependents")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
+    """The attempt's owner object; it holds the fencing token, which never appears in a plain env value."""
+    token = base64.b64encode(str(request.fencing_token).encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": attempt_key(request.attempt_id),
+            "namespace": config.namespace,
+            "labels": {**attempt_labels(request), COMPONENT: "attempt"},
+            "annotations": attempt_annotations(request),
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {FENCING_TOKEN_KEY: token},
+    }
+
+
+def build_service(request: LaunchRequest, config: KubernetesConfig, owner: Manifest) -> Manifest:
+    """Headless Service: gives rank 0 the stable name `<key>-0.<key>` even before it is ready."""
+    key = attempt_key(request.attempt_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": key,
+            "namespace": config.namespace,
+            "labels": {**attempt_labels(request), COMPONENT: "rendezvous"},
+            "annotations": attempt_annotations(request),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {ATTEMPT_LABEL: key},
+            "ports": [
+                {
+                    "name": RENDEZVOUS_PORT_NAME,
+                    "port": config.master_port,
+                    "targetPort": config.master_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def _secret_ref_env(name: str, ref: str) -> dict[str, Any]:
+    secret, sep, key = ref.partition("/")
+    if not sep or not secret or not key:
+        raise ValueError(f"secret_env[{name!r}]: expected 'secret-name/key', got {ref!r}")
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> list[dict[str, Any]]:
+    """The job's variables, torchrun's rendezvous variables and gpuyard's; secrets only by reference."""
+    key = attempt_key(request.attempt_id)
+    placement = request.placement
+    nproc = max(len(placement.slices[rank].gpu_indices), 1)
+    plain: dict[str, str] = {**request.spec.env, **request.env}
+    torchrun = {
+        "MASTER_ADDR": master_addr(key, config),
+        "MASTER_PORT": str(config.master_port),
+        "NNODES": str(len(placement.slices)),
+        "NODE_RANK": str(rank),
+        "NPROC_PER_NODE": str(nproc),
+    }
+    plain.update(torchrun)
+    plain.update({f"PET_{name}": value for name, value in torchrun.items()})  # torchrun reads PET_* as flags
+    plain.update(
+        {
+            "GPUYARD_API_URL": config.api_url or request.api_url,
+            "GPUYARD_ATTEMPT_ID": request.attempt_id,
+            "GPUYARD_ATTEMPT_NUMBER": str(request.attempt_number),
+            "GPUYARD_JOB_ID": request.job_id,
+        }
+    )
+    if request.checkpoint_url:
+        plain["GPUYARD_CHECKPOINT_URL"] = request.checkpoint_url
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain.items()]
+    token_ref = {"secretKeyRef": {"name": key, "key": FENCING_TOKEN_KEY}}
+    env.append({"name": "GPUYARD_FENCING_TOKEN", "valueFrom": token_ref})
+    env.extend(_secret_ref_env(name, ref) for name, ref in sorted(config.secret_env.items()))
+    return env
+
+
+def worker_resources(request: LaunchRequest, config: KubernetesConfig, rank: int) -> dict[str, Any]:
+    """GPUs of this node as a limit (extended resources need no request); CPU and memory per node."""
+    resources = request.spec.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    gpus = len(request.placement.slices[rank].gpu_indices)
+    if gpus:
+        limits[config.gpu_resource] = str(gpus)
+    if resources.cpu is not None:
+        requests["cpu"] = f"{round(parse_cpu(resources.cpu) * 1000)}m"
+    if resources.memory is not None:
+        memory = str(parse_bytes(resources.memory))
+        requests["memory"] = memory
+        limits["memory"] = memory
+    out: dict[str, Any] = {"limits": limits}
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def tolerations(config: KubernetesConfig) -> list[dict[str, str]]:
+    out = []
+    for toleration in config.gpu_tolerations:
+        item = {"key": toleration.key, "operator": "Exists"}
+        if toleration.effect:
+            item["effect"] = toleration.effect
+        out.append(item)
+    return out
+
+
+def _job_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The job's own labels that Kubernetes accepts (others stay in the JobSpec only)."""
+    return {
+        k: v
+        for k, v in labels.items()
+        if _LABEL_KEY.match(k) and _LABEL_VALUE.match(v) and not k.startswith(_RESERVED_PREFIXES)
+    }
+
+
+def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner: Manifest) -> Manifest:
+    """The worker pod of node rank `rank`, held to the node the scheduler chose for that rank.
+
+    Required node affinity on the node's name (not `nodeName`) keeps kube-scheduler in the loop, so
+    GPU accounting, taints and priority preemption on the node still apply.
+    """
+    key = attempt_key(request.attempt_id)
+    node = request.placement.slices[rank].node
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": request.spec.image,
+        "command": list(request.spec.command),
+        "env": worker_env(request, config, rank),
+        "resources": worker_resources(request, config, rank),
+        "ports": [{"name": RENDEZVOUS_PORT_NAME, "containerPort": config.master_port, "protocol": "TCP"}],
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # NCCL and DataLoader workers
+    }
+    if config.env_from_secrets:
+        container["envFrom"] = [{"secretRef": {"name": name}} for name in config.env_from_secrets]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": config.termination_grace_s,
+        "serviceAccountName": config.worker_service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostname": pod_name(key, rank),
+        "subdomain": key,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                }
+            }
+        },
+        "tolerations": tolerations(config),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": config.run_as_user,
+            "runAsGroup": config.run_as_user,
+            "fsGroup": config.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if config.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(key, rank),
+            "namespace": config.namespace,
+            "labels": {
+                **_job_labels(request.spec.labels),
+                **attempt_labels(request),
+                COMPONENT: "worker",
+                RANK_LABEL: str(rank),
+            },
+            "annotations": {**attempt_annotations(request), NODE_ANNOTATION: node},
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class AttemptObjects:
+    secret: Manifest
+    service: Manifest
+    pods: tuple[Manifest, ...]
+
+
+def build_attempt(request: LaunchRequest, config: KubernetesConfig, owner: Manifest) -> AttemptObjects:
+    """Everything an attempt needs, given its created owner Secret (which carries the uid)."""
+    return AttemptObjects(
+        secret=owner,
+        service=build_service(request, config, owner),
+        pods=tuple(build_pod(request, config, rank, owner) for rank in range(len(request.placement.slices))),
+    )

@@ -1,0 +1,186 @@
+"""Fixtures for the Kubernetes launcher tests: kmock's Kubernetes emulator on a real HTTP port.
+
+The emulator runs in its own thread and event loop, so the synchronous `kubernetes` client (and the
+launcher's watch threads) talk to it over HTTP exactly as they would to an API server. The only
+additions to kmock's emulator are what a real API server does on every write and the launcher relies
+on: a `uid` and `creationTimestamp` on creation and a growing `resourceVersion`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import threading
+import uuid
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import kmock
+import kubernetes_validate
+import pytest
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from kmock import action
+from kubernetes import client as k8s
+
+NAMESPACE = "gpuyard"
+
+
+class ApiServerEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the metadata a real API server stamps on writes."""
+
+    _versions = itertools.count(1000)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for plural in ("pods", "services", "secrets", "nodes"):  # served even before the first object
+            self.resources[f"v1/{plural}"] = {}
+
+    async def _handle(self, request: Any) -> Any:
+        if request.method == "GET" and str(request.params.get("watch", "")).lower() == "true":
+            # the Python client sends watch=True, which the API server's ParseBool accepts; kmock wants 'true'
+            # (kmock matches requests by identity, so the parsed request is corrected in place)
+            object.__setattr__(request, "action", action.WATCH)
+        data = request.data if isinstance(request.data, dict) else None
+        if (
+            request.resource is not None
+            and data is not None
+            and request.action in (action.CREATE, action.UPDATE)
+        ):
+            meta = data.setdefault("metadata", {})
+            meta["resourceVersion"] = str(next(self._versions))
+            if request.action == action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault(
+                    "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                )
+        return await super()._handle(request)
+
+
+class Cluster:
+    """A running emulator and a real `kubernetes` client pointed at it."""
+
+    def __init__(self, emulator: ApiServerEmulator, loop: asyncio.AbstractEventLoop, url: str):
+        self.emulator = emulator
+        self.loop = loop
+        self.url = url
+        configuration = k8s.Configuration()
+        configuration.host = url
+        self.api = k8s.CoreV1Api(k8s.ApiClient(configuration))
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return [
+            dict(obj.raw)
+            for (res, ns, _), obj in self.emulator.objects.items()
+            if res.plural == "pods" and ns == NAMESPACE and not obj.deleted
+        ]
+
+    def objects(self, plural: str) -> list[dict[str, Any]]:
+        return [
+            dict(obj.raw)
+            for (res, _, _), obj in self.emulator.objects.items()
+            if res.plural == plural and not obj.deleted
+        ]
+
+    def requests(self, verb: str, plural: str) -> list[Any]:
+        return [
+            r
+            for r in self.emulator.requests
+            if r.action == action(verb) and r.resource is not None and r.resource.plural == plural
+        ]
+
+    # Kubelet and node controller, played through the API as they would play it.
+    def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
+        self.api.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+
+    def add_node(self, name: str, **overrides: Any) -> None:
+        self.api.create_node(node(name, **overrides))
+
+
+def node(
+    name: str,
+    *,
+    gpus: int = 8,
+    product: str = "NVIDIA-H100-80GB-HBM3",
+    domain: str = "rack-1",
+    ready: str = "True",
+    unschedulable: bool = False,
+    spot: bool = False,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.memory": "81559",
+                "gpuyard.io/domain": domain,
+                "gpuyard.io/cluster": "c1",
+                "topology.kubernetes.io/region": "eu-west",
+                **({"gpuyard.io/spot": "true"} if spot else {}),
+                **(labels or {}),
+            },
+            "annotations": {"gpuyard.io/price-per-gpu-hour": "2.5"},
+        },
+        "spec": {"unschedulable": unschedulable, "taints": taints or []},
+        "status": {
+            "allocatable": {
+                "cpu": "95900m",
+                "memory": "1056000000Ki",
+                "nvidia.com/gpu": str(gpus),
+                "pods": "110",
+            },
+            "capacity": {"cpu": "96", "memory": "1056300000Ki", "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "Ready", "status": ready, "reason": "KubeletReady"}],
+        },
+    }
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop: asyncio.Event | None = None
+    state: dict[str, Any] = {}
+
+    async def serve() -> None:
+        nonlocal stop
+        stop = asyncio.Event()
+        async with ApiServerEmulator() as emulator, kmock.Server(emulator) as server:
+            state["emulator"], state["url"] = emulator, str(server.url).rstrip("/")
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(10), "the Kubernetes emulator did not start"
+    yield Cluster(state["emulator"], loop, state["url"])
+    assert stop is not None
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(10)
+
+
+@pytest.fixture
+def config() -> KubernetesConfig:
+    return KubernetesConfig(
+        namespace=NAMESPACE,
+        in_cluster=False,
+        image_pull_secrets=("registry",),
+        env_from_secrets=("object-store",),
+        secret_env={"MLFLOW_TRACKING_TOKEN": "mlflow/token"},
+        termination_grace_s=30,
+        watch_timeout_s=5,
+        request_timeout_s=5,
+    )
+
+
+def assert_valid(obj: dict[str, Any]) -> None:
+    """Valid against the Kubernetes 1.37 schemas, strictly (unknown fields are errors)."""
+    kubernetes_validate.validate(obj, "1.37.0", strict=True)
