@@ -13,7 +13,7 @@ import datetime
 import itertools
 import threading
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import kmock
@@ -56,6 +56,29 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 )
         return await super()._handle(request)
 
+    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+        """kmock's watch, ended after `timeoutSeconds` as an API server ends it."""
+        timeout = float(request.params.get("timeoutSeconds") or 0)
+        stream = aiter(super()._serve_watch(request))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if timeout and remaining <= 0:
+                return
+            try:
+                item = await asyncio.wait_for(anext(stream), remaining if timeout else None)
+            except (TimeoutError, StopAsyncIteration):
+                return
+            yield item
+
+    def patch_silently(self, plural: str, name: str, patch: dict[str, Any]) -> None:
+        """Change an object without a watch event: what a watcher misses while disconnected."""
+        for (resource, _, object_name), obj in self.objects.items():
+            if resource.plural == plural and object_name == name and not obj.deleted:
+                obj.patch(patch)
+                return
+        raise KeyError(f"{plural}/{name}")
+
 
 class Cluster:
     """A running emulator and a real `kubernetes` client pointed at it."""
@@ -94,7 +117,7 @@ class Cluster:
 
     # Kubelet and node controller, played through the API as they would play it.
     def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
-        self.api.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+        self.api.patch_namespaced_pod_status(name, NAMESPACE, {"status": status}, _preload_content=False)
 
     def add_node(self, name: str, **overrides: Any) -> None:
         self.api.create_node(node(name, **overrides))
@@ -176,7 +199,7 @@ def config() -> KubernetesConfig:
         env_from_secrets=("object-store",),
         secret_env={"MLFLOW_TRACKING_TOKEN": "mlflow/token"},
         termination_grace_s=30,
-        watch_timeout_s=5,
+        watch_timeout_s=1,
         request_timeout_s=5,
     )
 

@@ -171,7 +171,7 @@ class KubernetesLauncher:
                     if listed:
                         self.relists += 1
                     listed = True
-                w = watch.Watch()
+                w = watch.Watch(return_type="object")  # raw dicts: no client-side model validation
                 self._watches.add(w)
                 started, events = time.monotonic(), 0
                 try:

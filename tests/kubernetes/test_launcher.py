@@ -1,0 +1,421 @@
+"""KubernetesLauncher against kmock's Kubernetes emulator, over HTTP, through the real client.
+
+The emulator plays the API server; the tests play kubelet, node controller and scheduler by
+writing pod statuses and nodes through the API. Nothing of the launcher is mocked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import NAMESPACE, Cluster, assert_valid
+from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.domain.spec import JobSpec
+from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
+from gpuyard.launchers.kubernetes import manifests as m
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher, LaunchError
+from kmock import action
+
+SPEC = JobSpec(
+    name="llm",
+    team="nlp",
+    image="registry.example/llm:1.4",
+    command=("torchrun", "train.py"),
+    env={"LOG_LEVEL": "info"},
+    resources={"gpus": 8, "nodes": 2, "cpu": 16, "memory": "64Gi"},
+    labels={"project": "llm"},
+)
+
+
+def request(attempt_id: str = "att-7f3a", nodes: tuple[str, ...] = ("gpu-a", "gpu-b")) -> LaunchRequest:
+    return LaunchRequest(
+        attempt_id=attempt_id,
+        job_id="job-42",
+        attempt_number=2,
+        fencing_token=918273,
+        spec=SPEC,
+        placement=Placement("eu-west", "c1", "rack-1", tuple(NodeSlice(n, (0, 1, 2, 3)) for n in nodes)),
+        api_url="http://gpuyard-api.gpuyard.svc:8080",
+        checkpoint_url="s3://ckpt/job-42",
+    )
+
+
+def pod_names(attempt_id: str, gang: int = 2) -> list[str]:
+    key = m.attempt_key(attempt_id)
+    return [m.pod_name(key, rank) for rank in range(gang)]
+
+
+def container(state: dict[str, Any], ready: bool = False) -> dict[str, Any]:
+    return {
+        "name": "worker",
+        "image": SPEC.image,
+        "imageID": "",
+        "ready": ready,
+        "restartCount": 0,
+        "state": state,
+    }
+
+
+def running() -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "containerStatuses": [container({"running": {"startedAt": "2026-11-30T10:00:00Z"}}, ready=True)],
+    }
+
+
+def terminated(code: int, reason: str = "Error", phase: str | None = None) -> dict[str, Any]:
+    return {
+        "phase": phase or ("Succeeded" if code == 0 else "Failed"),
+        "containerStatuses": [container({"terminated": {"exitCode": code, "reason": reason}})],
+    }
+
+
+def waiting(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "phase": "Pending",
+        "containerStatuses": [container({"waiting": {"reason": reason, "message": message}})],
+    }
+
+
+def collect(
+    launcher: KubernetesLauncher, until: Callable[[list[WorkerReport]], bool], timeout: float = 8.0
+) -> list[WorkerReport]:
+    """observe() until the reports so far satisfy `until` (the watch is asynchronous)."""
+    reports: list[WorkerReport] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reports += launcher.observe()
+        if until(reports):
+            return reports
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; reports so far: {reports}")
+
+
+def outcome(reports: list[WorkerReport], attempt_id: str) -> list[Outcome]:
+    return [r.outcome for r in reports if r.attempt_id == attempt_id]
+
+
+def ended(attempt_id: str) -> Callable[[list[WorkerReport]], bool]:
+    return lambda reports: any(
+        r.attempt_id == attempt_id and r.outcome is not Outcome.RUNNING for r in reports
+    )
+
+
+@pytest.fixture
+def nodes(cluster: Cluster) -> None:
+    cluster.add_node("gpu-a")
+    cluster.add_node("gpu-b")
+
+
+@pytest.fixture
+def launcher(cluster: Cluster, config: KubernetesConfig, nodes: None) -> Iterator[KubernetesLauncher]:
+    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as launcher:
+        yield launcher
+
+
+def start_gang(cluster: Cluster, launcher: KubernetesLauncher, attempt_id: str = "att-7f3a") -> list[str]:
+    launcher.launch(request(attempt_id))
+    names = pod_names(attempt_id)
+    for name in names:
+        cluster.set_pod_status(name, running())
+    reports = collect(launcher, lambda rs: Outcome.RUNNING in outcome(rs, attempt_id))
+    assert outcome(reports, attempt_id) == [Outcome.RUNNING]
+    return names
+
+
+def test_launch_creates_valid_owned_objects(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    launcher.launch(request())
+    secrets, services, pods = cluster.objects("secrets"), cluster.objects("services"), cluster.pods()
+    assert len(secrets) == 1 and len(services) == 1 and len(pods) == 2
+    for obj in [*secrets, *services, *pods]:
+        assert_valid(obj)
+    owner = secrets[0]["metadata"]
+    for obj in [*services, *pods]:
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("Secret", owner["name"], owner["uid"])
+    # the fencing token is only in the Secret, never in a pod's plain env values
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert "918273" not in str(pod)
+        token = next(e for e in container["env"] if e["name"] == "GPUYARD_FENCING_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"] == {"name": owner["name"], "key": "fencing-token"}
+    nodes = sorted(
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchFields"][0]["values"][0]
+        for p in pods
+    )
+    assert nodes == ["gpu-a", "gpu-b"]
+    created = [
+        r for r in list(cluster.emulator) if r.action == action.CREATE and r.resource.plural != "nodes"
+    ]
+    assert [r.resource.plural for r in created] == ["secrets", "services", "pods", "pods"]  # owner first
+
+
+def test_watch_turns_phases_into_reports(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    cluster.set_pod_status(names[0], terminated(0))
+    time.sleep(0.3)  # rank 1 still runs: no verdict yet
+    assert outcome(launcher.observe(), "att-7f3a") == []
+    cluster.set_pod_status(names[1], terminated(0))
+    reports = collect(launcher, ended("att-7f3a"))
+    (report,) = reports
+    assert (report.outcome, report.exit_code) == (Outcome.SUCCEEDED, 0)
+    time.sleep(0.3)
+    assert launcher.observe() == []  # reported once
+
+
+def test_preempted_exit_code_is_preempted(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    for name in names:
+        cluster.set_pod_status(name, terminated(75, phase="Failed"))
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert (report.outcome, report.exit_code) == (Outcome.PREEMPTED, 75)
+
+
+def test_one_failed_rank_ends_the_gang_and_stops_the_others(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    names = start_gang(cluster, launcher)
+    cluster.set_pod_status(names[1], terminated(3))
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.FAILED and report.exit_code == 3
+    assert report.reason is not None and report.reason.startswith("node rank 1: exited 3")
+    remaining = [p["metadata"]["name"] for p in cluster.pods()]
+    assert remaining == [names[1]]  # rank 0 was deleted; the failed pod stays for its logs
+    deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
+    assert [r.name for r in deletes] == [names[0]]
+    assert deletes[0].params["gracePeriodSeconds"] == "30"
+
+
+def test_oom_killed_fails_with_reason(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    cluster.set_pod_status(names[0], terminated(137, reason="OOMKilled"))
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert (report.outcome, report.reason, report.exit_code) == (
+        Outcome.FAILED,
+        "node rank 0: OOMKilled",
+        137,
+    )
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"])
+def test_image_pull_errors_fail_with_a_clear_reason(
+    cluster: Cluster, launcher: KubernetesLauncher, reason: str
+) -> None:
+    launcher.launch(request())
+    name = pod_names("att-7f3a")[0]
+    cluster.set_pod_status(name, waiting(reason, 'pull "registry.example/llm:1.4": not found'))
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.FAILED
+    assert (
+        report.reason
+        == f'node rank 0: image pull failed: {reason}: pull "registry.example/llm:1.4": not found'
+    )
+    assert [p["metadata"]["name"] for p in cluster.pods()] == [name]  # the waiting rank 1 was stopped
+
+
+def test_evicted_pod_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    cluster.set_pod_status(
+        names[0],
+        {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": "The node was low on resource: ephemeral-storage.",
+        },
+    )
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST
+    assert report.reason == "node rank 0: Evicted: The node was low on resource: ephemeral-storage."
+
+
+def test_disruption_by_taint_manager_is_lost_even_with_a_crash_exit(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    names = start_gang(cluster, launcher)
+    status = terminated(143)
+    status["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    ]
+    cluster.set_pod_status(names[0], status)
+    cluster.set_pod_status(names[1], terminated(1))  # its peer's collectives failed: not the job's fault
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST and "DeletionByTaintManager" in (report.reason or "")
+
+
+def test_node_that_disappears_loses_the_attempt(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    start_gang(cluster, launcher)
+    cluster.api.delete_node("gpu-b")
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert (report.outcome, report.reason) == (
+        Outcome.LOST,
+        "node rank 1: node gpu-b was removed from the cluster",
+    )
+
+
+def test_pod_deleted_behind_our_back_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    cluster.api.delete_namespaced_pod(names[0], NAMESPACE)  # e.g. pod GC after its node went away
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST and "deleted before it ended" in (report.reason or "")
+
+
+def test_410_gone_relists_and_resumes(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    names = start_gang(cluster, launcher)
+    relists_before = launcher.relists
+    expired = {
+        "type": "ERROR",
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "code": 410,
+            "reason": "Expired",
+            "message": "too old resource version: 1003 (2001)",
+        },
+    }
+
+    def history_lost() -> Iterator[dict[str, Any]]:
+        # While the launcher is between watches, both pods finish; no watch event says so.
+        for name in names:
+            cluster.emulator.patch_silently("pods", name, {"status": terminated(0)})
+        yield expired
+
+    cluster.emulator["watch pods"] << history_lost()  # the next pod watch (after a timeout) gets 410
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.SUCCEEDED  # only a fresh listing could have shown it
+    assert launcher.relists == relists_before + 1
+    pod_calls = [r for r in list(cluster.emulator) if r.resource is not None and r.resource.plural == "pods"]
+    after_gone = pod_calls[[r.params.get("watch") for r in pod_calls].index("True", 1) :]
+    assert any(r.action == action.LIST for r in after_gone), "no re-list after 410 Gone"
+
+
+def test_conflict_on_create_adopts_after_restart(
+    cluster: Cluster, config: KubernetesConfig, launcher: KubernetesLauncher
+) -> None:
+    launcher.launch(request())
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods()}
+    launcher.close()
+    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as restarted:
+        restarted.launch(request())  # same attempt again: every create meets 409 and adopts
+        conflicts = [
+            r for r in list(cluster.emulator) if r.action == action.CREATE and r.resource.plural != "nodes"
+        ]
+        assert len(conflicts) == 8  # 4 created, then 4 conflicts
+        assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods()} == before
+        for name in pod_names("att-7f3a"):
+            cluster.set_pod_status(name, running())
+        assert outcome(collect(restarted, lambda rs: bool(rs)), "att-7f3a") == [Outcome.RUNNING]
+
+
+def test_conflict_with_another_attempts_object_is_refused(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    launcher.launch(request())
+    secret = cluster.objects("secrets")[0]
+    cluster.emulator.patch_silently(
+        "secrets",
+        secret["metadata"]["name"],
+        {"metadata": {"annotations": {m.ATTEMPT_ID_ANNOTATION: "other"}}},
+    )
+    with pytest.raises(LaunchError, match="belongs to attempt 'other'"):
+        launcher.launch(request())
+
+
+def test_cancel_deletes_with_grace_and_reports_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    start_gang(cluster, launcher)
+    launcher.cancel("att-7f3a", grace_s=45)
+    assert cluster.pods() == [] and cluster.objects("services") == [] and cluster.objects("secrets") == []
+    deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
+    assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST and (report.reason or "").startswith("node rank 0: cancelled")
+
+
+def test_reconcile_after_restart(
+    cluster: Cluster, config: KubernetesConfig, launcher: KubernetesLauncher
+) -> None:
+    live, orphan, vanished, half = (
+        request("att-live"),
+        request("att-orphan"),
+        request("att-vanished"),
+        request("att-half"),
+    )
+    for req in (live, orphan, vanished, half):
+        launcher.launch(req)
+    launcher.close()  # the scheduler dies
+    for name in pod_names("att-vanished"):
+        cluster.api.delete_namespaced_pod(name, NAMESPACE)
+    cluster.api.delete_namespaced_pod(pod_names("att-half")[1], NAMESPACE)
+
+    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as restarted:
+        reports = restarted.reconcile({r.attempt_id: r for r in (live, vanished, half)})
+        by_attempt = {r.attempt_id: r for r in reports}
+        assert set(by_attempt) == {"att-vanished", "att-half"}
+        assert by_attempt["att-vanished"].outcome is Outcome.LOST
+        assert by_attempt["att-vanished"].reason == "no worker pods found after a restart"
+        assert by_attempt["att-half"].outcome is Outcome.LOST and "[0] of 2" in (
+            by_attempt["att-half"].reason or ""
+        )
+        # only the live attempt's objects remain: orphans and the broken gangs are cleaned up
+        assert sorted(p["metadata"]["name"] for p in cluster.pods()) == pod_names("att-live")
+        assert [s["metadata"]["name"] for s in cluster.objects("secrets")] == [m.attempt_key("att-live")]
+        assert [s["metadata"]["name"] for s in cluster.objects("services")] == [m.attempt_key("att-live")]
+        # the adopted attempt is observed as before
+        for name in pod_names("att-live"):
+            cluster.set_pod_status(name, terminated(0))
+        (report,) = collect(restarted, ended("att-live"))
+        assert (report.attempt_id, report.outcome) == ("att-live", Outcome.SUCCEEDED)
+
+
+def test_list_requests_use_the_label_selector(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    launcher.reconcile({})
+    lists = [r for r in list(cluster.emulator) if r.action == action.LIST and r.resource.plural != "nodes"]
+    assert lists and all(
+        r.params.get("labelSelector") == "app.kubernetes.io/managed-by=gpuyard" for r in lists
+    )
+
+
+def test_foreign_pods_are_left_alone(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    cluster.api.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "someone-else", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        },
+    )
+    assert launcher.reconcile({}) == []
+    assert [p["metadata"]["name"] for p in cluster.pods()] == ["someone-else"]
+
+
+def test_logs_of_every_rank(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+    launcher.launch(request())
+    names = pod_names("att-7f3a")
+    (
+        cluster.emulator[f"get /api/v1/namespaces/{NAMESPACE}/pods/{names[0]}/log"]
+        << b"step 1 loss 2.0\nstep 2 loss 1.5\n"
+    )
+    cluster.emulator[f"get /api/v1/namespaces/{NAMESPACE}/pods/{names[1]}/log"] << b"rank 1 ready\n"
+    assert list(launcher.logs("att-7f3a")) == [
+        "[node-rank 0] step 1 loss 2.0",
+        "[node-rank 0] step 2 loss 1.5",
+        "[node-rank 1] rank 1 ready",
+    ]
+    followed = sorted(launcher.logs("att-7f3a", follow=True))
+    assert followed == [
+        "[node-rank 0] step 1 loss 2.0",
+        "[node-rank 0] step 2 loss 1.5",
+        "[node-rank 1] rank 1 ready",
+    ]
+    follows = [
+        r for r in list(cluster.emulator) if r.subresource == "log" and r.params.get("follow") == "True"
+    ]
+    assert len(follows) == 2
