@@ -1,0 +1,85 @@
+"""deploy/: every manifest validates against the Kubernetes schemas, and the rights stay minimal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import assert_valid
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def documents() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    docs = []
+    for name in kustomization["resources"]:
+        docs += [doc for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
+    return docs
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in documents() if doc["kind"] == kind}
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = set(yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_manifest_is_valid(doc: dict[str, Any]) -> None:
+    assert_valid(doc)
+
+
+def test_deployments() -> None:
+    deployments = by_kind("Deployment")
+    assert set(deployments) == {"gpuyard-api", "gpuyard-scheduler", "gpuyard-relay"}
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert deployment["spec"]["replicas"] == 2
+        assert container["args"][0] == name.removeprefix("gpuyard-")
+        assert (
+            pod["securityContext"]["runAsNonRoot"]
+            and not container["securityContext"]["allowPrivilegeEscalation"]
+        )
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        refs = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
+        assert refs == {"gpuyard-settings", "gpuyard-secrets"}
+    api = deployments["gpuyard-api"]["spec"]["template"]["spec"]["containers"][0]
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    service = by_kind("Service")["gpuyard-api"]
+    assert service["spec"]["selector"] == deployments["gpuyard-api"]["spec"]["selector"]["matchLabels"]
+
+
+def test_settings() -> None:
+    config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
+    assert config["GPUYARD_PROFILE"] == "production"
+    secret = by_kind("Secret")["gpuyard-secrets"]["stringData"]
+    assert {"GPUYARD_DATABASE_URL", "GPUYARD_REDIS_URL"} <= set(secret)
+    assert not any(
+        key.endswith("_URL") and "DATABASE" in key for key in config
+    )  # credentials not in the ConfigMap
+
+
+def test_rights_are_only_what_the_launcher_uses() -> None:
+    (role,) = by_kind("Role").values()
+    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    assert {res for res, _ in granted} == {"pods", "pods/log", "services", "secrets"}
+    assert not {verb for _, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
+    (cluster_role,) = by_kind("ClusterRole").values()
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    accounts = by_kind("ServiceAccount")
+    assert accounts["gpuyard-worker"]["automountServiceAccountToken"] is False
+    bound = {
+        s["name"]
+        for b in [*by_kind("RoleBinding").values(), *by_kind("ClusterRoleBinding").values()]
+        for s in b["subjects"]
+    }
+    assert bound == {"gpuyard-control-plane"}  # workers and the relay hold no rights

@@ -1,0 +1,135 @@
+"""Pure builders and fates: names, environment, resources, security, and pod statuses to outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import assert_valid
+from gpuyard.launchers.base import Outcome
+from gpuyard.launchers.kubernetes import manifests as m
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, pod_fate
+from test_launcher import request
+
+OWNER = {"metadata": {"name": "gy-x", "uid": "5f0c1b7e-0000-4000-8000-000000000001"}}
+
+
+@pytest.mark.parametrize("attempt_id", ["att-1", "ATT_1", "a" * 48, "01HZX9Q2.JOB/7#2", "---"])
+def test_attempt_key_is_a_dns_label_and_distinct(attempt_id: str) -> None:
+    key = m.attempt_key(attempt_id)
+    assert len(m.pod_name(key, 1023)) <= 63 and key[0].isalpha()
+    service = m.build_service(request(attempt_id), KubernetesConfig(), OWNER)
+    assert_valid(service)
+    assert m.attempt_key(attempt_id.swapcase()) != key or attempt_id.swapcase() == attempt_id
+
+
+def test_pod_environment_resources_and_security(config: KubernetesConfig) -> None:
+    pod = m.build_pod(request(), config, 1, OWNER)
+    assert_valid(pod)
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    key = m.attempt_key("att-7f3a")
+    assert env["MASTER_ADDR"] == f"{key}-0.{key}.gpuyard.svc.cluster.local"
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"], env["MASTER_PORT"]) == (
+        "2",
+        "1",
+        "4",
+        "29500",
+    )
+    assert env["GPUYARD_ATTEMPT_ID"] == "att-7f3a" and env["GPUYARD_JOB_ID"] == "job-42"
+    assert env["GPUYARD_CHECKPOINT_URL"] == "s3://ckpt/job-42" and env["LOG_LEVEL"] == "info"
+    assert env["GPUYARD_FENCING_TOKEN"] == {"secretKeyRef": {"name": key, "key": "fencing-token"}}
+    assert env["MLFLOW_TRACKING_TOKEN"] == {"secretKeyRef": {"name": "mlflow", "key": "token"}}
+    assert container["envFrom"] == [{"secretRef": {"name": "object-store"}}]
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "4", "memory": str(64 * 2**30)},
+        "requests": {"cpu": "16000m", "memory": str(64 * 2**30)},
+    }
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["privileged"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 30 and spec["serviceAccountName"] == "gpuyard-worker"
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert (spec["hostname"], spec["subdomain"]) == (f"{key}-1", key)
+    assert pod["metadata"]["labels"]["project"] == "llm"  # the job's own labels ride along
+
+
+def test_service_is_headless_and_selects_the_attempt(config: KubernetesConfig) -> None:
+    service = m.build_service(request(), config, OWNER)
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == {m.ATTEMPT_LABEL: m.attempt_key("att-7f3a")}
+
+
+def test_owner_without_uid_is_refused(config: KubernetesConfig) -> None:
+    with pytest.raises(ValueError, match="has no uid"):
+        m.build_pod(request(), config, 0, {"metadata": {"name": "gy-x"}})
+
+
+def test_bad_secret_env_reference_names_the_variable() -> None:
+    config = KubernetesConfig(secret_env={"TOKEN": "no-slash"})
+    with pytest.raises(ValueError, match=r"secret_env\['TOKEN'\]"):
+        m.build_pod(request(), config, 0, OWNER)
+
+
+def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    containers = [{"name": "worker", "state": state}] if state else []
+    return {"status": {"phase": phase, "containerStatuses": containers, **status}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (_pod("Pending"), PodFate(None)),
+        (_pod("Running", {"running": {}}), PodFate(Outcome.RUNNING)),
+        (_pod("Succeeded", {"terminated": {"exitCode": 0}}), PodFate(Outcome.SUCCEEDED, "exited 0", 0)),
+        (_pod("Failed", {"terminated": {"exitCode": 75}}), PodFate(Outcome.PREEMPTED, None, 75)),
+        (
+            _pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}),
+            PodFate(Outcome.FAILED, "OOMKilled", 137),
+        ),
+        (
+            _pod("Failed", {"terminated": {"exitCode": 2, "reason": "Error"}}),
+            PodFate(Outcome.FAILED, "exited 2 (Error)", 2),
+        ),
+        (
+            _pod("Failed", reason="Evicted", message="low memory"),
+            PodFate(Outcome.LOST, "Evicted: low memory"),
+        ),
+        (_pod("Running", reason="Preempting"), PodFate(Outcome.LOST, "Preempting")),
+        (_pod("Unknown"), PodFate(Outcome.LOST, "pod phase Unknown: its node stopped reporting")),
+        (
+            _pod("Pending", {"waiting": {"reason": "InvalidImageName"}}),
+            PodFate(Outcome.FAILED, "image pull failed: InvalidImageName"),
+        ),
+        (
+            _pod(
+                "Running",
+                {"running": {}},
+                conditions=[
+                    {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+                ],
+            ),
+            PodFate(Outcome.LOST, "PreemptionByScheduler"),
+        ),
+    ],
+)
+def test_pod_fate(pod: dict[str, Any], expected: PodFate) -> None:
+    fate = pod_fate(pod)
+    assert fate.outcome is expected.outcome and fate.exit_code == expected.exit_code
+    if expected.reason is not None:
+        assert fate.reason == expected.reason
+
+
+def test_attempt_fate_over_the_gang() -> None:
+    run, done = PodFate(Outcome.RUNNING), PodFate(Outcome.SUCCEEDED, "exited 0", 0)
+    failed, lost = PodFate(Outcome.FAILED, "exited 1", 1), PodFate(Outcome.LOST, "Evicted")
+    assert attempt_fate({0: run}, 2).outcome is None  # rank 1 not started: not running yet
+    assert attempt_fate({0: run, 1: run}, 2).outcome is Outcome.RUNNING
+    assert attempt_fate({0: done, 1: run}, 2).outcome is Outcome.RUNNING
+    assert attempt_fate({0: done, 1: done}, 2).outcome is Outcome.SUCCEEDED
+    assert attempt_fate({0: run, 1: failed}, 2) == PodFate(Outcome.FAILED, "node rank 1: exited 1", 1)
+    assert attempt_fate({0: failed, 1: lost}, 2).outcome is Outcome.LOST  # not the job's fault wins
