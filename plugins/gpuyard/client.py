@@ -157,5 +157,19 @@ class GpuyardClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout_s}s")
             time.sleep(poll_s)
 
+    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False) -> Iterator[str]:
+        """The workers' output, line by line; with `follow`, streamed until the attempt ends."""
+        params: dict[str, Any] = {"follow": follow}
+        if attempt is not None:
+            params["attempt"] = attempt
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, response.json())
+            yield from response.iter_lines()
+
+    def fleet(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/fleet")  # type: ignore[no-any-return]
+
     def whoami(self) -> dict[str, Any]:
         return self._call("GET", "/v1/whoami")  # type: ignore[no-any-return]

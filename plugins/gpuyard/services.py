@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,14 @@ from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
 from gpuyard.clock import utcnow
+from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.launchers.base import Launcher
+from gpuyard.launchers.inventory import LocalInventory, discover
+from gpuyard.launchers.local import LocalLauncher, attempt_logs
 from gpuyard.relay import Relay
-from gpuyard.settings import Settings, load_settings
+from gpuyard.scheduler.policy import POLICIES
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 
@@ -92,7 +98,54 @@ class AnnouncingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def local_inventory(settings: Settings) -> LocalInventory:
+    return discover(settings.local_slots)
+
+
+def build_fleet(settings: Settings) -> Fleet:
+    """The fleet file when one is set, else what this machine offers the local launcher."""
+    return load_fleet(settings.fleet_file) if settings.fleet_file else local_inventory(settings).fleet()
+
+
+def attempts_dir(settings: Settings) -> Path:
+    return settings.home / "attempts"
+
+
+def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | None:
+    if settings.launcher != "local":
+        return None
+    root = attempts_dir(settings)
+    return lambda attempt_id, follow: attempt_logs(root / attempt_id, follow=follow)
+
+
+def build_launcher(settings: Settings) -> Launcher:
+    if settings.launcher == "local":
+        return LocalLauncher(attempts_dir(settings), local_inventory(settings), workdir=settings.worker_dir)
+    raise SettingsError(
+        "launcher: the Kubernetes launcher is not available in this build; use launcher=local"
+    )
+
+
+def build_scheduler(
+    settings: Settings, engine: Engine, launcher: Launcher, fleet: Fleet, api_url: Callable[[], str]
+) -> SchedulerService:
+    if settings.scheduler_policy not in POLICIES:
+        raise SettingsError(
+            f"scheduler_policy: expected one of {sorted(POLICIES)}, got {settings.scheduler_policy!r}"
+        )
+    return SchedulerService(
+        engine,
+        launcher,
+        fleet,
+        api_url=api_url,
+        policy=POLICIES[settings.scheduler_policy],
+        lease_ttl_s=settings.lease_seconds,
+        grace_s=settings.grace_seconds,
+    )
+
+
 def app_from_environment() -> Any:
     """ASGI factory for `gpuyard api` workers: settings come from the environment."""
     settings = load_settings()
-    return create_app(settings, make_engine(str(settings.database_url), pool_size=settings.db_pool_size))
+    engine = make_engine(str(settings.database_url), pool_size=settings.db_pool_size)
+    return create_app(settings, engine, fleet=build_fleet(settings), logs=log_reader(settings))

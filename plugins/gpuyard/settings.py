@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
     db_pool_size: int = Field(16, ge=1)
+    lease_seconds: float = Field(60.0, ge=1, description="Lease period: a worker silent this long is LOST.")
+    grace_seconds: float = Field(30.0, ge=0, description="Time a worker has to checkpoint when told to stop.")
+    scheduler_policy: str = Field("gpuyard", description="fifo, fifo-backfill, kueue, tiresias or gpuyard.")
+    api_url: str | None = Field(
+        None, description="URL workers use to reach the API; default: where it listens."
+    )
+    worker_dir: Path | None = Field(None, description="Working directory of local workers; default: cwd.")
 
     @classmethod
     def settings_customise_sources(

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,42 +61,69 @@ def test_up_announces_url_and_admin_token(home: Path) -> None:
     assert token_file.read_text().startswith("gy_")
 
 
-def test_submit_list_show_cancel(home: Path) -> None:
+def write_job(path: Path, name: str, code: str, gpus: int = 1) -> Path:
+    spec = {
+        "name": name,
+        "team": "a",
+        "image": "python:3.11-slim",
+        "command": ["python", "-c", code],
+        "resources": {"gpus": gpus, "gpu_types": ["cpu"]},
+        "retry": {"max_failures": 0},
+    }
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_a_job_runs_to_completion_with_its_logs(home: Path, tmp_path: Path) -> None:
     token = gpuyard(home, "token", "create", "--team", "a").stdout.strip()
-    submitted = json.loads(gpuyard(home, "submit", str(EXAMPLE), "--token", token, "--json").stdout)
-    assert submitted["state"] == "PENDING" and submitted["team"] == "a"
-    table = gpuyard(home, "jobs", "--token", token).stdout
-    assert submitted["id"][:8] in table and "PENDING" in table
-    listed = json.loads(gpuyard(home, "jobs", "--json", "--state", "PENDING").stdout)  # the admin token
-    assert submitted["id"] in [job["id"] for job in listed]
-    shown = json.loads(gpuyard(home, "show", submitted["id"], "--token", token, "--json").stdout)
-    assert [e["type"] for e in shown["events"]] == ["job.submitted"]
-    wait_until(lambda: "job.submitted" in gpuyard(home, "show", submitted["id"]).stdout, what="show table")
-    cancelled = gpuyard(home, "cancel", submitted["id"], "--token", token)
-    assert "CANCELLED" in cancelled.stdout
-    again = gpuyard(home, "cancel", submitted["id"], check=False)
+    code = "import os; e = os.environ; print('rank', e['RANK'], 'of', e['WORLD_SIZE'], e['GPUYARD_JOB_ID'])"
+    job = json.loads(
+        gpuyard(
+            home,
+            "submit",
+            str(write_job(tmp_path / "j.yaml", "hello", code, gpus=2)),
+            "--token",
+            token,
+            "--wait",
+            "--json",
+        ).stdout
+    )
+    assert job["state"] == "SUCCEEDED", job
+    logs = gpuyard(home, "logs", job["id"], "--token", token).stdout
+    assert f"[rank0] rank 0 of 2 {job['id']}" in logs and f"[rank1] rank 1 of 2 {job['id']}" in logs
+    shown = json.loads(gpuyard(home, "show", job["id"], "--json").stdout)
+    assert [a["state"] for a in shown["attempts"]] == ["SUCCEEDED"]
+    assert [e["type"] for e in shown["events"]][:2] == ["job.submitted", "job.scheduled"]
+    table = gpuyard(home, "show", job["id"]).stdout
+    assert "SUCCEEDED" in table and "attempt.succeeded" in table
+    listed = json.loads(gpuyard(home, "jobs", "--json", "--state", "SUCCEEDED").stdout)
+    assert job["id"] in [j["id"] for j in listed]
+
+
+def test_cancel_stops_a_running_job(home: Path, tmp_path: Path) -> None:
+    spec = write_job(tmp_path / "sleep.yaml", "sleeper", "import time; time.sleep(120)")
+    job = json.loads(gpuyard(home, "submit", str(spec), "--json").stdout)
+    wait_until(
+        lambda: json.loads(gpuyard(home, "show", job["id"], "--json").stdout)["state"] == "RUNNING",
+        timeout_s=60,
+        what="the job to run",
+    )
+    assert "stop requested" in gpuyard(home, "cancel", job["id"]).stdout
+    wait_until(
+        lambda: json.loads(gpuyard(home, "show", job["id"], "--json").stdout)["state"] == "CANCELLED",
+        timeout_s=60,
+        what="the job to be cancelled",
+    )
+    again = gpuyard(home, "cancel", job["id"], check=False)
     assert again.returncode == 2 and "already CANCELLED" in again.stderr
 
 
-def test_submit_wait_follows_until_the_end(home: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "gpuyard.cli",
-        "submit",
-        str(EXAMPLE),
-        "--wait",
-        "--json",
-        "--home",
-        str(home),
-    ]
-    waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    newest = json.loads(gpuyard(home, "jobs", "--json", "--limit", "1").stdout)[0]
-    gpuyard(home, "cancel", newest["id"])
-    out, err = waiting.communicate(timeout=60)
-    assert waiting.returncode == 1, err
-    assert json.loads(out)["state"] == "CANCELLED"
+def test_submit_wait_exits_non_zero_when_the_job_fails(home: Path, tmp_path: Path) -> None:
+    spec = write_job(tmp_path / "fail.yaml", "failing", "raise SystemExit(3)")
+    result = gpuyard(home, "submit", str(spec), "--wait", "--json", check=False)
+    assert result.returncode == 1
+    job = json.loads(result.stdout)
+    assert job["state"] == "FAILED" and "exited 3" in job["reason"]
 
 
 def test_bad_input_is_named(home: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,11 +16,12 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard import __version__, metrics
-from gpuyard.api import routes_admin, routes_health, routes_jobs
+from gpuyard.api import routes_admin, routes_attempts, routes_fleet, routes_health, routes_jobs
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
 from gpuyard.clock import Clock, utcnow
+from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.spec import SpecRejected, field_path
 from gpuyard.domain.states import IllegalTransition, StaleState
 from gpuyard.settings import Settings
@@ -28,14 +30,29 @@ from gpuyard.store import jobs as job_store
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, engine: Engine, *, clock: Clock = utcnow) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    *,
+    fleet: Fleet | None = None,
+    logs: Callable[[str, bool], Iterator[str]] | None = None,
+    clock: Clock = utcnow,
+) -> FastAPI:
     app = FastAPI(
         title="gpuyard",
         version=__version__,
         description="GPU job control plane: submit jobs, follow their attempts, manage teams and quotas.",
     )
-    app.state.context = ApiContext(settings=settings, engine=engine, fleet=settings.fleet(), clock=clock)
-    for router in (routes_jobs.router, routes_admin.router, routes_health.router):
+    app.state.context = ApiContext(
+        settings=settings, engine=engine, fleet=fleet or settings.fleet(), clock=clock, logs=logs
+    )
+    for router in (
+        routes_jobs.router,
+        routes_fleet.router,
+        routes_attempts.router,
+        routes_admin.router,
+        routes_health.router,
+    ):
         app.include_router(router)
     _install_error_handlers(app)
     _register_state_gauge(engine)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -60,6 +60,7 @@ class ApiContext:
     engine: Engine
     fleet: Fleet
     clock: Clock
+    logs: Callable[[str, bool], Iterator[str]] | None = None  # (attempt id, follow) -> lines
     # Revocations and quota edits reach other API replicas within these TTLs.
     principals: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
     quotas: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))

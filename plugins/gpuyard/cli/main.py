@@ -99,34 +99,98 @@ def up(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8080,
 ) -> None:
-    """Run the embedded all-in-one control plane: API and outbox relay in one process."""
+    """Run the embedded all-in-one control plane: API, outbox relay, scheduler and local launcher."""
+    import threading
+
     from gpuyard.api.app import create_app
-    from gpuyard.services import AnnouncingServer, background, ensure_admin_token, open_store, relay_loop
+    from gpuyard.services import (
+        AnnouncingServer,
+        background,
+        build_fleet,
+        build_launcher,
+        build_scheduler,
+        ensure_admin_token,
+        local_inventory,
+        log_reader,
+        open_store,
+        relay_loop,
+    )
 
     settings = _settings(home, host=host, port=port)
     engine = open_store(settings)
     token_path = ensure_admin_token(engine, settings)
     bus = make_bus(settings)
-    fleet = settings.fleet()
-    gpu_note = ", ".join(sorted({f"{n.gpus} x {n.gpu_type}" for n in fleet.nodes}))
+    fleet = build_fleet(settings)
+    try:
+        scheduler = build_scheduler(settings, engine, build_launcher(settings), fleet, lambda: urls[0])
+    except SettingsError as error:
+        _fail(str(error))
+    urls: list[str] = []
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=scheduler.run, args=(stop,), kwargs={"bus": bus}, name="scheduler", daemon=True
+    )
 
     def ready(url: str) -> None:
+        urls.append(settings.api_url or url)
+        loop.start()
         out.print(
             f"gpuyard is up at [bold]{url}[/bold]  (store: {settings.database_url}, bus: {settings.bus})"
         )
         out.print(f"admin token: {token_path}  (clients find both through --home {settings.home})")
-        cpu_only = {n.gpu_type for n in fleet.nodes} == {"cpu"}
-        out.print(f"fleet: {gpu_note}" + ("  [yellow](CPU slots, no GPUs)[/yellow]" if cpu_only else ""))
+        where = "fleet file " + str(settings.fleet_file) if settings.fleet_file else "this machine"
+        out.print(
+            f"fleet ({where}): {local_inventory(settings).describe() if not settings.fleet_file else ''}"
+            f"{len(fleet.nodes)} node(s); scheduler policy {settings.scheduler_policy}, local launcher"
+        )
 
     server = AnnouncingServer(
         uvicorn.Config(
-            create_app(settings, engine), host=host, port=port, log_level="warning", access_log=False
+            create_app(settings, engine, fleet=fleet, logs=log_reader(settings)),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
         ),
         settings.home,
         ready,
     )
-    with background("relay", relay_loop(engine, bus, settings)):
-        server.run()
+    try:
+        with background("relay", relay_loop(engine, bus, settings)):
+            server.run()
+    finally:
+        stop.set()
+        if loop.is_alive():
+            loop.join(timeout=10)
+
+
+@app.command()
+def scheduler(home: Home = None) -> None:
+    """Run the scheduler alone (production). Replicas are safe: one leads, the others stand by."""
+    import signal
+    import threading
+
+    from gpuyard.services import build_fleet, build_launcher, build_scheduler, open_store
+
+    settings = _settings(home)
+    if settings.bus != "redis":
+        _fail(
+            "bus: a scheduler in its own process needs bus=redis (the in-process bus is inside `gpuyard up`)"
+        )
+    if not settings.api_url:
+        _fail("api_url (GPUYARD_API_URL): workers need the API's address to send heartbeats")
+    engine = open_store(settings)
+    try:
+        service = build_scheduler(
+            settings, engine, build_launcher(settings), build_fleet(settings), lambda: str(settings.api_url)
+        )
+    except SettingsError as error:
+        _fail(str(error))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    err.print(f"scheduler {service.holder}: policy {settings.scheduler_policy}, launcher {settings.launcher}")
+    service.run(stop, bus=make_bus(settings))
 
 
 @app.command()
@@ -321,3 +385,22 @@ def cancel(
     else:
         pending = " (stop requested)" if job["cancel_requested"] and job["state"] != "CANCELLED" else ""
         out.print(f"{job['id']}: {job['state']}{pending}")
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="Job ID.")],
+    attempt: Annotated[int | None, typer.Option(help="Attempt number [default: the newest].")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")
+    ] = False,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Print the workers' output of a job's attempt."""
+    with _client(home, url, token) as client:
+        lines = client.logs(job_id, attempt=attempt, follow=follow)
+        while (line := _call(next, lines, None)) is not None:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()

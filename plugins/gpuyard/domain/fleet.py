@@ -29,9 +29,18 @@ class Node(BaseModel):
     taints: tuple[StrictStr, ...] = ()
     price_per_gpu_hour: StrictFloat | StrictInt = Field(0.0, ge=0)
     preemptible: StrictBool = False
+    mtbi_hours: StrictFloat | StrictInt | None = Field(
+        None,
+        gt=0,
+        description="Expected mean time between interruptions; default 24 h spot, 720 h otherwise.",
+    )
     data_prefixes: tuple[StrictStr, ...] = Field(
         (), description="URL prefixes of the data this node can read; empty reaches all data."
     )
+
+    @property
+    def expected_mtbi_s(self) -> float:
+        return 3600.0 * (self.mtbi_hours or (24.0 if self.preemptible else 720.0))
 
     @property
     def domain_key(self) -> tuple[str, str, str]:

@@ -24,6 +24,13 @@ class Job:
     attempt_count: int = 0
     cancel_requested: bool = False
     reason: str | None = None
+    not_before: datetime | None = None
+    attained_gpu_s: float = 0.0
+    progress_lost_gpu_s: float = 0.0
+    checkpoint_url: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_site: str | None = None
+    checkpoint_cost_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,13 @@ class Attempt:
     step: int | None = None
     checkpoint_url: str | None = None
     checkpoint_step: int | None = None
+    checkpoint_at: datetime | None = None
+    stop_requested: str | None = None
+    borrowed: bool = False
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    progress_lost_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -58,16 +58,44 @@ def admit(job: PendingJob, state: ClusterState) -> str | None:
     return "borrow" if used + job.gpus <= nominal else None
 
 
+# Static filter results per (fleet, job shape): they read only node properties, the job's shape and
+# its team's allowed GPU types, so they hold across cycles. A few fleets at most are remembered.
+_STATIC: dict[int, tuple[object, dict[tuple[object, ...], dict[DomainKey, list[Node]]]]] = {}
+
+
+def _static_cache(state: ClusterState) -> dict[tuple[object, ...], dict[DomainKey, list[Node]]]:
+    entry = _STATIC.get(id(state.fleet))
+    if entry is None or entry[0] is not state.fleet:
+        if len(_STATIC) >= 4:
+            _STATIC.pop(next(iter(_STATIC)))
+        entry = (state.fleet, {})
+        _STATIC[id(state.fleet)] = entry
+    return entry[1]
+
+
 class _Eligibility:
-    """Static filter results per job shape, computed once per cycle: domain -> eligible nodes."""
+    """Per cycle: eligible nodes per domain for a job shape, and an index of free GPUs per domain.
+
+    The index buckets domains by free GPUs so the best-fit search visits only domains with room,
+    and shapes that found no room are remembered: within one cycle GPUs are only taken and nodes
+    only held, so a shape that did not fit will not fit later in the same cycle.
+    """
 
     def __init__(self, state: ClusterState):
         self.state = state
-        self._cache: dict[tuple[object, ...], dict[DomainKey, list[Node]]] = {}
+        self._cache = _static_cache(state)
+        self.domain_free: dict[DomainKey, int] = {d: state.free_in(nodes) for d, nodes in state.domains.items()}
+        self.buckets: dict[int, dict[DomainKey, None]] = {}
+        for domain, count in self.domain_free.items():
+            self.buckets.setdefault(count, {})[domain] = None
+        self.no_room: set[tuple[object, ...]] = set()
+        self.no_victims: set[tuple[object, ...]] = set()
+        self._by_domain: dict[DomainKey, list[RunningAttempt]] | None = None
+        self._by_domain_of: list[RunningAttempt] | None = None
 
-    def domains(self, job: PendingJob) -> dict[DomainKey, list[Node]]:
-        key = (
-            job.team,
+    def key(self, job: PendingJob) -> tuple[object, ...]:
+        return (
+            self.state.quota(job.team).allowed_gpu_types,
             job.gpu_types,
             job.gpu_memory_gb,
             job.sites,
@@ -77,19 +105,44 @@ class _Eligibility:
             job.gpus_per_node,
             job.nodes,
         )
+
+    def domains(self, job: PendingJob) -> dict[DomainKey, list[Node]]:
+        key = self.key(job)
         found = self._cache.get(key)
         if found is None:
+            probe = replace(job, team=job.team)
             found = {}
             for domain, nodes in self.state.domains.items():
                 eligible = [
                     n
                     for n in nodes
-                    if n.gpus >= job.gpus_per_node and all(f(job, n, self.state) for _, f in STATIC_FILTERS)
+                    if n.gpus >= job.gpus_per_node and all(f(probe, n, self.state) for _, f in STATIC_FILTERS)
                 ]
                 if len(eligible) >= job.nodes:
                     found[domain] = eligible
             self._cache[key] = found
         return found
+
+    def with_room(self, gpus: int) -> list[DomainKey]:
+        """Domains with at least `gpus` free GPUs, fewest free first (best fit)."""
+        return [d for count in sorted(self.buckets) if count >= gpus for d in self.buckets[count]]
+
+    def taken(self, placement: Placement) -> None:
+        domain = (placement.site, placement.cluster, placement.domain)
+        before = self.domain_free[domain]
+        after = before - placement.gpus
+        del self.buckets[before][domain]
+        self.buckets.setdefault(after, {})[domain] = None
+        self.domain_free[domain] = after
+
+    def running_by_domain(self) -> dict[DomainKey, list[RunningAttempt]]:
+        if self._by_domain is None or self._by_domain_of is not self.state.running:
+            self._by_domain = {}
+            for attempt in self.state.running:
+                p = attempt.placement
+                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(attempt)
+            self._by_domain_of = self.state.running
+        return self._by_domain
 
 
 def _choose_nodes(
@@ -124,10 +177,13 @@ def place(
     domains = eligibility.domains(job)
     if job.gpus == 0:
         return None if not domains else _placement(job, next(iter(domains.values()))[: job.nodes], state)
-    ordered = sorted(domains.values(), key=lambda nodes: state.free_in(nodes))
+    shape = eligibility.key(job)
+    if shape in eligibility.no_room:
+        return None
     candidates: list[list[Node]] = []
-    for nodes in ordered:
-        if state.free_in(nodes) < job.gpus:
+    for domain in eligibility.with_room(job.gpus):  # best fit: fewest free GPUs first
+        nodes = domains.get(domain)
+        if nodes is None or state.free_in(nodes) < job.gpus:
             continue
         chosen = _choose_nodes(job, nodes, state, held)
         if chosen:
@@ -135,6 +191,7 @@ def place(
             if len(candidates) >= CANDIDATE_DOMAINS:
                 break
     if not candidates:
+        eligibility.no_room.add(shape)
         return None
     # Ties go to the earliest candidate, which is the best fit.
     _, best = max(enumerate(candidates), key=lambda item: (_score(job, item[1], state), -item[0]))
@@ -173,16 +230,21 @@ def _victims(
     never asks for more.
     """
     best: tuple[float, DomainKey, list[tuple[RunningAttempt, str]]] | None = None
-    by_domain: dict[DomainKey, list[RunningAttempt]] = {}
-    for attempt in state.running:
-        p = attempt.placement
-        by_domain.setdefault((p.site, p.cluster, p.domain), []).append(attempt)
+    # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job; within a
+    # cycle, nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
+    memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted)
+    if memo in eligibility.no_victims:
+        return None
+    by_domain = eligibility.running_by_domain()
     for domain, nodes in eligibility.domains(job).items():
+        attempts = by_domain.get(domain)
+        if not attempts:
+            continue
         if any(n.name in held for n in nodes):
             continue
         names = {n.name for n in nodes}
         options: list[tuple[float, RunningAttempt, str]] = []
-        for attempt in by_domain.get(domain, []):
+        for attempt in attempts:
             if attempt.stopping:
                 options.append((-1.0, attempt, "already stopping"))
             elif (why := _may_evict(job, attempt, policy, admitted)) is not None:
@@ -204,7 +266,10 @@ def _victims(
             continue
         if best is None or loss < best[0]:
             best = (loss, domain, chosen)
-    return None if best is None else (best[1], best[2])
+    if best is None:
+        eligibility.no_victims.add(memo)
+        return None
+    return best[1], best[2]
 
 
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
@@ -220,6 +285,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         placement = place(job, state, eligibility, held)
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")
+            eligibility.taken(placement)
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = _victims(job, state, now, policy, admitted, eligibility, held) if preempting else None

@@ -165,6 +165,13 @@ def _job(row: dict[str, Any], spec: JobSpec) -> Job:
         attempt_count=row.get("attempt_count", 0),
         cancel_requested=row.get("cancel_requested", False),
         reason=row.get("reason"),
+        not_before=row.get("not_before"),
+        attained_gpu_s=row.get("attained_gpu_s") or 0.0,
+        progress_lost_gpu_s=row.get("progress_lost_gpu_s") or 0.0,
+        checkpoint_url=row.get("checkpoint_url"),
+        checkpoint_step=row.get("checkpoint_step"),
+        checkpoint_site=row.get("checkpoint_site"),
+        checkpoint_cost_s=row.get("checkpoint_cost_s"),
     )
 
 
@@ -188,4 +195,11 @@ def attempt_from_row(row: Any) -> Attempt:
         step=row.step,
         checkpoint_url=row.checkpoint_url,
         checkpoint_step=row.checkpoint_step,
+        checkpoint_at=row.checkpoint_at,
+        stop_requested=row.stop_requested,
+        borrowed=row.borrowed,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        heartbeat_at=row.heartbeat_at,
+        progress_lost_s=row.progress_lost_s,
     )

@@ -89,6 +89,13 @@ jobs = Table(
     Column("attempt_count", Integer, nullable=False, server_default=text("0")),
     Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
     Column("reason", Text),
+    Column("not_before", UtcDateTime()),  # retry backoff: not scheduled before this
+    Column("attained_gpu_s", Float, nullable=False, server_default=text("0")),
+    Column("progress_lost_gpu_s", Float, nullable=False, server_default=text("0")),
+    Column("checkpoint_url", Text),  # newest durable checkpoint of any attempt: where a retry resumes
+    Column("checkpoint_step", BigInteger),
+    Column("checkpoint_site", String(63)),
+    Column("checkpoint_cost_s", Float),  # measured, for the Young/Daly interval
     Column("created_by", String(32), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
@@ -111,6 +118,13 @@ attempts = Table(
     Column("step", BigInteger),
     Column("checkpoint_url", Text),
     Column("checkpoint_step", BigInteger),
+    Column("checkpoint_at", UtcDateTime()),
+    Column("stop_requested", String(32)),  # checkpoint_and_stop: preemption or cancel asked it to stop
+    Column("borrowed", Boolean, nullable=False, server_default=text("false")),
+    Column("started_at", UtcDateTime()),
+    Column("ended_at", UtcDateTime()),
+    Column("heartbeat_at", UtcDateTime()),
+    Column("progress_lost_s", Float),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     # (job, number) is the idempotency key of a launch: a duplicate message cannot make a second one.
@@ -156,4 +170,13 @@ fencing = Table(
     metadata,
     Column("name", String(32), primary_key=True),
     Column("value", BigInteger, nullable=False),
+)
+
+# Leader election by lease: one scheduler (or reaper) replica holds each name until it expires.
+leaders = Table(
+    "leaders",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
 )

@@ -1,0 +1,88 @@
+"""/v1/attempts/{id}/heartbeat: workers renew their leases and report progress and checkpoints.
+
+A worker proves itself with its attempt id and fencing token (both handed to it by the launcher);
+a stale token is 409 and the worker must stop, so a zombie cannot overwrite its successor.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard.api.auth import ApiContext, context
+from gpuyard.api.problems import PROBLEM_RESPONSES, Problem
+from gpuyard.domain.retry import young_daly_interval_s
+from gpuyard.store import attempts as attempt_store
+
+router = APIRouter(prefix="/v1", tags=["workers"], responses=PROBLEM_RESPONSES)
+
+
+class CheckpointIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2048)
+    step: int = Field(ge=0)
+    saved_at: datetime | None = None
+    cost_s: float | None = Field(None, ge=0, le=86400)
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fencing_token: int
+    step: int | None = Field(None, ge=0)
+    checkpoint: CheckpointIn | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=64)
+
+
+class HeartbeatOut(BaseModel):
+    lease_expires_at: datetime
+    action: str = Field(description="continue | checkpoint_and_stop (stale tokens get 409: stop)")
+    checkpoint_interval_s: float | None = Field(
+        None, description="Young/Daly interval for checkpoint interval 'auto', once the cost is measured"
+    )
+
+
+def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
+    now = ctx.clock()
+    checkpoint = None
+    if body.checkpoint is not None:
+        checkpoint = body.checkpoint.model_dump()
+        checkpoint["saved_at"] = checkpoint["saved_at"] or now
+    try:
+        beat = attempt_store.heartbeat(
+            ctx.engine,
+            attempt_id,
+            body.fencing_token,
+            step=body.step,
+            checkpoint=checkpoint,
+            at=now,
+            lease_ttl_s=ctx.settings.lease_seconds,
+        )
+    except attempt_store.StaleToken as error:
+        raise Problem(
+            409, "Stale fencing token", f"{error}; stop without writing", kind="/problems/stale-token"
+        ) from None
+    interval = None
+    policy = beat.job.spec.checkpoint
+    if policy is not None and policy.interval == "auto" and beat.job.checkpoint_cost_s:
+        nodes = {n["node"] for n in beat.attempt.placement.get("nodes", [])}
+        fleet_nodes = [n for n in ctx.fleet.nodes if n.name in nodes]
+        prior = min((n.expected_mtbi_s for n in fleet_nodes), default=24 * 3600.0)
+        with ctx.engine.connect() as conn:
+            mtbi = attempt_store.pool_mtbi_s(conn, nodes, since=now - timedelta(days=7), prior_s=prior)
+        interval = young_daly_interval_s(beat.job.checkpoint_cost_s, mtbi)
+    elif policy is not None:
+        interval = policy.interval_seconds
+    return HeartbeatOut(
+        lease_expires_at=beat.lease_expires_at, action=beat.action, checkpoint_interval_s=interval
+    )
+
+
+@router.post("/attempts/{attempt_id}/heartbeat", response_model=HeartbeatOut)
+async def heartbeat(attempt_id: str, body: HeartbeatIn, ctx: ApiContext = Depends(context)) -> HeartbeatOut:
+    """Renew the attempt's leases; record step and newest durable checkpoint; say whether to go on."""
+    return await run_in_threadpool(_beat, ctx, attempt_id, body)

@@ -1,0 +1,92 @@
+"""/v1/fleet (nodes with free and leased GPUs) and /v1/jobs/{id}/logs (the workers' output)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from gpuyard.api.auth import ApiContext, context, principal
+from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
+from gpuyard.store import attempts as attempt_store
+from gpuyard.store import jobs as job_store
+from gpuyard.store.teams import Principal
+
+router = APIRouter(prefix="/v1", tags=["fleet"], responses=PROBLEM_RESPONSES)
+
+
+class NodeOut(BaseModel):
+    name: str
+    site: str
+    cluster: str
+    domain: str
+    gpu_type: str
+    gpus: int
+    leased_gpus: list[int]
+    free_gpus: int
+    gpu_memory_gb: float
+    price_per_gpu_hour: float
+    preemptible: bool
+    taints: list[str]
+
+
+@router.get("/fleet", response_model=list[NodeOut])
+def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)) -> list[NodeOut]:
+    """Every node with its GPUs, and which of them are leased now."""
+    with ctx.engine.connect() as conn:
+        leased = attempt_store.leased_gpus(conn)
+    return [
+        NodeOut(
+            name=n.name,
+            site=n.site,
+            cluster=n.cluster,
+            domain=n.domain,
+            gpu_type=n.gpu_type,
+            gpus=n.gpus,
+            leased_gpus=sorted(leased.get(n.name, ())),
+            free_gpus=n.gpus - len(leased.get(n.name, ())),
+            gpu_memory_gb=n.gpu_memory_gb,
+            price_per_gpu_hour=n.price_per_gpu_hour,
+            preemptible=n.preemptible,
+            taints=list(n.taints),
+        )
+        for n in ctx.fleet.nodes
+    ]
+
+
+@router.get(
+    "/jobs/{job_id}/logs", response_class=StreamingResponse, responses={200: {"content": {"text/plain": {}}}}
+)
+def logs(
+    job_id: str,
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    attempt: int | None = Query(None, ge=1, le=100_000, description="Attempt number; default the newest."),
+    follow: bool = Query(False, description="Keep streaming until the attempt ends."),
+) -> StreamingResponse:
+    """The workers' output of one attempt of the job, as plain text."""
+    detail = job_store.detail(ctx.engine, job_id)
+    if detail is None or not caller.can_see(detail.job.team):
+        raise not_found(f"job {job_id}")
+    if not detail.attempts:
+        raise Problem(
+            409,
+            "No attempt yet",
+            f"job {job_id} is {detail.job.state} and has not run yet",
+            kind="/problems/no-attempt",
+        )
+    chosen = (
+        detail.attempts[-1]
+        if attempt is None
+        else next((a for a in detail.attempts if a.number == attempt), None)
+    )
+    if chosen is None:
+        raise not_found(f"attempt {attempt} of job {job_id}")
+    if ctx.logs is None:
+        raise Problem(
+            501, "Not Implemented", "this deployment's launcher serves no logs", kind="/problems/no-logs"
+        )
+    lines: Iterator[str] = ctx.logs(chosen.id, follow)
+    return StreamingResponse(lines, media_type="text/plain; charset=utf-8")

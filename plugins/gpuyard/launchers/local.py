@@ -1,0 +1,271 @@
+"""The local launcher (embedded default): one process per worker of the gang, on this machine.
+
+Each worker runs under `gpuyard.launchers.shim` in its own process group, with torchrun's
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and gpuyard's
+(GPUYARD_API_URL, GPUYARD_ATTEMPT_ID, GPUYARD_FENCING_TOKEN, GPUYARD_CHECKPOINT_URL, GPUYARD_JOB_ID).
+Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (pids), one log and
+one exit-status file per rank. That directory is what lets a restarted launcher adopt running
+workers or clean up orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuyard.clock import Clock, utcnow
+from gpuyard.launchers.base import (
+    EXIT_PREEMPTED,
+    LaunchRequest,
+    Outcome,
+    WorkerReport,
+    outcome_of_exit,
+)
+from gpuyard.launchers.inventory import LocalInventory
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited; only its parent has not collected it yet
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass
+class _Attempt:
+    directory: Path
+    pids: list[int]
+    children: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # ours, not adopted
+    reported_running: bool = False
+    kill_at: float | None = None  # monotonic deadline of SIGKILL after a cancel
+    stopping_gang: bool = False  # one worker ended badly: the others are being stopped
+
+    def exit_status(self, rank: int) -> int | None:
+        path = self.directory / f"rank{rank}.exit"
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+class LocalLauncher:
+    def __init__(
+        self, root: Path, inventory: LocalInventory, *, workdir: Path | None = None, clock: Clock = utcnow
+    ):
+        self.root, self.inventory, self.clock = root, inventory, clock
+        self.workdir = workdir or Path.cwd()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._attempts: dict[str, _Attempt] = {}
+
+    # -- launch and cancel -------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> None:
+        directory = self.root / request.attempt_id
+        if request.attempt_id in self._attempts or (directory / "workers.json").exists():
+            return  # launched before (perhaps by a previous process): never a second set of workers
+        directory.mkdir(parents=True, exist_ok=True)
+        gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
+        world = max(1, len(gpus))
+        port = _free_port()
+        children: dict[int, subprocess.Popen[bytes]] = {}
+        for rank in range(world):
+            env = {
+                **os.environ,
+                **request.spec.env,
+                **request.env,
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GPUYARD_API_URL": request.api_url,
+                "GPUYARD_ATTEMPT_ID": request.attempt_id,
+                "GPUYARD_JOB_ID": request.job_id,
+                "GPUYARD_FENCING_TOKEN": str(request.fencing_token),
+                "GPUYARD_CHECKPOINT_URL": request.checkpoint_url or "",
+                "GPUYARD_GPU_TYPE": self.inventory.gpu_type,
+            }
+            if self.inventory.real_gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(gpus[rank])
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = ""  # CPU slots: honest about having no GPU
+            with open(directory / f"rank{rank}.log", "ab") as log:
+                process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "gpuyard.launchers.shim",
+                        str(directory / f"rank{rank}.exit"),
+                        "--",
+                        *request.spec.command,
+                    ],
+                    cwd=self.workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group: signals reach the worker's children
+                )
+            children[process.pid] = process
+        pids = list(children)
+        partial = directory / "workers.tmp"
+        partial.write_text(json.dumps({"pids": pids, "job_id": request.job_id}))
+        os.replace(partial, directory / "workers.json")
+        self._attempts[request.attempt_id] = _Attempt(directory, pids, children)
+
+    def cancel(self, attempt_id: str, *, grace_s: float) -> None:
+        tracked = self._attempts.get(attempt_id)
+        if tracked is None:
+            return
+        self._signal(tracked, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        tracked.kill_at = deadline if tracked.kill_at is None else min(tracked.kill_at, deadline)
+        if grace_s <= 0:
+            self._signal(tracked, signal.SIGKILL)
+
+    @staticmethod
+    def _signal(tracked: _Attempt, signum: int) -> None:
+        for pid in tracked.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signum)
+
+    # -- observing ------------------------------------------------------------------------------
+
+    def observe(self) -> list[WorkerReport]:
+        reports = []
+        for attempt_id, tracked in list(self._attempts.items()):
+            report = self._observe_one(attempt_id, tracked)
+            if report is not None:
+                reports.append(report)
+                if report.outcome != Outcome.RUNNING:
+                    del self._attempts[attempt_id]
+                    (tracked.directory / "ended").write_text(report.outcome.value)
+        return reports
+
+    def _observe_one(self, attempt_id: str, tracked: _Attempt) -> WorkerReport | None:
+        for child in tracked.children.values():
+            child.poll()  # collect exited children so they do not linger as zombies
+        if tracked.kill_at is not None and time.monotonic() >= tracked.kill_at:
+            self._signal(tracked, signal.SIGKILL)
+        alive = [pid for pid in tracked.pids if _alive(pid)]
+        statuses = [tracked.exit_status(rank) for rank in range(len(tracked.pids))]
+        failed = [s for s in statuses if s is not None and s not in (0, EXIT_PREEMPTED)]
+        if alive and (
+            failed or any(s is None for s, pid in zip(statuses, tracked.pids, strict=True) if not _alive(pid))
+        ):
+            # One worker of the gang is gone badly: the others cannot make progress alone.
+            if not tracked.stopping_gang:
+                tracked.stopping_gang = True
+                self.cancel(attempt_id, grace_s=10.0)
+            return None
+        if alive:
+            if not tracked.reported_running:
+                tracked.reported_running = True
+                return WorkerReport(attempt_id, Outcome.RUNNING, self.clock())
+            return None
+        return self._verdict(attempt_id, statuses)
+
+    def _verdict(self, attempt_id: str, statuses: list[int | None]) -> WorkerReport:
+        now = self.clock()
+        if any(s is None for s in statuses):
+            rank = statuses.index(None)
+            return WorkerReport(
+                attempt_id,
+                Outcome.LOST,
+                now,
+                None,
+                f"worker rank {rank} vanished without an exit status (its process was killed)",
+            )
+        codes = [s for s in statuses if s is not None]
+        for code in codes:
+            outcome, reason = outcome_of_exit(code)
+            if outcome in (Outcome.FAILED, Outcome.LOST):
+                return WorkerReport(attempt_id, outcome, now, code, f"rank {codes.index(code)} {reason}")
+        if any(code == EXIT_PREEMPTED for code in codes):
+            return WorkerReport(
+                attempt_id, Outcome.PREEMPTED, now, EXIT_PREEMPTED, outcome_of_exit(EXIT_PREEMPTED)[1]
+            )
+        return WorkerReport(attempt_id, Outcome.SUCCEEDED, now, 0, "all workers exited 0")
+
+    # -- after a restart ----------------------------------------------------------------------------
+
+    def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
+        reports = []
+        for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            attempt_id = directory.name
+            if attempt_id in self._attempts or (directory / "ended").exists():
+                continue
+            try:
+                pids = json.loads((directory / "workers.json").read_text())["pids"]
+            except (OSError, ValueError, KeyError):
+                continue
+            tracked = _Attempt(directory, pids)
+            if attempt_id in live:
+                self._attempts[attempt_id] = tracked  # adopt: observe() follows it from here
+            else:
+                self._signal(tracked, signal.SIGKILL)  # an orphan: no live attempt owns it
+                (directory / "ended").write_text("ORPHAN")
+        for attempt_id in live:
+            if attempt_id not in self._attempts and (self.root / attempt_id / "workers.json").exists():
+                reports.append(
+                    WorkerReport(
+                        attempt_id,
+                        Outcome.LOST,
+                        self.clock(),
+                        None,
+                        "its workers ended while no launcher watched them",
+                    )
+                )
+        return reports
+
+    def launched(self, attempt_id: str) -> bool:
+        return (self.root / attempt_id / "workers.json").exists()
+
+    # -- logs ---------------------------------------------------------------------------------------
+
+    def logs(self, attempt_id: str, *, follow: bool = False) -> Iterator[str]:
+        return attempt_logs(self.root / attempt_id, follow=follow)
+
+
+def attempt_logs(directory: Path, *, follow: bool = False) -> Iterator[str]:
+    """The workers' output of one attempt, interleaved by rank; with `follow`, until the attempt ends."""
+    logs = sorted(directory.glob("rank*.log"), key=lambda p: int(p.stem.removeprefix("rank")))
+    handles = [open(path, errors="replace") for path in logs]  # noqa: SIM115
+    prefix = len(logs) > 1
+    try:
+        while True:
+            progressed = False
+            for path, handle in zip(logs, handles, strict=True):
+                while line := handle.readline():
+                    progressed = True
+                    yield f"[{path.stem}] {line}" if prefix else line
+            if not follow or (not progressed and (directory / "ended").exists()) or not directory.exists():
+                return
+            if not progressed:
+                time.sleep(0.2)
+    finally:
+        for handle in handles:
+            handle.close()

@@ -1,0 +1,278 @@
+"""The scheduler service: the I/O edge around the pure cycle.
+
+One loop, level-triggered like a Kubernetes controller: every pass reads the store (the truth),
+runs the cycle, reserves each placement in one transaction, launches it, applies what the
+launcher observed, stops what must stop, and reaps expired leases. Bus messages only wake the
+loop early; a lost message costs a delay, never a job. Replicas elect one leader by a lease row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Engine, select
+
+from gpuyard.bus.base import BusUnavailable, EventBus
+from gpuyard.clock import Clock, utcnow
+from gpuyard.domain.fleet import Fleet
+from gpuyard.domain.model import Attempt, Job
+from gpuyard.domain.placement import Placement
+from gpuyard.domain.states import AttemptState, JobState
+from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
+from gpuyard.scheduler.cycle import CycleResult, run_cycle
+from gpuyard.scheduler.policy import POLICIES, Policy
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.store import attempts as attempt_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.tables import jobs
+
+log = logging.getLogger(__name__)
+
+GROUP = "scheduler"
+_OUTCOMES = {
+    Outcome.SUCCEEDED: AttemptState.SUCCEEDED,
+    Outcome.FAILED: AttemptState.FAILED,
+    Outcome.PREEMPTED: AttemptState.PREEMPTED,
+    Outcome.LOST: AttemptState.LOST,
+}
+
+
+def pending_job(job: Job) -> PendingJob:
+    spec = job.spec
+    return PendingJob(
+        id=job.id,
+        team=job.team,
+        gpus=spec.resources.gpus,
+        nodes=spec.resources.nodes,
+        gpu_types=spec.resources.gpu_types,
+        priority=spec.priority_value,
+        preemptible=spec.preemptible,
+        submitted_at=job.created_at,
+        gpu_memory_gb=(spec.resources.gpu_memory_bytes or 0) / 2**30,
+        sites=spec.sites,
+        tolerations=spec.tolerations,
+        data_uris=tuple(d.uri for d in spec.data),
+        checkpoint_site=job.checkpoint_site,
+        attained_gpu_s=job.attained_gpu_s,
+    )
+
+
+def running_attempt(attempt: Attempt, job: Job, now: datetime) -> RunningAttempt:
+    started = attempt.started_at or attempt.created_at
+    return RunningAttempt(
+        attempt_id=attempt.id,
+        job_id=job.id,
+        team=job.team,
+        priority=job.spec.priority_value,
+        preemptible=job.spec.preemptible,
+        placement=Placement.from_json(attempt.placement),
+        started_at=started,
+        last_checkpoint_at=attempt.checkpoint_at,
+        borrowed=attempt.borrowed,
+        attained_gpu_s=job.attained_gpu_s
+        + max(0.0, (now - started).total_seconds())
+        * len([g for n in attempt.placement["nodes"] for g in n["gpus"]]),
+        stopping=attempt.stop_requested is not None,
+    )
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        engine: Engine,
+        launcher: Launcher,
+        fleet: Fleet,
+        *,
+        api_url: Callable[[], str],
+        policy: Policy = POLICIES["gpuyard"],
+        clock: Clock = utcnow,
+        lease_ttl_s: float = 60.0,
+        grace_s: float = 30.0,
+        holder: str | None = None,
+    ):
+        self.engine, self.launcher, self.fleet, self.policy = engine, launcher, fleet, policy
+        self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.leading = False
+
+    # -- one pass ----------------------------------------------------------------------------------
+
+    def snapshot(self, now: datetime) -> tuple[list[PendingJob], ClusterState, dict[str, Job]]:
+        with self.engine.connect() as conn:
+            waiting = attempt_store.pending_jobs(conn, now)
+            live = attempt_store.live(conn)
+            held = attempt_store.leased_gpus(conn)
+            quotas = team_store.list_teams(conn)
+        state = ClusterState.empty(self.fleet, quotas)
+        for node, gpus in held.items():
+            if node in state.free:
+                state.free[node] -= gpus
+        for item in live:
+            running = running_attempt(item.attempt, item.job, now)
+            state.running.append(running)
+            state.usage[item.job.team] = state.usage.get(item.job.team, 0) + running.gpus
+            if running.borrowed:
+                state.borrowed[item.job.team] = state.borrowed.get(item.job.team, 0) + running.gpus
+        return [pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
+
+    def schedule(self) -> CycleResult:
+        now = self.clock()
+        pending, state, by_id = self.snapshot(now)
+        result = run_cycle(pending, state, now, self.policy)
+        for placed in result.placed:
+            attempt = attempt_store.reserve(
+                self.engine,
+                placed.job.id,
+                placed.placement,
+                borrowed=placed.borrowed,
+                at=now,
+                lease_ttl_s=self.lease_ttl_s,
+            )
+            if attempt is not None:  # None: another replica or a cancel got there first
+                self.launch(attempt, by_id[placed.job.id])
+        for eviction in result.evicted:
+            if attempt_store.request_stop(
+                self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason
+            ):
+                self.launcher.cancel(eviction.attempt.attempt_id, grace_s=self.grace_s)
+        return result
+
+    def launch(self, attempt: Attempt, job: Job) -> None:
+        self.launcher.launch(self.launch_request(attempt, job))
+        if attempt.state == AttemptState.CREATED:
+            attempt_store.mark_launching(self.engine, attempt.id, self.clock())
+
+    def launch_request(self, attempt: Attempt, job: Job) -> LaunchRequest:
+        checkpoint = job.spec.checkpoint.url if job.spec.checkpoint else None
+        return LaunchRequest(
+            attempt_id=attempt.id,
+            job_id=job.id,
+            attempt_number=attempt.number,
+            fencing_token=attempt.fencing_token,
+            spec=job.spec,
+            placement=Placement.from_json(attempt.placement),
+            api_url=self.api_url(),
+            checkpoint_url=checkpoint,
+        )
+
+    def apply(self, reports: list[WorkerReport]) -> None:
+        for report in reports:
+            if report.outcome == Outcome.RUNNING:
+                attempt_store.mark_running(self.engine, report.attempt_id, report.at)
+            else:
+                attempt_store.finish(
+                    self.engine,
+                    report.attempt_id,
+                    _OUTCOMES[report.outcome],
+                    at=report.at,
+                    exit_code=report.exit_code,
+                    reason=report.reason,
+                )
+
+    def stop_cancelled(self) -> None:
+        """Jobs whose cancel was requested: ask their live attempts to checkpoint and stop."""
+        now = self.clock()
+        with self.engine.connect() as conn:
+            live = attempt_store.live(conn)
+            cancelled = {
+                row.id
+                for row in conn.execute(
+                    select(jobs.c.id).where(
+                        jobs.c.cancel_requested.is_(True),
+                        jobs.c.state.in_([JobState.SCHEDULED.value, JobState.RUNNING.value]),
+                    )
+                )
+            }
+        for item in live:
+            if item.job.id in cancelled and attempt_store.request_stop(
+                self.engine, item.attempt.id, at=now, why="job cancelled"
+            ):
+                self.launcher.cancel(item.attempt.id, grace_s=self.grace_s)
+
+    def reap(self) -> None:
+        """Attempts whose leases expired are LOST: their jobs go back to the queue."""
+        now = self.clock()
+        with self.engine.connect() as conn:
+            expired = attempt_store.expired(conn, now)
+        for attempt_id in expired:
+            self.launcher.cancel(attempt_id, grace_s=0)
+            attempt_store.finish(
+                self.engine,
+                attempt_id,
+                AttemptState.LOST,
+                at=now,
+                reason="lease expired: no heartbeat within the lease period",
+            )
+
+    def recover(self) -> None:
+        """On taking the lead: adopt or clean up workers, and launch attempts reserved but not launched."""
+        with self.engine.connect() as conn:
+            live = attempt_store.live(conn)
+        requests = {item.attempt.id: self.launch_request(item.attempt, item.job) for item in live}
+        self.apply(self.launcher.reconcile(requests))
+        for item in live:
+            if item.attempt.state == AttemptState.CREATED:
+                self.launch(item.attempt, item.job)  # idempotent in the launcher: never a second set
+
+    def step(self) -> None:
+        self.apply(self.launcher.observe())
+        self.stop_cancelled()
+        self.reap()
+        self.schedule()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        bus: EventBus | None = None,
+        interval_s: float = 1.0,
+        observe_s: float = 0.25,
+    ) -> None:
+        """Until `stop`: lead (or wait to), and run a pass every `interval_s` or when an event arrives."""
+        if bus is not None:
+            bus.ensure_group(GROUP)
+        next_pass = 0.0
+        while not stop.is_set():
+            try:
+                leading = attempt_store.hold_leadership(
+                    self.engine, "scheduler", self.holder, now=self.clock(), ttl_s=self.lease_ttl_s / 2
+                )
+                if leading and not self.leading:
+                    log.info("scheduler %s leads", self.holder)
+                    self.recover()
+                self.leading = leading
+                if not leading:
+                    stop.wait(min(interval_s, self.lease_ttl_s / 6))
+                    continue
+                woken = self._wait_for_events(bus, stop, observe_s)
+                monotonic = time.monotonic()
+                if woken or monotonic >= next_pass:
+                    self.step()
+                    next_pass = monotonic + interval_s
+                else:
+                    self.apply(self.launcher.observe())
+            except Exception:  # the loop must outlive any one failure; the store stays the truth
+                log.exception("scheduler pass failed; retrying")
+                stop.wait(interval_s)
+
+    def _wait_for_events(self, bus: EventBus | None, stop: threading.Event, wait_s: float) -> bool:
+        if bus is None:
+            stop.wait(wait_s)
+            return False
+        try:
+            deliveries = bus.read(GROUP, self.holder, count=500, block_s=wait_s)
+            deliveries += bus.reclaim(GROUP, self.holder, min_idle_s=60.0)
+        except BusUnavailable:
+            stop.wait(wait_s)
+            return False
+        if deliveries:
+            bus.ack(GROUP, [d.id for d in deliveries])  # a wake-up only: the pass reads the store
+        return bool(deliveries)

@@ -1,0 +1,525 @@
+"""The event-driven trace simulator: a virtual cluster driven by THE scheduling cycle.
+
+A virtual clock jumps from event to event (arrivals, completions, the end of a preemption's checkpoint,
+node interruptions and recoveries). After each batch of events at the same instant, the simulator
+builds a snapshot (PendingJob, RunningAttempt, ClusterState) of its virtual cluster, calls
+`gpuyard.scheduler.cycle.run_cycle` with the chosen policy, and applies the decisions: placements
+become attempts holding GPUs, evictions become checkpoint-then-requeue. No policy code lives here and
+no policy sees a job's duration; only the simulator knows when an attempt will finish.
+
+The attempt model: a resumed attempt first restores its checkpoint (restore time, GPUs held, no
+progress), then computes, pausing every checkpoint interval to write a checkpoint (checkpoint cost).
+A preemption asks for one more checkpoint and releases the GPUs once it is written, so nothing is lost;
+a node interruption kills every attempt on the node at once, which loses the progress made since its
+last complete checkpoint, and the node comes back after `node_down_s`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.placement import Placement
+from gpuyard.scheduler.cycle import run_cycle
+from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.sim.trace import TraceJob
+
+# Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
+_FINISH, _STOPPED, _NODE_UP, _INTERRUPT, _ARRIVAL = range(5)
+
+
+class SimulationError(RuntimeError):
+    """An invariant of the virtual cluster broke: a GPU leased twice, a gang split across domains."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    checkpoint_cost_s: float = 30.0
+    restore_s: float = 60.0
+    # "auto": Young/Daly sqrt(2 x cost x MTBI) on placements with interruptible nodes and
+    # `fixed_interval_s` elsewhere; a number: that interval everywhere.
+    checkpoint_interval: str | float = "auto"
+    fixed_interval_s: float = 3600.0
+    preemptible_mtbi_s: float | None = 24 * 3600.0  # spot pool; None: never interrupted
+    on_demand_mtbi_s: float | None = None  # on-demand pool; None: never interrupted
+    node_down_s: float = 600.0  # an interrupted node is replaced after this long
+    seed: int = 0
+    priority: int = 0  # every trace job's priority class (Philly has none)
+    interruptions: tuple[tuple[float, str], ...] = ()  # extra (seconds after start, node), for tests
+
+
+@dataclass
+class _Job:
+    trace: TraceJob
+    nodes: int
+    gpus: int  # GPUs leased per attempt (the trace's count, rounded up to whole slices per node)
+    submitted_s: float
+    work_s: float
+    saved_s: float = 0.0  # durable progress: the newest complete checkpoint
+    attained_gpu_s: float = 0.0  # GPU-seconds leased so far (2D-LAS attained service)
+    first_start_s: float | None = None
+    finished_s: float | None = None
+    pending_since_s: float = 0.0
+    pending_s: float = 0.0
+    attempts: int = 0
+    lost_gpu_s: float = 0.0
+    snapshot: PendingJob | None = None
+
+
+@dataclass
+class _Attempt:
+    id: str
+    job: _Job
+    placement: Placement
+    borrowed: bool
+    price_per_hour: float  # sum over its GPUs
+    start_s: float
+    restore_s: float
+    interval_s: float  # 0: every instant is saved (free checkpoints); inf: never checkpoints
+    checkpoint_s: float
+    base_saved_s: float  # job's durable progress when the attempt started
+    finish_s: float
+    stop_s: float | None = None  # when it was asked to checkpoint and stop
+    ended: bool = False
+
+    @property
+    def resumed(self) -> bool:
+        return self.base_saved_s > 0
+
+    def _phase(self, t: float) -> tuple[float, float]:
+        """(progress made by this attempt, progress of it saved in a complete checkpoint) at time t."""
+        remaining = self.job.work_s - self.base_saved_s
+        e = t - self.start_s - self.restore_s
+        if e <= 0:
+            return 0.0, 0.0
+        if self.interval_s == 0:
+            done = min(e, remaining)
+            return done, done
+        if math.isinf(self.interval_s):
+            return min(e, remaining), 0.0
+        period = self.interval_s + self.checkpoint_s
+        k = int(e // period)
+        most = max(math.ceil(remaining / self.interval_s) - 1, 0)  # checkpoints taken while work remains
+        k = min(k, most)
+        done = min(k * self.interval_s + min(e - k * period, self.interval_s), remaining)
+        return done, k * self.interval_s
+
+    def progress(self, t: float) -> float:
+        return self._phase(t)[0]
+
+    def durable(self, t: float) -> float:
+        return self._phase(t)[1]
+
+    def last_checkpoint_s(self, t: float) -> float | None:
+        saved = self.durable(t)
+        if saved <= 0 or math.isinf(self.interval_s):
+            return None if self.base_saved_s <= 0 else self.start_s
+        if self.interval_s == 0:
+            return t
+        k = round(saved / self.interval_s)
+        return self.start_s + self.restore_s + k * (self.interval_s + self.checkpoint_s)
+
+
+@dataclass
+class Totals:
+    leased_gpu_s: float = 0.0
+    kept_gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+    cost: float = 0.0
+    resumes: int = 0
+    resumes_ok: int = 0
+    preemptions: int = 0
+    interruptions: int = 0
+    attempts_killed: int = 0
+    cycles: int = 0
+
+
+@dataclass
+class JobResult:
+    id: str
+    team: str
+    gpus: int
+    duration_s: float
+    submitted_s: float
+    first_start_s: float
+    finished_s: float
+    pending_s: float
+    attempts: int
+    lost_gpu_s: float
+
+    @property
+    def jct_s(self) -> float:
+        return self.finished_s - self.submitted_s
+
+    @property
+    def wait_s(self) -> float:
+        return self.first_start_s - self.submitted_s
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[JobResult]
+    rejected: list[tuple[str, str]]  # (job id, why it can never run on this fleet)
+    totals: Totals
+    capacity_gpus: int
+    start: datetime
+    end_s: float  # last completion, seconds after `start`
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """What tests check: every lease the simulator granted."""
+
+    at_s: float
+    job_id: str
+    attempt_id: str
+    placement: Placement
+
+
+Observer = Callable[[PlacementRecord], None]
+
+
+@dataclass
+class Simulator:
+    fleet: Fleet
+    quotas: dict[str, TeamQuota]
+    policy: Policy
+    config: SimConfig = field(default_factory=SimConfig)
+    observer: Observer | None = None
+    progress: Callable[[int], None] | None = None  # called with the number of jobs just finished
+
+    def __post_init__(self) -> None:
+        self.nodes: dict[str, Node] = {n.name: n for n in self.fleet.nodes}
+        self.free: dict[str, set[int]] = {n.name: set(range(n.gpus)) for n in self.fleet.nodes}
+        self.down: set[str] = set()
+        self.owner: dict[tuple[str, int], str] = {}  # (node, gpu) -> attempt id: the lease table
+        self.pending: dict[str, _Job] = {}
+        self.running: dict[str, _Attempt] = {}
+        self.on_node: dict[str, set[str]] = {n.name: set() for n in self.fleet.nodes}
+        self.usage: dict[str, int] = {}
+        self.borrowed: dict[str, int] = {}
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.totals = Totals()
+        self.done: list[JobResult] = []
+        self.rng = {n.name: random.Random(f"{self.config.seed}:{n.name}") for n in self.fleet.nodes}
+        self.max_per_node = max((n.gpus for n in self.fleet.nodes), default=0)
+        self.domains = self.fleet.domains()
+        self.capacity = sum(n.gpus for n in self.fleet.nodes)
+        self.preempting = self.policy.preempt_priority or self.policy.preempt_las or self.policy.reclaim
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def _mtbi(self, node: Node) -> float | None:
+        own = getattr(node, "mtbi_hours", None)  # a fleet file may set it per node
+        if own:
+            return 3600.0 * float(own)
+        return self.config.preemptible_mtbi_s if node.preemptible else self.config.on_demand_mtbi_s
+
+    def _schedule_interruption(self, node: Node, after_s: float) -> None:
+        mtbi = self._mtbi(node)
+        if mtbi:
+            self._push(after_s + self.rng[node.name].expovariate(1.0 / mtbi), _INTERRUPT, node.name)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def shape(self, gpus: int) -> tuple[int, int]:
+        """(nodes, GPUs per node) of a gang: one node up to a node's GPUs, else the fewest whole nodes."""
+        if self.max_per_node <= 0:
+            return 1, gpus
+        nodes = max(1, math.ceil(gpus / self.max_per_node))
+        return nodes, math.ceil(gpus / nodes)
+
+    def _feasible(self, nodes: int, per_node: int) -> bool:
+        return any(
+            sum(1 for n in members if n.gpus >= per_node) >= nodes for members in self.domains.values()
+        )
+
+    def run(self, trace: list[TraceJob]) -> SimResult:
+        if not trace:
+            raise ValueError("the trace has no job in the chosen window")
+        start = min(j.submitted_at for j in trace)
+        self.start = start
+        rejected: list[tuple[str, str]] = []
+        for tj in trace:
+            nodes, per_node = self.shape(tj.gpus)
+            if not self._feasible(nodes, per_node):
+                rejected.append((tj.id, f"{nodes} node(s) x {per_node} GPUs fit in no domain of the fleet"))
+                continue
+            job = _Job(tj, nodes, nodes * per_node, (tj.submitted_at - start).total_seconds(), tj.duration_s)
+            self._push(job.submitted_s, _ARRIVAL, job)
+        for node in self.fleet.nodes:
+            self._schedule_interruption(node, 0.0)
+        for at_s, name in self.config.interruptions:
+            if name not in self.nodes:
+                raise ValueError(f"interruption of unknown node {name!r}")
+            self._push(at_s, _INTERRUPT, (name, "injected"))
+        live = len(trace) - len(rejected)
+        self.arrivals_left = live
+        while self.events and (len(self.done) < live):
+            t = self.events[0][0]
+            while self.events and self.events[0][0] <= t + 1e-9:
+                _, kind, _, payload = heapq.heappop(self.events)
+                self._handle(t, kind, payload)
+            if self.pending:
+                self._cycle(t)
+                if not self.running and not self.down and not self.arrivals_left:
+                    stuck = sorted(self.pending)[:5]
+                    raise SimulationError(f"nothing runs and the cycle starts none of {stuck}: policy stuck")
+        if len(self.done) < live:
+            stuck = sorted(self.pending)[:5]
+            raise SimulationError(f"{live - len(self.done)} job(s) never finished, e.g. {stuck}")
+        end = max((j.finished_s for j in self.done), default=0.0)
+        return SimResult(self.policy.name, self.done, rejected, self.totals, self.capacity, start, end)
+
+    def _handle(self, t: float, kind: int, payload: object) -> None:
+        if kind == _ARRIVAL:
+            assert isinstance(payload, _Job)
+            payload.pending_since_s = t
+            self.arrivals_left -= 1
+            self.pending[payload.trace.id] = payload
+        elif kind == _FINISH:
+            assert isinstance(payload, _Attempt)
+            if not payload.ended and payload.finish_s <= t + 1e-9:
+                self._finish(payload, t)
+        elif kind == _STOPPED:
+            assert isinstance(payload, _Attempt)
+            if not payload.ended:
+                self._stopped(payload, t)
+        elif kind == _INTERRUPT:
+            name, injected = payload if isinstance(payload, tuple) else (payload, None)
+            assert isinstance(name, str)
+            if name not in self.down:
+                self._interrupt(name, t)
+                self._push(t + self.config.node_down_s, _NODE_UP, (name, injected))
+        elif kind == _NODE_UP:
+            assert isinstance(payload, tuple)
+            name, injected = payload
+            self.down.discard(name)
+            if injected is None:
+                self._schedule_interruption(self.nodes[name], t)
+
+    # -- the scheduling cycle -------------------------------------------------------------------
+
+    def _now(self, t: float) -> datetime:
+        return self.start + timedelta(seconds=t)
+
+    def _pending_snapshot(self, job: _Job) -> PendingJob:
+        if job.snapshot is None:
+            job.snapshot = PendingJob(
+                id=job.trace.id,
+                team=job.trace.team,
+                gpus=job.gpus,
+                nodes=job.nodes,
+                gpu_types=(),
+                priority=self.config.priority,
+                preemptible=True,
+                submitted_at=job.trace.submitted_at,
+                checkpoint_site="sim" if job.saved_s > 0 else None,
+                attained_gpu_s=job.attained_gpu_s,
+            )
+        return job.snapshot
+
+    def _running_snapshot(self, attempt: _Attempt, t: float) -> RunningAttempt:
+        ckpt = attempt.last_checkpoint_s(t)
+        job = attempt.job
+        return RunningAttempt(
+            attempt_id=attempt.id,
+            job_id=job.trace.id,
+            team=job.trace.team,
+            priority=self.config.priority,
+            preemptible=True,
+            placement=attempt.placement,
+            started_at=self._now(attempt.start_s),
+            last_checkpoint_at=None if ckpt is None else self._now(ckpt),
+            borrowed=attempt.borrowed,
+            attained_gpu_s=job.attained_gpu_s + attempt.placement.gpus * (t - attempt.start_s),
+            stopping=attempt.stop_s is not None,
+        )
+
+    def _cycle(self, t: float) -> None:
+        free_now = sum(len(g) for name, g in self.free.items() if name not in self.down)
+        if not self.preempting and free_now < min(j.gpus for j in self.pending.values()):
+            return  # nothing can start and nothing may be preempted: the cycle would only wait
+        state = ClusterState(
+            fleet=self.fleet,
+            free={name: (set() if name in self.down else set(g)) for name, g in self.free.items()},
+            quotas=self.quotas,
+            running=[self._running_snapshot(a, t) for a in self.running.values()] if self.preempting else [],
+            usage=dict(self.usage),
+            borrowed=dict(self.borrowed),
+        )
+        pending = [self._pending_snapshot(j) for j in self.pending.values()]
+        result = run_cycle(pending, state, self._now(t), self.policy)
+        self.totals.cycles += 1
+        for eviction in result.evicted:
+            attempt = self.running.get(eviction.attempt.attempt_id)
+            if attempt is not None and attempt.stop_s is None:
+                self._ask_to_stop(attempt, t)
+        for placed in result.placed:
+            self._start(self.pending.pop(placed.job.id), placed.placement, placed.borrowed, t)
+
+    # -- attempts -------------------------------------------------------------------------------
+
+    def _interval(self, placement: Placement) -> float:
+        cost = self.config.checkpoint_cost_s
+        if cost <= 0:
+            return 0.0
+        if self.config.checkpoint_interval != "auto":
+            return float(self.config.checkpoint_interval)
+        rate = sum(1.0 / m for name in placement.nodes if (m := self._mtbi(self.nodes[name])))
+        if rate <= 0:
+            return self.config.fixed_interval_s
+        return math.sqrt(2.0 * cost * (1.0 / rate))  # Young/Daly, with the gang's combined MTBI
+
+    def _start(self, job: _Job, placement: Placement, borrowed: bool, t: float) -> None:
+        if placement.gpus != job.gpus or len(placement.slices) != job.nodes:
+            raise SimulationError(
+                f"{job.trace.id} asked {job.nodes} x {job.gpus // job.nodes}, got {placement}"
+            )
+        keys = {self.nodes[s.node].domain_key for s in placement.slices}
+        if len(keys) != 1 or keys != {(placement.site, placement.cluster, placement.domain)}:
+            raise SimulationError(f"{job.trace.id}: gang split across domains {sorted(keys)}")
+        job.attempts += 1
+        attempt_id = f"{job.trace.id}-a{job.attempts}"
+        price = 0.0
+        for piece in placement.slices:
+            if piece.node in self.down:
+                raise SimulationError(f"{attempt_id} placed on {piece.node}, which is down")
+            for gpu in piece.gpu_indices:
+                if gpu not in self.free[piece.node] or (piece.node, gpu) in self.owner:
+                    raise SimulationError(f"GPU {piece.node}:{gpu} leased twice ({attempt_id})")
+                self.owner[(piece.node, gpu)] = attempt_id
+            self.free[piece.node] -= set(piece.gpu_indices)
+            self.on_node[piece.node].add(attempt_id)
+            price += len(piece.gpu_indices) * self.nodes[piece.node].price_per_gpu_hour
+        team = job.trace.team
+        self.usage[team] = self.usage.get(team, 0) + job.gpus
+        if borrowed:
+            self.borrowed[team] = self.borrowed.get(team, 0) + job.gpus
+        restore = self.config.restore_s if job.saved_s > 0 else 0.0
+        interval = self._interval(placement)
+        remaining = job.work_s - job.saved_s
+        checkpoints = (
+            0 if interval == 0 or math.isinf(interval) else max(math.ceil(remaining / interval) - 1, 0)
+        )
+        cost = self.config.checkpoint_cost_s if interval else 0.0
+        attempt = _Attempt(
+            id=attempt_id,
+            job=job,
+            placement=placement,
+            borrowed=borrowed,
+            price_per_hour=price,
+            start_s=t,
+            restore_s=restore,
+            interval_s=interval,
+            checkpoint_s=cost,
+            base_saved_s=job.saved_s,
+            finish_s=t + restore + remaining + checkpoints * cost,
+        )
+        if job.first_start_s is None:
+            job.first_start_s = t
+        job.pending_s += t - job.pending_since_s
+        job.snapshot = None
+        self.running[attempt_id] = attempt
+        if attempt.resumed:
+            self.totals.resumes += 1
+        self._push(attempt.finish_s, _FINISH, attempt)
+        if self.observer is not None:
+            self.observer(PlacementRecord(t, job.trace.id, attempt_id, placement))
+
+    def _release(self, attempt: _Attempt, t: float) -> None:
+        attempt.ended = True
+        del self.running[attempt.id]
+        for piece in attempt.placement.slices:
+            for gpu in piece.gpu_indices:
+                if self.owner.pop((piece.node, gpu), None) != attempt.id:
+                    raise SimulationError(f"GPU {piece.node}:{gpu} was not leased by {attempt.id}")
+            self.free[piece.node] |= set(piece.gpu_indices)
+            self.on_node[piece.node].discard(attempt.id)
+        job = attempt.job
+        gpus = attempt.placement.gpus
+        held = t - attempt.start_s
+        self.usage[job.trace.team] -= gpus
+        if attempt.borrowed:
+            self.borrowed[job.trace.team] -= gpus
+        job.attained_gpu_s += gpus * held
+        self.totals.leased_gpu_s += gpus * held
+        self.totals.cost += attempt.price_per_hour * held / 3600.0
+        if attempt.resumed and t >= attempt.start_s + attempt.restore_s + 1e-9:
+            self.totals.resumes_ok += 1
+
+    def _requeue(self, job: _Job, t: float) -> None:
+        job.snapshot = None
+        job.pending_since_s = t
+        self.pending[job.trace.id] = job
+
+    def _finish(self, attempt: _Attempt, t: float) -> None:
+        self._release(attempt, t)
+        job = attempt.job
+        job.saved_s = job.work_s
+        job.finished_s = t
+        self.totals.kept_gpu_s += job.work_s * job.trace.gpus
+        assert job.first_start_s is not None
+        self.done.append(
+            JobResult(
+                id=job.trace.id,
+                team=job.trace.team,
+                gpus=job.trace.gpus,
+                duration_s=job.work_s,
+                submitted_s=job.submitted_s,
+                first_start_s=job.first_start_s,
+                finished_s=t,
+                pending_s=job.pending_s,
+                attempts=job.attempts,
+                lost_gpu_s=job.lost_gpu_s,
+            )
+        )
+        if self.progress is not None:
+            self.progress(1)
+
+    def _ask_to_stop(self, attempt: _Attempt, t: float) -> None:
+        """Preemption: write one more checkpoint (if there is unsaved progress), then release."""
+        attempt.stop_s = t
+        self.totals.preemptions += 1
+        unsaved = attempt.progress(t) > attempt.durable(t) + 1e-9
+        done_at = t + (self.config.checkpoint_cost_s if unsaved else 0.0)
+        if attempt.finish_s <= done_at:
+            return  # it finishes before its checkpoint would: let it
+        self._push(done_at, _STOPPED, attempt)
+
+    def _stopped(self, attempt: _Attempt, t: float) -> None:
+        assert attempt.stop_s is not None
+        job = attempt.job
+        job.saved_s = attempt.base_saved_s + attempt.progress(attempt.stop_s)
+        self._release(attempt, t)
+        self._requeue(job, t)
+
+    def _interrupt(self, name: str, t: float) -> None:
+        self.totals.interruptions += 1
+        self.down.add(name)
+        for attempt_id in sorted(self.on_node[name]):
+            attempt = self.running[attempt_id]
+            job = attempt.job
+            # An attempt writing its stop checkpoint made no progress since the notice, and that
+            # checkpoint dies with the node.
+            at = t if attempt.stop_s is None else min(t, attempt.stop_s)
+            lost = attempt.progress(at) - attempt.durable(at)
+            job.saved_s = attempt.base_saved_s + attempt.durable(at)
+            job.lost_gpu_s += lost * job.trace.gpus
+            self.totals.lost_gpu_s += lost * job.trace.gpus
+            self.totals.attempts_killed += 1
+            self._release(attempt, t)
+            self._requeue(job, t)

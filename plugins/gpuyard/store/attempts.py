@@ -1,0 +1,384 @@
+"""Attempts and leases: reserve (attempt + one lease per GPU, one transaction, fencing token),
+heartbeats, checkpoint records, the end of an attempt, expiry, and leader leases."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+from gpuyard.domain.model import Attempt, Job
+from gpuyard.domain.placement import Placement
+from gpuyard.domain.retry import after_attempt
+from gpuyard.domain.states import (
+    TERMINAL_ATTEMPT_STATES,
+    AttemptState,
+    JobState,
+    StaleState,
+)
+from gpuyard.store.jobs import attempt_from_row, get, job_from_row
+from gpuyard.store.outbox import append_event
+from gpuyard.store.tables import attempts, fencing, jobs, leaders, leases
+from gpuyard.store.transitions import move_attempt, move_job
+
+LIVE = (AttemptState.CREATED.value, AttemptState.LAUNCHING.value, AttemptState.RUNNING.value)
+
+
+class StaleToken(Exception):
+    """The fencing token is not the attempt's, or the attempt has ended: the worker must stop."""
+
+
+@dataclass(frozen=True)
+class LiveAttempt:
+    attempt: Attempt
+    job: Job
+
+
+@dataclass(frozen=True)
+class Beat:
+    lease_expires_at: datetime
+    action: str  # continue | checkpoint_and_stop
+    job: Job
+    attempt: Attempt
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+def next_fencing_token(conn: Connection) -> int:
+    """A strictly increasing number shared by every scheduler replica."""
+    conn.execute(_insert(conn, fencing).values(name="leases", value=0).on_conflict_do_nothing())
+    value = conn.execute(
+        update(fencing)
+        .where(fencing.c.name == "leases")
+        .values(value=fencing.c.value + 1)
+        .returning(fencing.c.value)
+    ).scalar_one()
+    return int(value)
+
+
+def reserve(
+    engine: Engine, job_id: str, placement: Placement, *, borrowed: bool, at: datetime, lease_ttl_s: float
+) -> Attempt | None:
+    """Create the attempt and lease every GPU of the placement in ONE transaction.
+
+    Returns None, changing nothing, when the job is no longer PENDING or a GPU is already leased:
+    the primary key of `leases` (node, gpu) makes a double lease impossible.
+    """
+    try:
+        with engine.begin() as conn:
+            job = get(conn, job_id)
+            if job is None or job.state != JobState.PENDING:
+                return None
+            token = next_fencing_token(conn)
+            number = job.attempt_count + 1
+            # unguessable: with the fencing token it is the worker's credential for heartbeats
+            attempt_id = f"{job_id}-a{number}-{secrets.token_hex(8)}"
+            expires = at + timedelta(seconds=lease_ttl_s)
+            conn.execute(
+                insert(attempts).values(
+                    id=attempt_id,
+                    job_id=job_id,
+                    number=number,
+                    state=AttemptState.CREATED.value,
+                    fencing_token=token,
+                    placement=placement.to_json(),
+                    borrowed=borrowed,
+                    checkpoint_url=job.checkpoint_url,
+                    checkpoint_step=job.checkpoint_step,
+                    created_at=at,
+                    updated_at=at,
+                )
+            )
+            conn.execute(
+                insert(leases),
+                [
+                    {
+                        "node": piece.node,
+                        "gpu_index": gpu,
+                        "attempt_id": attempt_id,
+                        "fencing_token": token,
+                        "expires_at": expires,
+                    }
+                    for piece in placement.slices
+                    for gpu in piece.gpu_indices
+                ]
+                or [],
+            )
+            move_job(
+                conn,
+                job_id,
+                JobState.PENDING,
+                JobState.SCHEDULED,
+                at=at,
+                attempt_id=attempt_id,
+                reason=f"attempt {number} on {', '.join(placement.nodes)}",
+                changes={"attempt_count": number},
+            )
+            return attempt_from_row(conn.execute(select(attempts).where(attempts.c.id == attempt_id)).one())
+    except (IntegrityError, StaleState):
+        return None
+
+
+def live(conn: Connection) -> list[LiveAttempt]:
+    rows = conn.execute(
+        select(attempts, jobs.c.spec.label("job_spec"))
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.state.in_(LIVE))
+        .order_by(attempts.c.created_at)
+    ).all()
+    found = []
+    for row in rows:
+        job = get(conn, row.job_id)
+        assert job is not None
+        found.append(LiveAttempt(attempt=attempt_from_row(row), job=job))
+    return found
+
+
+def attempt(conn: Connection, attempt_id: str) -> Attempt | None:
+    row = conn.execute(select(attempts).where(attempts.c.id == attempt_id)).first()
+    return attempt_from_row(row) if row else None
+
+
+def mark_launching(engine: Engine, attempt_id: str, at: datetime) -> None:
+    with engine.begin() as conn:
+        move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+
+
+def _mark_running(conn: Connection, found: Attempt, at: datetime) -> None:
+    if found.state == AttemptState.CREATED:
+        move_attempt(conn, found.id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+    if found.state in (AttemptState.CREATED, AttemptState.LAUNCHING):
+        move_attempt(
+            conn, found.id, AttemptState.LAUNCHING, AttemptState.RUNNING, at=at, changes={"started_at": at}
+        )
+        job = get(conn, found.job_id)
+        if job is not None and job.state == JobState.SCHEDULED:
+            move_job(conn, found.job_id, JobState.SCHEDULED, JobState.RUNNING, at=at, attempt_id=found.id)
+
+
+def mark_running(engine: Engine, attempt_id: str, at: datetime) -> None:
+    """The workers run (reported by the launcher or by a first heartbeat). Idempotent."""
+    with engine.begin() as conn:
+        found = attempt(conn, attempt_id)
+        if found is not None and found.state not in TERMINAL_ATTEMPT_STATES:
+            _mark_running(conn, found, at)
+
+
+def heartbeat(
+    engine: Engine,
+    attempt_id: str,
+    token: int,
+    *,
+    step: int | None,
+    checkpoint: dict[str, Any] | None,
+    at: datetime,
+    lease_ttl_s: float,
+) -> Beat:
+    """Renew the attempt's leases and record progress, only for the attempt's own fencing token."""
+    with engine.begin() as conn:
+        found = attempt(conn, attempt_id)
+        if found is None or found.fencing_token != token or found.state in TERMINAL_ATTEMPT_STATES:
+            raise StaleToken(f"attempt {attempt_id}: fencing token {token} is stale or the attempt has ended")
+        expires = at + timedelta(seconds=lease_ttl_s)
+        renewed = conn.execute(
+            update(leases)
+            .where(leases.c.attempt_id == attempt_id, leases.c.fencing_token == token)
+            .values(expires_at=expires)
+        )
+        if renewed.rowcount == 0 and found.placement.get("nodes"):
+            raise StaleToken(f"attempt {attempt_id}: its leases are gone (expired and reaped)")
+        _mark_running(conn, found, at)
+        changes: dict[str, Any] = {"heartbeat_at": at}
+        if step is not None:
+            changes["step"] = step
+        if checkpoint and (found.checkpoint_step is None or checkpoint["step"] >= found.checkpoint_step):
+            changes |= {
+                "checkpoint_url": checkpoint["url"],
+                "checkpoint_step": checkpoint["step"],
+                "checkpoint_at": checkpoint.get("saved_at") or at,
+            }
+            job_changes: dict[str, Any] = {
+                "checkpoint_url": checkpoint["url"],
+                "checkpoint_step": checkpoint["step"],
+                "checkpoint_site": found.placement.get("site"),
+            }
+            if checkpoint.get("cost_s"):
+                job_changes["checkpoint_cost_s"] = float(checkpoint["cost_s"])
+            conn.execute(update(jobs).where(jobs.c.id == found.job_id).values(**job_changes))
+            append_event(
+                conn,
+                type="attempt.checkpointed",
+                job_id=found.job_id,
+                attempt_id=attempt_id,
+                at=at,
+                data={"step": checkpoint["step"], "url": checkpoint["url"]},
+            )
+        conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(**changes))
+        job = get(conn, found.job_id)
+        assert job is not None
+        fresh = attempt(conn, attempt_id)
+        assert fresh is not None
+        stop = fresh.stop_requested is not None or job.cancel_requested
+        return Beat(expires, "checkpoint_and_stop" if stop else "continue", job, fresh)
+
+
+def request_stop(engine: Engine, attempt_id: str, *, at: datetime, why: str) -> bool:
+    """Ask a live attempt to checkpoint and stop (its next heartbeat answer says so)."""
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(attempts)
+            .where(
+                attempts.c.id == attempt_id, attempts.c.state.in_(LIVE), attempts.c.stop_requested.is_(None)
+            )
+            .values(stop_requested="checkpoint_and_stop", updated_at=at)
+            .returning(attempts.c.job_id)
+        )
+        job_id = result.scalar()
+        if job_id is None:
+            return False
+        append_event(
+            conn,
+            type="attempt.stop_requested",
+            job_id=job_id,
+            attempt_id=attempt_id,
+            at=at,
+            data={"why": why},
+        )
+        return True
+
+
+def finish(
+    engine: Engine,
+    attempt_id: str,
+    outcome: AttemptState,
+    *,
+    at: datetime,
+    exit_code: int | None = None,
+    reason: str | None = None,
+) -> bool:
+    """End the attempt, free its leases, and move its job as the retry policy says. Idempotent:
+    returns False when the attempt had already ended."""
+    with engine.begin() as conn:
+        found = attempt(conn, attempt_id)
+        if found is None or found.state in TERMINAL_ATTEMPT_STATES:
+            return False
+        job = get(conn, found.job_id)
+        assert job is not None
+        gpus = sum(len(n["gpus"]) for n in found.placement.get("nodes", []))
+        started = found.started_at
+        ran_s = (at - started).total_seconds() if started else 0.0
+        saved_until = max(filter(None, [started, found.checkpoint_at]), default=None)
+        lost_s = 0.0
+        if outcome == AttemptState.LOST and saved_until is not None:
+            lost_s = max(0.0, (at - saved_until).total_seconds())
+        move_attempt(
+            conn,
+            attempt_id,
+            found.state,
+            outcome,
+            at=at,
+            reason=reason,
+            changes={
+                "exit_code": exit_code,
+                "ended_at": at,
+                "progress_lost_s": lost_s,
+            },
+        )
+        conn.execute(delete(leases).where(leases.c.attempt_id == attempt_id))
+        decision = after_attempt(
+            job.spec.retry, outcome, job.failures, exit_code, reason, cancel_requested=job.cancel_requested
+        )
+        changes: dict[str, Any] = {
+            "failures": decision.failures,
+            "attained_gpu_s": jobs.c.attained_gpu_s + ran_s * gpus,
+            "progress_lost_gpu_s": jobs.c.progress_lost_gpu_s + lost_s * gpus,
+        }
+        if decision.backoff_s:
+            changes["not_before"] = at + timedelta(seconds=decision.backoff_s)
+        if decision.job_state == JobState.SUCCEEDED and job.state == JobState.SCHEDULED:
+            move_job(conn, job.id, JobState.SCHEDULED, JobState.RUNNING, at=at, attempt_id=attempt_id)
+            job = get(conn, job.id)
+            assert job is not None
+        if job.state != decision.job_state:
+            move_job(
+                conn,
+                job.id,
+                job.state,
+                decision.job_state,
+                at=at,
+                attempt_id=attempt_id,
+                reason=decision.reason,
+                changes=changes,
+            )
+        return True
+
+
+def pool_mtbi_s(conn: Connection, nodes: set[str], *, since: datetime, prior_s: float) -> float:
+    """Observed mean time between interruptions of attempts on `nodes`, or `prior_s` until one is seen.
+
+    Run time of every attempt that ran there since `since`, over the number of them that were LOST.
+    """
+    rows = conn.execute(
+        select(attempts.c.placement, attempts.c.state, attempts.c.started_at, attempts.c.ended_at).where(
+            attempts.c.started_at.is_not(None), attempts.c.started_at >= since
+        )
+    )
+    run_s, interruptions = 0.0, 0
+    for placement, state, started, ended in rows:
+        if not nodes & {n["node"] for n in placement.get("nodes", [])}:
+            continue
+        run_s += ((ended or datetime.now(started.tzinfo)) - started).total_seconds()
+        interruptions += state == AttemptState.LOST.value
+    return run_s / interruptions if interruptions else prior_s
+
+
+def expired(conn: Connection, now: datetime) -> list[str]:
+    """Live attempts whose leases have all expired."""
+    rows = conn.execute(
+        select(leases.c.attempt_id).group_by(leases.c.attempt_id).having(func.max(leases.c.expires_at) < now)
+    )
+    return list(rows.scalars())
+
+
+def leased_gpus(conn: Connection) -> dict[str, set[int]]:
+    held: dict[str, set[int]] = {}
+    for node, gpu in conn.execute(select(leases.c.node, leases.c.gpu_index)):
+        held.setdefault(node, set()).add(gpu)
+    return held
+
+
+def pending_jobs(conn: Connection, now: datetime) -> list[Job]:
+    rows = conn.execute(
+        select(jobs)
+        .where(
+            jobs.c.state == JobState.PENDING.value,
+            jobs.c.cancel_requested.is_(False),
+            (jobs.c.not_before.is_(None)) | (jobs.c.not_before <= now),
+        )
+        .order_by(jobs.c.seq)
+    )
+    return [job_from_row(row) for row in rows]
+
+
+def hold_leadership(engine: Engine, name: str, holder: str, *, now: datetime, ttl_s: float) -> bool:
+    """Take or renew the named leader lease; True while `holder` leads."""
+    expires = now + timedelta(seconds=ttl_s)
+    with engine.begin() as conn:
+        conn.execute(
+            _insert(conn, leaders)
+            .values(name=name, holder=holder, expires_at=expires)
+            .on_conflict_do_nothing()
+        )
+        taken = conn.execute(
+            update(leaders)
+            .where(leaders.c.name == name, (leaders.c.holder == holder) | (leaders.c.expires_at < now))
+            .values(holder=holder, expires_at=expires)
+        )
+        return taken.rowcount == 1
