@@ -373,10 +373,10 @@ class KubernetesLauncher:
                             attempt.attempt_id, fate.outcome, self._clock(), fate.exit_code, fate.reason
                         )
                     )
-                    teardown += [  # the gang ended: stop the ranks that still run
+                    teardown += [  # the gang ended: stop every rank that has not (seen by the watch or not)
                         m.pod_name(attempt.key, rank)
-                        for rank, rank_fate in fates.items()
-                        if not rank_fate.ended and m.pod_name(attempt.key, rank) in self._pods
+                        for rank in range(attempt.gang_size)
+                        if rank not in fates or not fates[rank].ended
                     ]
                 elif fate.outcome is Outcome.RUNNING and not attempt.reported_running:
                     attempt.reported_running = True
