@@ -35,8 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 log = logging.getLogger(__name__)
@@ -146,8 +148,11 @@ class CheckpointStore:
             size = self.fs.size(path)
             if size != info["size"]:
                 return f"{rel} has {size} bytes, manifest says {info['size']}"
-            if checksums and _sha256(self.fs, path) != info["sha256"]:
-                return f"{rel} does not match its sha256"
+        if checksums:
+            actual = self.describe(manifest.step, list(manifest.files))
+            for rel, info in manifest.files.items():
+                if actual[rel]["sha256"] != info["sha256"]:
+                    return f"{rel} does not match its sha256"
         return None
 
     def latest(self, verify_checksums: bool = True) -> Manifest | None:
@@ -159,16 +164,33 @@ class CheckpointStore:
             log.warning("checkpoint step %d is damaged (%s); trying an older one", manifest.step, problem)
         return None
 
-    def finalize(self, step: int, world_size: int, metrics: dict[str, float], run: dict[str, str | None],
-                 cost_s: float) -> Manifest:
-        """Checksum every file of the step's folder, then write the manifest (atomically, last)."""
+    def relative_files(self, step: int) -> list[str]:
         base = self._step_path(step)
-        files = {}
+        rels = []
         for path in sorted(self.fs.find(base)):
             rel = path[len(base) + 1:] if path.startswith(base + "/") else path.rsplit("/step-", 1)[-1]
-            if rel in (MANIFEST, MANIFEST + ".tmp"):
-                continue
-            files[rel] = {"size": self.fs.size(path), "sha256": _sha256(self.fs, path)}
+            if rel not in (MANIFEST, MANIFEST + ".tmp"):
+                rels.append(rel)
+        return rels
+
+    def describe(self, step: int, rels: list[str]) -> dict[str, dict[str, Any]]:
+        """Size and sha256 of some files of a step's folder (hashed in parallel threads)."""
+        base = self._step_path(step)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
+            digests = list(pool.map(lambda rel: _sha256(self.fs, f"{base}/{rel}"), rels))
+        return {rel: {"size": self.fs.size(f"{base}/{rel}"), "sha256": digest}
+                for rel, digest in zip(rels, digests, strict=True)}
+
+    def finalize(self, step: int, world_size: int, metrics: dict[str, float], run: dict[str, str | None],
+                 cost_s: float, known: dict[str, dict[str, Any]] | None = None) -> Manifest:
+        """Checksum every file of the step's folder (but those in `known`, hashed by the ranks that wrote
+        them), then write the manifest (atomically, last)."""
+        base = self._step_path(step)
+        known = known or {}
+        rels = self.relative_files(step)
+        files = {**self.describe(step, [r for r in rels if r not in known]),
+                 **{r: known[r] for r in rels if r in known}}
+        files = dict(sorted(files.items()))
         manifest = Manifest(step=step, world_size=world_size, saved_at=datetime.now(UTC).isoformat(),
                             files=files, metrics=metrics, run=run, cost_s=cost_s)
         tmp = f"{base}/{MANIFEST}.tmp"
@@ -227,6 +249,33 @@ def _read_torch(fs: fsspec.AbstractFileSystem, path: str) -> Any:
         return torch.load(io.BytesIO(fh.read()), weights_only=False)
 
 
+class _ReusableStager(BlockingAsyncStager):
+    """Copies the state into CPU buffers kept from one asynchronous save to the next (pinned when a GPU
+    is there): allocating and faulting in fresh buffers costs several times the copy itself. Safe because
+    a save waits for the previous one before staging."""
+
+    def __init__(self) -> None:
+        super().__init__(cache_staged_state_dict=True)
+        self._signature: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None
+
+    @staticmethod
+    def _describe(state: dict[str, Any], prefix: str = "") -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        out = []
+        for key, value in state.items():
+            if isinstance(value, dict):
+                out.extend(_ReusableStager._describe(value, f"{prefix}{key}."))
+            elif isinstance(value, torch.Tensor):
+                out.append((f"{prefix}{key}", tuple(value.shape), value.dtype))
+        return out
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        signature = self._describe(state_dict)
+        if self.state_dict_cache is None or signature != self._signature:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._signature = signature
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+
 @dataclass(frozen=True)
 class Restored:
     manifest: Manifest
@@ -260,6 +309,7 @@ class Checkpointer:
         self._latest: CheckpointRecord | None = None
         self._abandoned = threading.Event()
         self.stalls_s: list[float] = []
+        self._stager = _ReusableStager()
 
     @property
     def latest(self) -> CheckpointRecord | None:
@@ -280,7 +330,7 @@ class Checkpointer:
         trainer = {**trainer, "step": step, "metrics": dict(metrics)}
         if self.async_save and not force_sync:
             response = dcp.async_save(state, storage_writer=FsspecWriter(f"{step_url}/state"),
-                                      process_group=self.group)
+                                      process_group=self.group, async_stager=self._stager)
             upload = response.upload_completion if hasattr(response, "upload_completion") else response
             self.stalls_s.append(self.clock() - started)
             self._pending = self._pool.submit(self._complete, upload, step, trainer, metrics, run, started)
@@ -295,11 +345,21 @@ class Checkpointer:
                   metrics: dict[str, float], run: dict[str, str | None], started: float) -> None:
         if upload is not None:
             upload.result()
+        # Each rank hashes the files it wrote; rank 0 gathers the digests and hashes the rest.
+        mine = [r for r in self.store.relative_files(step)
+                if r == f"rng/rank-{self.rank}.pt" or re.fullmatch(rf"state/__{self.rank}_\d+\.distcp", r)]
+        digests = self.store.describe(step, mine)
+        gathered: list[Any] = [None] * self.world_size
+        if self.group is not None and self.world_size > 1:
+            dist.gather_object(digests, gathered if self.rank == 0 else None, dst=0, group=self.group)
+        else:
+            gathered = [digests]
         if self.rank != 0 or self._abandoned.is_set():
             return
+        known = {k: v for d in gathered for k, v in d.items()}
         _write_torch(self.store.fs, f"{self.store._step_path(step)}/trainer.pt", trainer)
         cost = self.clock() - started
-        manifest = self.store.finalize(step, self.world_size, metrics, run, cost)
+        manifest = self.store.finalize(step, self.world_size, metrics, run, cost, known)
         with self._lock:
             self._latest = CheckpointRecord(self.store.step_url(step), step,
                                             datetime.fromisoformat(manifest.saved_at), cost)

@@ -25,6 +25,7 @@ def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
 
 
 def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: float = 0.1) -> Path:
+    """An uninterrupted run; its periodic checkpoints (steps 4 and 8) are asynchronous."""
     work = tmp_path / f"baseline-{strategy}-{nproc}"
     cfg = write_config(
         tmp_path / f"baseline-{strategy}.yaml",
@@ -32,6 +33,7 @@ def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: flo
         work,
         parallel={"strategy": strategy},
         model={"dropout": dropout},
+        checkpoint={"async_save": True},
     )
     assert run_workers(cfg, nproc, work) == [exit_codes.SUCCESS] * nproc
     return work
@@ -83,6 +85,11 @@ def test_preempted_run_resumes_exactly_on_two_workers(
 ) -> None:
     """Same world size: bit-for-bit the same trajectory, dropout included (every rank's RNG is restored)."""
     reference = baseline(tmp_path, flights_parquet, strategy, 2)
+    store = CheckpointStore((reference / "checkpoints").as_uri())
+    manifest = store.read_manifest(8)  # written by the background thread of an asynchronous save
+    assert manifest is not None and store.verify(manifest, checksums=True) is None
+    per_rank = {"rng/rank-0.pt", "rng/rank-1.pt", "state/__0_0.distcp", "state/__1_0.distcp"}
+    assert per_rank <= set(manifest.files)
     resumed = preempt_then_resume(tmp_path, flights_parquet, strategy, 2, 2)
     assert_same_run(reference, resumed, atol=1e-6)
 
