@@ -41,6 +41,7 @@ class LaunchRequest:
     api_url: str
     checkpoint_url: str | None
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables, e.g. the MLflow run id
+    launched_before: bool = False  # the store says it was launched (LAUNCHING or RUNNING): workers existed
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,22 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _processes_of(attempt_id: str) -> list[int]:
+    """Every process on this machine whose environment says it works for `attempt_id` (a label,
+    like a pod's): the truth about an attempt's workers even when a pid file was never written."""
+    wanted = f"GPUYARD_ATTEMPT_ID={attempt_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -84,6 +100,11 @@ class LocalLauncher:
         directory = self.root / request.attempt_id
         if request.attempt_id in self._attempts or (directory / "workers.json").exists():
             return  # launched before (perhaps by a previous process): never a second set of workers
+        if strays := _processes_of(request.attempt_id):
+            # A launcher died between starting workers and recording them: stop them, start afresh.
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         directory.mkdir(parents=True, exist_ok=True)
         gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
         world = max(1, len(gpus))
@@ -213,7 +234,6 @@ class LocalLauncher:
     # -- after a restart ----------------------------------------------------------------------------
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
-        reports = []
         for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
             attempt_id = directory.name
             if attempt_id in self._attempts or (directory / "ended").exists():
@@ -221,25 +241,25 @@ class LocalLauncher:
             try:
                 pids = json.loads((directory / "workers.json").read_text())["pids"]
             except (OSError, ValueError, KeyError):
-                continue
-            tracked = _Attempt(directory, pids)
-            if attempt_id in live:
-                self._attempts[attempt_id] = tracked  # adopt: observe() follows it from here
-            else:
-                self._signal(tracked, signal.SIGKILL)  # an orphan: no live attempt owns it
+                pids = None  # the launcher died mid-launch: launch() will clean up and start afresh
+            if attempt_id in live and pids is not None:
+                self._attempts[attempt_id] = _Attempt(directory, pids)  # adopt; observe() follows it
+            elif attempt_id not in live:  # an orphan: no live attempt owns these workers
+                for pid in {*(pids or ()), *_processes_of(attempt_id)}:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL) if pid in (pids or ()) else os.kill(
+                            pid, signal.SIGKILL
+                        )
                 (directory / "ended").write_text("ORPHAN")
-        for attempt_id in live:
-            if attempt_id not in self._attempts and (self.root / attempt_id / "workers.json").exists():
-                reports.append(
-                    WorkerReport(
-                        attempt_id,
-                        Outcome.LOST,
-                        self.clock(),
-                        None,
-                        "its workers ended while no launcher watched them",
-                    )
-                )
-        return reports
+        return [
+            WorkerReport(
+                attempt_id, Outcome.LOST, self.clock(), None, "no worker of this attempt exists any more"
+            )
+            for attempt_id, request in live.items()
+            if attempt_id not in self._attempts
+            and not (self.root / attempt_id).exists()
+            and request.launched_before  # one reserved but never launched is not lost: recover() launches it
+        ]
 
     def launched(self, attempt_id: str) -> bool:
         return (self.root / attempt_id / "workers.json").exists()

@@ -1,0 +1,200 @@
+"""The pure scheduling cycle: placement inside one domain, packing, reservations, admission, preemption."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.scheduler.cycle import admit, run_cycle
+from gpuyard.scheduler.policy import POLICIES
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+# two domains of two 8-GPU nodes each
+FLEET = Fleet(
+    nodes=tuple(
+        Node(
+            name=f"d{d}n{i}",
+            site="east",
+            cluster="c",
+            domain=f"d{d}",
+            gpu_type="a100",
+            gpus=8,
+            gpu_memory_gb=80,
+        )
+        for d in range(2)
+        for i in range(2)
+    )
+)
+QUOTAS = {"a": TeamQuota(gpu_quota=16, cohort="all"), "b": TeamQuota(gpu_quota=16, cohort="all")}
+
+
+def job(
+    name: str,
+    gpus: int,
+    nodes: int = 1,
+    *,
+    team: str = "a",
+    priority: int = 1,
+    age_s: int = 0,
+    preemptible: bool = True,
+) -> PendingJob:
+    return PendingJob(
+        id=name,
+        team=team,
+        gpus=gpus,
+        nodes=nodes,
+        gpu_types=("a100",),
+        priority=priority,
+        preemptible=preemptible,
+        submitted_at=NOW - timedelta(seconds=1000 - age_s),
+    )
+
+
+def running(
+    attempt_id: str,
+    node: str,
+    gpus: int,
+    *,
+    team: str = "a",
+    priority: int = 0,
+    checkpoint_age_s: float = 0,
+    borrowed: bool = False,
+) -> RunningAttempt:
+    return RunningAttempt(
+        attempt_id=attempt_id,
+        job_id=f"job-{attempt_id}",
+        team=team,
+        priority=priority,
+        preemptible=True,
+        placement=Placement("east", "c", node[:2], (NodeSlice(node, tuple(range(gpus))),)),
+        started_at=NOW - timedelta(hours=1),
+        last_checkpoint_at=NOW - timedelta(seconds=checkpoint_age_s),
+        borrowed=borrowed,
+    )
+
+
+def state_with(*attempts: RunningAttempt) -> ClusterState:
+    state = ClusterState.empty(FLEET, QUOTAS)
+    for attempt in attempts:
+        state.take(attempt.team, attempt.placement, borrowed=attempt.borrowed)
+        state.running.append(attempt)
+    return state
+
+
+def test_small_jobs_are_packed_so_a_gang_finds_a_whole_domain() -> None:
+    jobs = [job("small1", 2, age_s=0), job("small2", 4, age_s=1), job("gang", 16, nodes=2, age_s=2)]
+    result = run_cycle(jobs, state_with(), NOW, POLICIES["gpuyard"])
+    placed = {p.job.id: p.placement for p in result.placed}
+    assert set(placed) == {"small1", "small2", "gang"}
+    assert placed["small1"].domain == placed["small2"].domain != placed["gang"].domain
+    assert len(set(placed["gang"].nodes)) == 2 and placed["gang"].gpus == 16
+
+
+def test_a_gang_is_never_split_across_domains() -> None:
+    # 8 free GPUs in each domain (16 in all) but no domain holds 16: the gang waits.
+    state = state_with(running("x", "d0n0", 8, priority=5), running("y", "d1n0", 8, priority=5))
+    result = run_cycle([job("gang", 16, nodes=2)], state, NOW, POLICIES["fifo-backfill"])
+    assert result.placed == [] and "gang" in result.waiting
+
+
+def test_head_gang_reservation_keeps_backfill_off_its_domain() -> None:
+    # d0 has 8 GPUs busy, d1 is free: the 16-GPU gang is placed on d1. A second gang has no domain
+    # and reserves the one with most free GPUs; a later small job must not take GPUs there.
+    state = state_with(running("x", "d0n0", 4, priority=5))
+    jobs = [job("gang1", 16, nodes=2, age_s=0), job("gang2", 16, nodes=2, age_s=1), job("small", 2, age_s=2)]
+    result = run_cycle(jobs, state, NOW, POLICIES["fifo-backfill"])
+    assert [p.job.id for p in result.placed] == ["gang1"]
+    assert result.reserved_for == {"gang2": ("east", "c", "d0")}
+    fifo = run_cycle(jobs, state_with(running("x", "d0n0", 4, priority=5)), NOW, POLICIES["fifo"])
+    assert [p.job.id for p in fifo.placed] == ["gang1"]  # strict FIFO stops at the first misfit
+
+
+def test_priority_preemption_picks_the_victim_losing_least_unsaved_progress() -> None:
+    state = state_with(
+        running("fresh-ckpt", "d0n0", 8, checkpoint_age_s=60),
+        running("old-ckpt", "d0n1", 8, checkpoint_age_s=3000),
+        running("mid-ckpt", "d1n0", 8, checkpoint_age_s=600),
+        running("also", "d1n1", 8, checkpoint_age_s=1200),
+    )
+    result = run_cycle([job("urgent", 8, priority=2)], state, NOW, POLICIES["gpuyard"])
+    assert [e.attempt.attempt_id for e in result.evicted] == ["fresh-ckpt"]
+    assert "priority" in result.evicted[0].reason
+    # next cycle: the victim is stopping; nothing else is evicted while the job waits for it
+    state.running = [
+        a if a.attempt_id != "fresh-ckpt" else a.__class__(**{**a.__dict__, "stopping": True})
+        for a in state.running
+    ]
+    again = run_cycle([job("urgent", 8, priority=2)], state, NOW, POLICIES["gpuyard"])
+    assert again.evicted == [] and "urgent" in again.reserved_for
+
+
+def test_no_preemption_of_equal_priority_under_fifo_policies() -> None:
+    state = state_with(*(running(f"r{i}", f"d{i // 2}n{i % 2}", 8, priority=1) for i in range(4)))
+    for name in ("fifo", "fifo-backfill"):
+        assert run_cycle([job("j", 8, priority=2)], state, NOW, POLICIES[name]).evicted == []
+
+
+def test_quota_admission_borrows_from_the_cohort_and_reclaims() -> None:
+    state = state_with()
+    assert admit(job("a1", 16), state) == "nominal"
+    state.usage["a"] = 16
+    assert admit(job("a2", 8), state) == "borrow"  # b's quota is idle
+    state.usage["b"] = 16
+    assert admit(job("a3", 8), state) is None
+    # team a borrowed 16 GPUs of b's quota; b now needs them back
+    borrowed = state_with(
+        running("a-own1", "d0n0", 8, priority=1),
+        running("a-own2", "d0n1", 8, priority=1),
+        running("a-borrow1", "d1n0", 8, priority=1, borrowed=True),
+        running("a-borrow2", "d1n1", 8, priority=1, borrowed=True),
+    )
+    result = run_cycle([job("b1", 8, team="b")], borrowed, NOW, POLICIES["kueue"])
+    assert [e.attempt.attempt_id for e in result.evicted] in (["a-borrow1"], ["a-borrow2"])
+    assert "reclaim" in result.evicted[0].reason
+
+
+def test_placement_respects_type_and_spot_taints() -> None:
+    fleet = Fleet(
+        nodes=(
+            Node(
+                name="spot",
+                site="s",
+                cluster="c",
+                domain="d1",
+                gpu_type="t4",
+                gpus=4,
+                preemptible=True,
+                taints=("gpuyard.io/spot",),
+            ),
+            Node(name="ondemand", site="s", cluster="c", domain="d2", gpu_type="t4", gpus=4),
+        )
+    )
+    state = ClusterState.empty(fleet, {"a": TeamQuota(gpu_quota=8)})
+    steady = PendingJob(
+        id="steady",
+        team="a",
+        gpus=4,
+        nodes=1,
+        gpu_types=("t4",),
+        priority=1,
+        preemptible=False,
+        submitted_at=NOW,
+    )
+    flexible = PendingJob(
+        id="flex",
+        team="a",
+        gpus=4,
+        nodes=1,
+        gpu_types=("t4",),
+        priority=1,
+        preemptible=True,
+        submitted_at=NOW + timedelta(seconds=1),
+    )
+    result = run_cycle([steady, flexible], state, NOW, POLICIES["gpuyard"])
+    assert {p.job.id: p.placement.nodes for p in result.placed} == {
+        "steady": ("ondemand",),
+        "flex": ("spot",),
+    }

@@ -1,0 +1,267 @@
+"""The local launcher with real processes, signals and exit codes, driven by the real scheduler."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from gpuyard.api.app import create_app
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.inventory import LocalInventory
+from gpuyard.launchers.local import LocalLauncher, _processes_of
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings import Settings
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from servers import wait_until
+from sqlalchemy import Engine
+
+WORKER = Path(__file__).parent / "workers" / "checkpointing_worker.py"
+CPU = LocalInventory("cpu", 2, 0.0, False)
+
+
+@pytest.fixture
+def api_url(settings: Settings, engine: Engine) -> Iterator[str]:
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, engine, fleet=CPU.fleet()), host="127.0.0.1", port=0, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, what="the API")
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def scheduler(engine: Engine, api_url: str, tmp_path: Path) -> Iterator[SchedulerService]:
+    with engine.begin() as conn:
+        team_store.set_quota(
+            conn,
+            "a",
+            TeamQuota(gpu_quota=2),
+            utcnow(),
+        )
+    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    service = SchedulerService(
+        engine, launcher, CPU.fleet(), api_url=lambda: api_url, lease_ttl_s=30, grace_s=10
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), kwargs={"interval_s": 0.2, "observe_s": 0.1})
+    thread.start()
+    yield service
+    stop.set()
+    thread.join(timeout=20)
+    for directory in (tmp_path / "attempts").iterdir():  # never leave workers behind
+        for pid in _processes_of(directory.name):
+            os.kill(pid, signal.SIGKILL)
+
+
+def submit(engine: Engine, name: str, command: list[str], *, gpus: int = 1, **changes: Any) -> str:
+    spec = {
+        "name": name,
+        "team": "a",
+        "image": "local",
+        "command": command,
+        "resources": {"gpus": gpus, "gpu_types": ["cpu"]},
+        **changes,
+    }
+    job, _ = job_store.submit(
+        engine,
+        parse_spec(spec),
+        idempotency_key=None,
+        created_by="t",
+        at=utcnow(),
+    )
+    return job.id
+
+
+def job(engine: Engine, job_id: str) -> Any:
+    found = job_store.detail(engine, job_id)
+    assert found is not None
+    return found
+
+
+def test_worker_killed_with_sigkill_fails_the_attempt_and_the_job_retries(
+    engine: Engine, scheduler: SchedulerService
+) -> None:
+    job_id = submit(
+        engine,
+        "victim",
+        ["python", "-c", "import time; time.sleep(600)"],
+        retry={"max_failures": 1, "backoff": 0.1},
+    )
+    wait_until(lambda: job(engine, job_id).job.state.value == "RUNNING", what="running")
+    attempt_id = job(engine, job_id).attempts[0].id
+    workers = [
+        pid
+        for pid in _processes_of(attempt_id)
+        if b"gpuyard.launchers.shim" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)
+    wait_until(lambda: job(engine, job_id).attempts[0].state.value == "FAILED", what="the attempt to fail")
+    first = job(engine, job_id).attempts[0]
+    assert "killed by signal 9" in (first.reason or "") and first.exit_code == -9
+    wait_until(lambda: len(job(engine, job_id).attempts) == 2, what="a retry")
+    assert job(engine, job_id).job.failures == 1
+
+
+def test_a_preempted_worker_resumes_from_its_checkpoint(
+    engine: Engine, scheduler: SchedulerService, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "ckpt"
+    slow = submit(
+        engine,
+        "slow",
+        [sys.executable, str(WORKER), "40", "0.1"],
+        gpus=2,
+        priority="low",
+        preemptible=True,
+        checkpoint={"url": checkpoints.as_uri(), "interval": "auto"},
+    )
+    wait_until(
+        lambda: (
+            (job(engine, slow).attempts or [None])[0] is not None
+            and (job(engine, slow).attempts[0].step or 0) >= 3
+        ),
+        what="progress",
+    )
+    urgent = submit(engine, "urgent", ["python", "-c", "print('urgent done')"], gpus=2, priority="high")
+    wait_until(
+        lambda: job(engine, urgent).job.state.value == "SUCCEEDED", timeout_s=60, what="the urgent job"
+    )
+    wait_until(lambda: job(engine, slow).job.state.value == "SUCCEEDED", timeout_s=90, what="the slow job")
+    detail = job(engine, slow)
+    assert [a.state.value for a in detail.attempts] == ["PREEMPTED", "SUCCEEDED"]
+    assert detail.attempts[0].exit_code == 75 and detail.job.failures == 0
+    resumed_at = detail.attempts[0].checkpoint_step
+    assert resumed_at is not None and resumed_at > 0
+    logs = "".join(scheduler.launcher.logs(detail.attempts[1].id))
+    assert f"resumed from step {resumed_at}" in logs and "finished at step 40" in logs
+
+
+def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> None:
+    from gpuyard.domain.placement import NodeSlice, Placement
+    from gpuyard.launchers.base import LaunchRequest, Outcome
+
+    spec = parse_spec(
+        {
+            "name": "x",
+            "team": "a",
+            "image": "i",
+            "command": ["python", "-c", "import time; time.sleep(3)"],
+            "resources": {"gpus": 2, "gpu_types": ["cpu"]},
+        }
+    )
+    placement = Placement("local", "local", "local", (NodeSlice("local", (0, 1)),))
+
+    def request(attempt_id: str) -> LaunchRequest:
+        return LaunchRequest(
+            attempt_id, "job-x", 1, 7, spec, placement, "http://127.0.0.1:9", None, launched_before=True
+        )
+
+    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    first.launch(request("kept"))
+    first.launch(request("orphan"))
+    assert len(_processes_of("kept")) >= 2 and len(_processes_of("orphan")) >= 2
+    del first  # the launcher's process "died"; its workers did not
+    second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    reports = second.reconcile({"kept": request("kept"), "vanished": request("vanished")})
+    assert [(r.attempt_id, r.outcome) for r in reports] == [("vanished", Outcome.LOST)]
+    second.launch(request("kept"))  # a duplicate launch after the restart: no second set of workers
+    wait_until(lambda: not _processes_of("orphan"), what="orphans killed")
+    assert len(shims("kept")) == 2
+    seen: list[Any] = []
+    wait_until(
+        lambda: bool(seen.extend(r for r in second.observe() if r.outcome != Outcome.RUNNING) or seen),
+        what="the adopted workers to finish",
+    )
+    assert seen[0].outcome == Outcome.SUCCEEDED
+
+
+def shims(attempt_id: str) -> list[int]:
+    found = []
+    for pid in _processes_of(attempt_id):
+        try:
+            if b"gpuyard.launchers.shim" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
+    home = tmp_path / "home"
+
+    def start() -> subprocess.Popen[bytes]:
+        (home / "server.json").unlink(missing_ok=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(home), "--port", "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until(lambda: (home / "server.json").exists(), timeout_s=60, what="gpuyard up")
+        return process
+
+    def cli(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuyard.cli", *args, "--home", str(home)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    server = start()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "steady",
+                "team": "platform",
+                "image": "local",
+                "command": ["python", "-c", "import time; time.sleep(8); print('done')"],
+                "resources": {"gpus": 2, "gpu_types": ["cpu"]},
+            }
+        )
+    )
+    job_id = json.loads(cli("submit", str(spec), "--json"))["id"]
+    wait_until(
+        lambda: json.loads(cli("show", job_id, "--json"))["state"] == "RUNNING", timeout_s=60, what="running"
+    )
+    attempt_id = json.loads(cli("show", job_id, "--json"))["attempts"][0]["id"]
+    os.killpg(server.pid, signal.SIGKILL)  # the whole control plane dies; the workers live on
+    server.wait()
+    assert len(shims(attempt_id)) == 2
+    server = start()
+    try:
+        assert len(shims(attempt_id)) == 2  # adopted after the restart, not started again
+        wait_until(
+            lambda: json.loads(cli("show", job_id, "--json"))["state"] == "SUCCEEDED",
+            timeout_s=90,
+            what="the adopted job to finish",
+        )
+        detail = json.loads(cli("show", job_id, "--json"))
+        assert len(detail["attempts"]) == 1  # never launched twice
+        assert "done" in cli("logs", job_id)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

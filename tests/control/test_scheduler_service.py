@@ -1,0 +1,428 @@
+"""The scheduler service against a real store: reserve, launch once, leases, heartbeats, reaping,
+preemption, leader election. The launcher here only records calls (the launcher tests run real ones)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from gpuyard.api.app import create_app
+from gpuyard.bus.base import Message
+from gpuyard.bus.memory import MemoryBus
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings import Settings
+from gpuyard.store import attempts as attempt_store
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.tables import attempts, leases
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, func, select
+
+from .conftest import EXAMPLE_SPEC
+
+FLEET = Fleet(
+    nodes=tuple(
+        Node(
+            name=f"d{d}n{i}",
+            site="east",
+            cluster="c",
+            domain=f"d{d}",
+            gpu_type="a100",
+            gpus=4,
+            gpu_memory_gb=80,
+        )
+        for d in range(2)
+        for i in range(2)
+    )
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class RecordingLauncher:
+    """Records launches and cancels; reports what the test tells it to."""
+
+    def __init__(self) -> None:
+        self.launched: dict[str, LaunchRequest] = {}
+        self.launch_calls: list[str] = []
+        self.cancelled: list[tuple[str, float]] = []
+        self.pending_reports: list[WorkerReport] = []
+
+    def launch(self, request: LaunchRequest) -> None:
+        self.launch_calls.append(request.attempt_id)
+        self.launched.setdefault(request.attempt_id, request)
+
+    def cancel(self, attempt_id: str, *, grace_s: float) -> None:
+        self.cancelled.append((attempt_id, grace_s))
+
+    def observe(self) -> list[WorkerReport]:
+        reports, self.pending_reports = self.pending_reports, []
+        return reports
+
+    def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
+        return []
+
+    def logs(self, attempt_id: str, *, follow: bool = False) -> Iterator[str]:
+        return iter(())
+
+
+def spec(name: str = "train", gpus: int = 4, nodes: int = 1, **changes: Any) -> dict[str, Any]:
+    return {
+        **EXAMPLE_SPEC,
+        "name": name,
+        "resources": {"gpus": gpus, "nodes": nodes, "gpu_types": ["a100"]},
+        **changes,
+    }
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def launcher() -> RecordingLauncher:
+    return RecordingLauncher()
+
+
+@pytest.fixture
+def service(engine: Engine, launcher: RecordingLauncher, clock: Clock) -> SchedulerService:
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=16, gpu_quota=16), clock())
+    return SchedulerService(
+        engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock, lease_ttl_s=60
+    )
+
+
+def submit(engine: Engine, clock: Clock, data: dict[str, Any]) -> str:
+    job, _ = job_store.submit(engine, parse_spec(data), idempotency_key=None, created_by="t", at=clock())
+    return job.id
+
+
+def state(engine: Engine, job_id: str) -> str:
+    with engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+        assert job is not None
+        return job.state.value
+
+
+def live_attempts(engine: Engine, job_id: str) -> list[Any]:
+    with engine.connect() as conn:
+        return [a for a in attempt_store.live(conn) if a.job.id == job_id]
+
+
+def test_a_job_is_reserved_leased_and_launched_once(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec(gpus=8, nodes=2))
+    bus = MemoryBus()
+    for _ in range(5):  # the same "job submitted" event delivered five times
+        bus.publish([Message(1, "job.submitted", job_id)])
+        service.step()
+    assert len(launcher.launched) == 1 and len(launcher.launch_calls) == 1
+    request = next(iter(launcher.launched.values()))
+    assert request.placement.domain in ("d0", "d1") and request.placement.gpus == 8
+    assert len({n for n in request.placement.nodes}) == 2
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(leases)).scalar() == 8
+        assert conn.execute(select(func.count()).select_from(attempts)).scalar() == 1
+    assert state(engine, job_id) == "SCHEDULED"
+    launcher.pending_reports.append(WorkerReport(request.attempt_id, Outcome.RUNNING, clock()))
+    service.step()
+    assert state(engine, job_id) == "RUNNING"
+    launcher.pending_reports.append(
+        WorkerReport(request.attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
+    )
+    service.step()
+    assert state(engine, job_id) == "SUCCEEDED"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(leases)).scalar() == 0
+
+
+def test_heartbeats_renew_with_the_right_token_only(
+    engine: Engine, settings: Settings, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec())
+    service.step()
+    request = next(iter(launcher.launched.values()))
+    with TestClient(create_app(settings, engine, fleet=FLEET, clock=clock)) as api:
+        url = f"/v1/attempts/{request.attempt_id}/heartbeat"
+        clock.advance(30)
+        good = api.post(
+            url,
+            json={
+                "fencing_token": request.fencing_token,
+                "step": 10,
+                "checkpoint": {"url": "file:///c/step-10", "step": 10, "cost_s": 4.0},
+            },
+        )
+        assert good.status_code == 200, good.text
+        assert good.json()["action"] == "continue"
+        assert datetime.fromisoformat(good.json()["lease_expires_at"]) == clock() + timedelta(seconds=60)
+        assert good.json()["checkpoint_interval_s"] > 0  # Young/Daly from the measured 4 s cost
+        assert state(engine, job_id) == "RUNNING"
+        stale = api.post(
+            url,
+            json={
+                "fencing_token": request.fencing_token - 1,
+                "step": 99,
+                "checkpoint": {"url": "file:///zombie", "step": 99},
+            },
+        )
+        assert stale.status_code == 409 and stale.json()["type"] == "/problems/stale-token"
+        assert api.post("/v1/attempts/nope/heartbeat", json={"fencing_token": 1}).status_code == 409
+    with engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+        assert job is not None and job.checkpoint_url == "file:///c/step-10" and job.checkpoint_step == 10
+        attempt = attempt_store.attempt(conn, request.attempt_id)
+        assert attempt is not None and attempt.step == 10
+
+
+def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec())
+    service.step()
+    first = next(iter(launcher.launched.values()))
+    attempt_store.heartbeat(
+        engine,
+        first.attempt_id,
+        first.fencing_token,
+        step=120,
+        checkpoint={"url": "file:///c/120", "step": 120, "saved_at": clock()},
+        at=clock(),
+        lease_ttl_s=60,
+    )
+    clock.advance(61)  # silence: the worker died with its node
+    service.step()
+    with engine.connect() as conn:
+        lost = attempt_store.attempt(conn, first.attempt_id)
+        job = job_store.get(conn, job_id)
+    assert lost is not None and lost.state.value == "LOST" and "lease expired" in (lost.reason or "")
+    assert (first.attempt_id, 0) in launcher.cancelled
+    assert job is not None and job.failures == 0 and job.attempt_count == 2  # requeued and placed again
+    second = [r for r in launcher.launched.values() if r.attempt_id != first.attempt_id]
+    assert len(second) == 1 and second[0].fencing_token > first.fencing_token
+    with engine.connect() as conn:
+        retry = attempt_store.attempt(conn, second[0].attempt_id)
+    assert retry is not None and retry.checkpoint_step == 120 and retry.checkpoint_url == "file:///c/120"
+    with pytest.raises(attempt_store.StaleToken):  # the old worker, back from the dead, is refused
+        attempt_store.heartbeat(
+            engine,
+            first.attempt_id,
+            first.fencing_token,
+            step=130,
+            checkpoint=None,
+            at=clock(),
+            lease_ttl_s=60,
+        )
+
+
+def test_failures_use_the_budget_preemption_does_not(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec(retry={"max_failures": 1, "backoff": "10s"}))
+    outcomes = [(Outcome.PREEMPTED, 75), (Outcome.FAILED, 1), (Outcome.LOST, None), (Outcome.FAILED, 1)]
+    for outcome, code in outcomes:
+        service.step()
+        current = live_attempts(engine, job_id)
+        assert len(current) == 1
+        launcher.pending_reports.append(WorkerReport(current[0].attempt.id, outcome, clock(), code, "test"))
+        service.step()
+        clock.advance(11)  # past the backoff
+    with engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+    assert job is not None and job.state.value == "FAILED" and job.failures == 2 and job.attempt_count == 4
+
+
+def test_priority_preemption_stops_the_victim_then_places_the_job(
+    engine: Engine, settings: Settings, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    low = [submit(engine, clock, spec(name=f"low{i}", priority="low", preemptible=True)) for i in range(4)]
+    service.step()
+    assert len(launcher.launched) == 4  # the fleet is full
+    urgent = submit(engine, clock, spec(name="urgent", priority="high"))
+    service.step()
+    assert len(launcher.cancelled) == 1
+    victim_id, grace = launcher.cancelled[0]
+    assert grace == service.grace_s
+    victim = launcher.launched[victim_id]
+    beat = attempt_store.heartbeat(
+        engine, victim_id, victim.fencing_token, step=5, checkpoint=None, at=clock(), lease_ttl_s=60
+    )
+    assert beat.action == "checkpoint_and_stop"
+    service.step()
+    assert len(launcher.cancelled) == 1  # no second victim while the first one stops
+    launcher.pending_reports.append(WorkerReport(victim_id, Outcome.PREEMPTED, clock(), 75, "saved"))
+    service.step()
+    assert state(engine, urgent) in ("SCHEDULED", "RUNNING")
+    victim_job = victim.job_id
+    assert state(engine, victim_job) == "PENDING"
+    with engine.connect() as conn:
+        job = job_store.get(conn, victim_job)
+    assert job is not None and job.failures == 0 and set(low) >= {victim_job}
+
+
+def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec())
+    # The scheduler reserved and then died before launching.
+    pending, snapshot, _ = service.snapshot(clock())
+    from gpuyard.scheduler.cycle import run_cycle
+
+    placed = run_cycle(pending, snapshot, clock(), service.policy).placed[0]
+    reserved = attempt_store.reserve(
+        engine, job_id, placed.placement, borrowed=False, at=clock(), lease_ttl_s=60
+    )
+    assert reserved is not None and launcher.launch_calls == []
+    restarted = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)
+    restarted.recover()
+    restarted.recover()
+    restarted.step()
+    assert launcher.launch_calls.count(reserved.id) >= 1 and len(launcher.launched) == 1
+    assert len(live_attempts(engine, job_id)) == 1
+
+
+def test_one_leader_and_takeover_within_one_lease_period(engine: Engine, clock: Clock) -> None:
+    assert attempt_store.hold_leadership(engine, "scheduler", "one", now=clock(), ttl_s=10)
+    assert not attempt_store.hold_leadership(engine, "scheduler", "two", now=clock(), ttl_s=10)
+    clock.advance(5)
+    assert attempt_store.hold_leadership(engine, "scheduler", "one", now=clock(), ttl_s=10)  # renewed
+    clock.advance(9)
+    assert not attempt_store.hold_leadership(engine, "scheduler", "two", now=clock(), ttl_s=10)
+    clock.advance(2)  # "one" died: its lease ran out
+    assert attempt_store.hold_leadership(engine, "scheduler", "two", now=clock(), ttl_s=10)
+    assert not attempt_store.hold_leadership(engine, "scheduler", "one", now=clock(), ttl_s=10)
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_two_replicas_run_concurrently_and_launch_each_job_once(
+    engine: Engine, launcher: RecordingLauncher
+) -> None:
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=16, gpu_quota=64), datetime.now(UTC))
+    jobs = [
+        job_store.submit(
+            engine,
+            parse_spec(spec(name=f"j{i}", gpus=1)),
+            idempotency_key=None,
+            created_by="t",
+            at=datetime.now(UTC),
+        )[0].id
+        for i in range(12)
+    ]
+    stop = threading.Event()
+    replicas = [
+        SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", holder=f"r{i}", lease_ttl_s=4)
+        for i in range(2)
+    ]
+    threads = [threading.Thread(target=r.run, args=(stop,), kwargs={"interval_s": 0.05}) for r in replicas]
+    for thread in threads:
+        thread.start()
+    try:
+        from servers import wait_until
+
+        wait_until(lambda: len(launcher.launched) == 12, what="every job launched")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert sorted(launcher.launch_calls) == sorted(launcher.launched)  # no attempt launched twice
+    assert sum(r.leading for r in replicas) <= 1
+    assert {r.job_id for r in launcher.launched.values()} == set(jobs)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["submit", "submit-gang", "succeed", "fail", "preempt", "lose", "crash", "tick"]),
+            st.integers(0, 7),
+        ),
+        min_size=5,
+        max_size=30,
+    )
+)
+def test_no_gpu_is_ever_leased_twice_and_gangs_stay_in_one_domain(
+    tmp_path_factory: Any, operations: Any
+) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('prop') / 'g.db'}")
+    migrate(engine)
+    clock, launcher = Clock(), RecordingLauncher()
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=16, gpu_quota=16, cohort="x"), clock())
+    service = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)
+    outcomes = {
+        "succeed": Outcome.SUCCEEDED,
+        "fail": Outcome.FAILED,
+        "preempt": Outcome.PREEMPTED,
+        "lose": Outcome.LOST,
+    }
+    for number, (operation, pick) in enumerate(operations):
+        if operation.startswith("submit"):
+            gang = operation == "submit-gang"
+            submit(
+                engine,
+                clock,
+                spec(
+                    name=f"j{number}",
+                    gpus=8 if gang else 1 + pick % 4,
+                    nodes=2 if gang else 1,
+                    preemptible=True,
+                    priority=["low", "normal", "high"][pick % 3],
+                ),
+            )
+        elif operation in outcomes:
+            with engine.connect() as conn:
+                live = attempt_store.live(conn)
+            if live:
+                target = live[pick % len(live)].attempt.id
+                launcher.pending_reports.append(
+                    WorkerReport(target, outcomes[operation], clock(), None, operation)
+                )
+        elif operation == "crash":  # a new scheduler process takes over
+            service = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)
+            service.recover()
+        else:
+            clock.advance(40)
+        service.step()
+        with engine.connect() as conn:
+            live = attempt_store.live(conn)
+            leased = conn.execute(select(leases.c.node, leases.c.gpu_index, leases.c.attempt_id)).all()
+        claimed = [
+            (n["node"], g) for item in live for n in item.attempt.placement["nodes"] for g in n["gpus"]
+        ]
+        assert len(claimed) == len(set(claimed)), "a GPU is held by two live attempts"
+        assert len({(node, gpu) for node, gpu, _ in leased}) == len(leased)
+        for item in live:
+            domains = {
+                node.domain
+                for node in FLEET.nodes
+                if node.name in {n["node"] for n in item.attempt.placement["nodes"]}
+            }
+            assert len(domains) == 1, "a gang was split across domains"
+        per_job: dict[str, int] = {}
+        for item in live:
+            per_job[item.job.id] = per_job.get(item.job.id, 0) + 1
+        assert all(count == 1 for count in per_job.values()), "a job has two live attempts"
+    engine.dispose()

@@ -1,0 +1,58 @@
+"""A small worker that behaves like the training runtime towards the control plane.
+
+It resumes from the step in its checkpoint file, heartbeats with its step and newest checkpoint,
+and on SIGTERM (or a `checkpoint_and_stop` answer) saves a checkpoint and exits 75 (preempted).
+Usage: checkpointing_worker.py TOTAL_STEPS STEP_SECONDS
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+total, step_s = int(sys.argv[1]), float(sys.argv[2])
+checkpoint = Path(os.environ["GPUYARD_CHECKPOINT_URL"].removeprefix("file://")) / "state.json"
+step = json.loads(checkpoint.read_text())["step"] if checkpoint.exists() else 0
+print(f"attempt {os.environ['GPUYARD_ATTEMPT_ID']} resumed from step {step}", flush=True)
+stop = False
+
+
+def on_term(signum: int, frame: object) -> None:
+    global stop
+    stop = True
+
+
+signal.signal(signal.SIGTERM, on_term)
+
+
+def save() -> dict[str, object]:
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    partial = checkpoint.with_suffix(".tmp")
+    partial.write_text(json.dumps({"step": step}))
+    os.replace(partial, checkpoint)
+    return {"url": checkpoint.parent.as_uri(), "step": step, "cost_s": 0.01}
+
+
+def beat(saved: dict[str, object] | None) -> str:
+    url = f"{os.environ['GPUYARD_API_URL']}/v1/attempts/{os.environ['GPUYARD_ATTEMPT_ID']}/heartbeat"
+    body = {"fencing_token": int(os.environ["GPUYARD_FENCING_TOKEN"]), "step": step, "checkpoint": saved}
+    response = httpx.post(url, json=body, timeout=10)
+    if response.status_code == 409:
+        print("stale fencing token: stopping without writing", flush=True)
+        sys.exit(76)
+    return str(response.json()["action"])
+
+
+while step < total:
+    time.sleep(step_s)
+    step += 1
+    saved = save() if step % 5 == 0 else None
+    if beat(saved) == "checkpoint_and_stop" or stop:
+        beat(save())
+        print(f"preempted at step {step}, checkpoint saved", flush=True)
+        sys.exit(75)
+print(f"finished at step {step}", flush=True)
