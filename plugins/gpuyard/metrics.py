@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -41,3 +42,41 @@ class JobStateCollector(Collector):
         for state, count in sorted(counts.items()):
             family.add_metric([state], count)
         yield family
+
+
+class PlatformCollector(Collector):
+    """The platform summary (goodput, waits, cost, ...) as gauges, computed when scraped."""
+
+    def __init__(self, summary: Callable[[], Any]):
+        self.summary = summary
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            s = self.summary()
+        except Exception:  # see JobStateCollector
+            return
+        for name, help_text, value in (
+            ("gpuyard_goodput_ratio", "GPU-seconds of kept progress / GPU-seconds leased", s.goodput),
+            ("gpuyard_leased_gpu_hours", "GPU-hours leased in the window", s.leased_gpu_hours),
+            (
+                "gpuyard_lost_progress_gpu_hours",
+                "GPU-hours of progress lost to interruptions",
+                s.lost_gpu_hours,
+            ),
+            (
+                "gpuyard_queue_wait_p50_seconds",
+                "Median wait from submit to first attempt",
+                s.queue_wait_p50_s,
+            ),
+            ("gpuyard_queue_wait_p99_seconds", "p99 wait from submit to first attempt", s.queue_wait_p99_s),
+            ("gpuyard_resume_success_ratio", "Resumed attempts that started", s.resume_success_share),
+            ("gpuyard_cost_total", "GPU-hours x price in the window", s.cost_total),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
+        fair = GaugeMetricFamily(
+            "gpuyard_fair_share_attainment_ratio", "Used share / entitled share per team", labels=["team"]
+        )
+        for team, value in sorted(s.fair_share_attainment.items()):
+            fair.add_metric([team], value)
+        yield fair

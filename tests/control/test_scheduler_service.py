@@ -426,3 +426,43 @@ def test_no_gpu_is_ever_leased_twice_and_gangs_stay_in_one_domain(
             per_job[item.job.id] = per_job.get(item.job.id, 0) + 1
         assert all(count == 1 for count in per_job.values()), "a job has two live attempts"
     engine.dispose()
+
+
+def test_platform_metrics_summarize_what_happened(
+    engine: Engine, settings: Settings, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec(gpus=4))
+    clock.advance(10)  # queued 10 s
+    service.step()
+    first = next(iter(launcher.launched.values()))
+    attempt_store.mark_running(engine, first.attempt_id, clock())
+    attempt_store.heartbeat(
+        engine,
+        first.attempt_id,
+        first.fencing_token,
+        step=50,
+        checkpoint={"url": "file:///c/50", "step": 50, "saved_at": clock()},
+        at=clock(),
+        lease_ttl_s=60,
+    )
+    clock.advance(100)  # 100 s after the checkpoint the node is lost
+    launcher.pending_reports.append(WorkerReport(first.attempt_id, Outcome.LOST, clock(), None, "node lost"))
+    service.step()
+    second = next(r for r in launcher.launched.values() if r.attempt_id != first.attempt_id)
+    attempt_store.mark_running(engine, second.attempt_id, clock())
+    clock.advance(300)
+    launcher.pending_reports.append(WorkerReport(second.attempt_id, Outcome.SUCCEEDED, clock(), 0, "done"))
+    service.step()
+    assert state(engine, job_id) == "SUCCEEDED"
+    with TestClient(create_app(settings, engine, fleet=FLEET, clock=clock)) as api:
+        with engine.begin() as conn:
+            admin = team_store.create_token(conn, "a", team_store.Role.PLATFORM_ADMIN, clock())
+        summary = api.get("/v1/metrics/summary", headers={"Authorization": f"Bearer {admin}"}).json()
+        assert summary["queue_wait_p50_s"] == 10.0
+        assert summary["lost_gpu_hours"] == pytest.approx(100 * 4 / 3600)
+        assert summary["leased_gpu_hours"] == pytest.approx(400 * 4 / 3600)
+        assert summary["goodput"] == pytest.approx(300 / 400)
+        assert summary["resumes"] == 1 and summary["resume_success_share"] == 1.0
+        assert summary["fair_share_attainment"] == {"a": pytest.approx(1.0)}
+        scraped = api.get("/metrics").text
+        assert "gpuyard_goodput_ratio 0.75" in scraped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -55,23 +56,26 @@ def create_app(
     ):
         app.include_router(router)
     _install_error_handlers(app)
-    _register_state_gauge(engine)
+    _register_collectors(app.state.context)
     app.add_middleware(_RequestMetrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
 
 
-_gauge_registered: list[metrics.JobStateCollector] = []
+_registered: list[Any] = []
 
 
-def _register_state_gauge(engine: Engine) -> None:
-    # One process-wide registry: the newest app's engine answers the scrape.
-    for collector in _gauge_registered:
+def _register_collectors(ctx: ApiContext) -> None:
+    # One process-wide registry: the newest app's store answers the scrape.
+    for collector in _registered:
         metrics.registry.unregister(collector)
-    _gauge_registered.clear()
-    collector = metrics.JobStateCollector(lambda: job_store.count_by_state(engine))
-    metrics.registry.register(collector)
-    _gauge_registered.append(collector)
+    _registered.clear()
+    for collector in (
+        metrics.JobStateCollector(lambda: job_store.count_by_state(ctx.engine)),
+        metrics.PlatformCollector(lambda: routes_fleet.platform_summary(ctx, hours=24.0)),
+    ):
+        metrics.registry.register(collector)
+        _registered.append(collector)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -1,8 +1,10 @@
-"""/v1/fleet (nodes with free and leased GPUs) and /v1/jobs/{id}/logs (the workers' output)."""
+"""/v1/fleet (nodes, free and leased GPUs), /v1/jobs/{id}/logs (workers' output), /v1/metrics/summary."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import datetime, timedelta
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
@@ -10,8 +12,10 @@ from pydantic import BaseModel
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
+from gpuyard.platform_metrics import summarize
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
 from gpuyard.store.teams import Principal
 
 router = APIRouter(prefix="/v1", tags=["fleet"], responses=PROBLEM_RESPONSES)
@@ -90,3 +94,38 @@ def logs(
         )
     lines: Iterator[str] = ctx.logs(chosen.id, follow)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
+
+
+class SummaryOut(BaseModel):
+    since: datetime
+    goodput: float | None
+    leased_gpu_hours: float
+    lost_gpu_hours: float
+    queue_wait_p50_s: float | None
+    queue_wait_p99_s: float | None
+    resumes: int
+    resume_success_share: float | None
+    cost_total: float
+    cost_per_finished_job: float | None
+    fair_share_attainment: dict[str, float]
+
+
+def platform_summary(ctx: ApiContext, hours: float) -> SummaryOut:
+    now = ctx.clock()
+    since = now - timedelta(hours=hours)
+    with ctx.engine.connect() as conn:
+        attempt_records, job_records = attempt_store.metric_records(conn, since)
+        quotas = team_store.list_teams(conn)
+    prices = {n.name: float(n.price_per_gpu_hour) for n in ctx.fleet.nodes}
+    summary = summarize(attempt_records, job_records, quotas, prices, now)
+    return SummaryOut(since=since, **asdict(summary))
+
+
+@router.get("/metrics/summary", response_model=SummaryOut)
+def metrics_summary(
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    hours: float = Query(24.0 * 7, gt=0, le=24.0 * 366, description="Window: the last this many hours."),
+) -> SummaryOut:
+    """Goodput, queue wait, resumes, cost, lost progress and fair-share attainment, from recorded events."""
+    return platform_summary(ctx, hours)

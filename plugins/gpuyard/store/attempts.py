@@ -21,6 +21,7 @@ from gpuyard.domain.states import (
     JobState,
     StaleState,
 )
+from gpuyard.platform_metrics import AttemptRecord, JobRecord
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
 from gpuyard.store.outbox import append_event
 from gpuyard.store.tables import attempts, fencing, jobs, leaders, leases
@@ -382,3 +383,40 @@ def hold_leadership(engine: Engine, name: str, holder: str, *, now: datetime, tt
             .values(holder=holder, expires_at=expires)
         )
         return taken.rowcount == 1
+
+
+def metric_records(conn: Connection, since: datetime) -> tuple[list[AttemptRecord], list[JobRecord]]:
+    """Attempts and jobs created since `since`, as the platform metrics read them."""
+    first = (
+        select(attempts.c.job_id, func.min(attempts.c.created_at).label("first_at"))
+        .group_by(attempts.c.job_id)
+        .subquery()
+    )
+    job_rows = conn.execute(
+        select(jobs.c.id, jobs.c.team, jobs.c.state, jobs.c.created_at, first.c.first_at)
+        .outerjoin(first, first.c.job_id == jobs.c.id)
+        .where(jobs.c.created_at >= since)
+    )
+    job_list = [JobRecord(r.id, r.team, r.state, r.created_at, r.first_at) for r in job_rows]
+    attempt_rows = conn.execute(
+        select(attempts, jobs.c.team)
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.created_at >= since)
+    )
+    attempt_list = [
+        AttemptRecord(
+            job_id=r.job_id,
+            team=r.team,
+            number=r.number,
+            state=r.state,
+            gpus=sum(len(n["gpus"]) for n in r.placement.get("nodes", [])),
+            nodes=tuple(n["node"] for n in r.placement.get("nodes", [])),
+            created_at=r.created_at,
+            started_at=r.started_at,
+            ended_at=r.ended_at,
+            progress_lost_s=r.progress_lost_s or 0.0,
+            resumed_from_checkpoint=r.number > 1 and r.checkpoint_step is not None,
+        )
+        for r in attempt_rows
+    ]
+    return attempt_list, job_list
