@@ -84,7 +84,9 @@ class _Eligibility:
     def __init__(self, state: ClusterState):
         self.state = state
         self._cache = _static_cache(state)
-        self.domain_free: dict[DomainKey, int] = {d: state.free_in(nodes) for d, nodes in state.domains.items()}
+        self.domain_free: dict[DomainKey, int] = {
+            d: state.free_in(nodes) for d, nodes in state.domains.items()
+        }
         self.buckets: dict[int, dict[DomainKey, None]] = {}
         for domain, count in self.domain_free.items():
             self.buckets.setdefault(count, {})[domain] = None
@@ -110,13 +112,12 @@ class _Eligibility:
         key = self.key(job)
         found = self._cache.get(key)
         if found is None:
-            probe = replace(job, team=job.team)
             found = {}
             for domain, nodes in self.state.domains.items():
                 eligible = [
                     n
                     for n in nodes
-                    if n.gpus >= job.gpus_per_node and all(f(probe, n, self.state) for _, f in STATIC_FILTERS)
+                    if n.gpus >= job.gpus_per_node and all(f(job, n, self.state) for _, f in STATIC_FILTERS)
                 ]
                 if len(eligible) >= job.nodes:
                     found[domain] = eligible

@@ -62,6 +62,9 @@ class RunningAttempt:
         return max(0.0, (now - since).total_seconds()) * self.gpus
 
 
+_DERIVED: dict[int, tuple[Fleet, dict[str, Node], dict[tuple[str, str, str], list[Node]], float]] = {}
+
+
 @dataclass
 class ClusterState:
     """Free GPUs per node, mutated as the cycle reserves; usage per team for quota and fair share."""
@@ -74,9 +77,18 @@ class ClusterState:
     borrowed: dict[str, int] = field(default_factory=dict)  # of which borrowed from the cohort
 
     def __post_init__(self) -> None:
-        self.nodes: dict[str, Node] = {node.name: node for node in self.fleet.nodes}
-        self.domains: dict[tuple[str, str, str], list[Node]] = self.fleet.domains()
-        self.highest_price = max((n.price_per_gpu_hour for n in self.fleet.nodes), default=0.0)
+        # Derived from the (immutable) fleet alone, so shared by every snapshot of the same fleet.
+        derived = _DERIVED.get(id(self.fleet))
+        if derived is None or derived[0] is not self.fleet:
+            nodes = {node.name: node for node in self.fleet.nodes}
+            price = max((n.price_per_gpu_hour for n in self.fleet.nodes), default=0.0)
+            derived = (self.fleet, nodes, self.fleet.domains(), price)
+            if len(_DERIVED) >= 4:
+                _DERIVED.pop(next(iter(_DERIVED)))
+            _DERIVED[id(self.fleet)] = derived
+        self.nodes: dict[str, Node] = derived[1]
+        self.domains: dict[tuple[str, str, str], list[Node]] = derived[2]
+        self.highest_price = derived[3]
 
     def fleet_domain(self, node: Node) -> list[Node]:
         return self.domains[node.domain_key]
