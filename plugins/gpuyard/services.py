@@ -103,8 +103,15 @@ def local_inventory(settings: Settings) -> LocalInventory:
 
 
 def build_fleet(settings: Settings) -> Fleet:
-    """The fleet file when one is set, else what this machine offers the local launcher."""
-    return load_fleet(settings.fleet_file) if settings.fleet_file else local_inventory(settings).fleet()
+    """The fleet file when one is set, the Nodes API with the Kubernetes launcher, else this machine."""
+    if settings.fleet_file:
+        return load_fleet(settings.fleet_file)
+    if settings.launcher == "kubernetes":
+        from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
+        from gpuyard.launchers.kubernetes.launcher import load_api
+
+        return fleet_from_nodes(load_api(settings.kubernetes), settings.kubernetes)
+    return local_inventory(settings).fleet()
 
 
 def attempts_dir(settings: Settings) -> Path:
@@ -112,8 +119,11 @@ def attempts_dir(settings: Settings) -> Path:
 
 
 def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | None:
-    if settings.launcher != "local":
-        return None
+    if settings.launcher == "kubernetes":
+        from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+
+        pods = KubernetesLauncher(settings.kubernetes)
+        return lambda attempt_id, follow: pods.logs(attempt_id, follow=follow)
     root = attempts_dir(settings)
     return lambda attempt_id, follow: attempt_logs(root / attempt_id, follow=follow)
 

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
 
 
 class SettingsError(ValueError):
@@ -71,6 +72,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(60.0, ge=1, description="Lease period: a worker silent this long is LOST.")
     grace_seconds: float = Field(30.0, ge=0, description="Time a worker has to checkpoint when told to stop.")
     scheduler_policy: str = Field("gpuyard", description="fifo, fifo-backfill, kueue, tiresias or gpuyard.")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     api_url: str | None = Field(
         None, description="URL workers use to reach the API; default: where it listens."
     )

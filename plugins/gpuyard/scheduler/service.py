@@ -87,7 +87,7 @@ class SchedulerService:
         self,
         engine: Engine,
         launcher: Launcher,
-        fleet: Fleet,
+        fleet: Fleet | Callable[[], Fleet],
         *,
         api_url: Callable[[], str],
         policy: Policy = POLICIES["gpuyard"],
@@ -96,7 +96,8 @@ class SchedulerService:
         grace_s: float = 30.0,
         holder: str | None = None,
     ):
-        self.engine, self.launcher, self.fleet, self.policy = engine, launcher, fleet, policy
+        self.engine, self.launcher, self.policy = engine, launcher, policy
+        self.fleet_now: Callable[[], Fleet] = fleet if callable(fleet) else (lambda: fleet)
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.leading = False
@@ -109,7 +110,7 @@ class SchedulerService:
             live = attempt_store.live(conn)
             held = attempt_store.leased_gpus(conn)
             quotas = team_store.list_teams(conn)
-        state = ClusterState.empty(self.fleet, quotas)
+        state = ClusterState.empty(self.fleet_now(), quotas)
         for node, gpus in held.items():
             if node in state.free:
                 state.free[node] -= gpus
