@@ -270,6 +270,11 @@ def finish(
         found = attempt(conn, attempt_id)
         if found is None or found.state in TERMINAL_ATTEMPT_STATES:
             return False
+        if outcome == AttemptState.SUCCEEDED and found.state != AttemptState.RUNNING:
+            # It ran and ended between two observations: record the RUNNING it went through.
+            _mark_running(conn, found, at)
+            found = attempt(conn, attempt_id)
+            assert found is not None
         job = get(conn, found.job_id)
         assert job is not None
         gpus = sum(len(n["gpus"]) for n in found.placement.get("nodes", []))
@@ -303,10 +308,6 @@ def finish(
         }
         if decision.backoff_s:
             changes["not_before"] = at + timedelta(seconds=decision.backoff_s)
-        if decision.job_state == JobState.SUCCEEDED and job.state == JobState.SCHEDULED:
-            move_job(conn, job.id, JobState.SCHEDULED, JobState.RUNNING, at=at, attempt_id=attempt_id)
-            job = get(conn, job.id)
-            assert job is not None
         if job.state != decision.job_state:
             move_job(
                 conn,
