@@ -48,10 +48,23 @@ class Node(BaseModel):
         return (self.site, self.cluster, self.domain)
 
 
+class Site(BaseModel):
+    """A datacenter: where its checkpoints live. Runs never span sites; checkpoints move between them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Name
+    checkpoint_store: StrictStr = Field(description="fsspec URL under which jobs' checkpoints are kept here.")
+
+
 class Fleet(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nodes: tuple[Node, ...]
+    sites: tuple[Site, ...] = ()
+
+    def site(self, name: str) -> Site | None:
+        return next((s for s in self.sites if s.name == name), None)
 
     def domains(self) -> dict[tuple[str, str, str], list[Node]]:
         grouped: dict[tuple[str, str, str], list[Node]] = defaultdict(list)
@@ -64,7 +77,7 @@ class Fleet(BaseModel):
         return frozenset(node.gpu_type for node in self.nodes)
 
     @property
-    def sites(self) -> frozenset[str]:
+    def site_names(self) -> frozenset[str]:
         return frozenset(node.site for node in self.nodes)
 
 

@@ -14,11 +14,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import Engine, select
 
 from gpuyard.bus.base import BusUnavailable, EventBus
+from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.model import Attempt, Job
@@ -145,12 +147,53 @@ class SchedulerService:
         return result
 
     def launch(self, attempt: Attempt, job: Job) -> None:
-        self.launcher.launch(self.launch_request(attempt, job))
+        request = self.launch_request(attempt, job)
+        if attempt.state == AttemptState.CREATED:
+            try:
+                request = self.bring_checkpoint(attempt, job, request)
+            except TransferError as error:
+                attempt_store.finish(
+                    self.engine,
+                    attempt.id,
+                    AttemptState.LOST,
+                    at=self.clock(),
+                    reason=f"checkpoint transfer failed: {error}",
+                )
+                return
+        self.launcher.launch(request)
         if attempt.state == AttemptState.CREATED:
             attempt_store.mark_launching(self.engine, attempt.id, self.clock())
 
+    def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
+        """Before an attempt starts at another site than the job's newest checkpoint, copy it to that
+        site's store and verify it; the attempt then resumes from the local copy."""
+        site = self.fleet_now().site(request.placement.site)
+        if not job.checkpoint_url or job.checkpoint_site in (None, request.placement.site) or site is None:
+            return request
+        step_dir = job.checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
+        root = f"{site.checkpoint_store.rstrip('/')}/{job.id}"
+        transfer = copy_checkpoint(job.checkpoint_url, f"{root}/{step_dir}")
+        attempt_store.record_checkpoint_move(
+            self.engine,
+            job.id,
+            attempt.id,
+            url=f"{root}/{step_dir}",
+            site=site.name,
+            at=self.clock(),
+            details={
+                "from": job.checkpoint_url,
+                "files": transfer.files,
+                "bytes": transfer.bytes,
+                "sha256": transfer.sha256,
+            },
+        )
+        return replace(request, checkpoint_url=root)
+
     def launch_request(self, attempt: Attempt, job: Job) -> LaunchRequest:
+        # Resume where the newest checkpoint is; before any, the spec's checkpoint root.
         checkpoint = job.spec.checkpoint.url if job.spec.checkpoint else None
+        if job.checkpoint_url and job.spec.checkpoint:
+            checkpoint = job.checkpoint_url.rstrip("/").rsplit("/", 1)[0]
         return LaunchRequest(
             attempt_id=attempt.id,
             job_id=job.id,
