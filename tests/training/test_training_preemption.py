@@ -52,15 +52,17 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
 def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_parquet: Path) -> None:
     work = tmp_path / "work"
     cfg = write_config(tmp_path / "c.yaml", flights_parquet, work,
-                       train={"max_steps": 500, "step_sleep_s": 0.05}, checkpoint={"interval_steps": None},
-                       heartbeat={"interval_s": 0.2})
+                       parallel={"strategy": "auto"}, train={"max_steps": 500, "step_sleep_s": 0.05},
+                       checkpoint={"interval_steps": None}, heartbeat={"interval_s": 0.2})
     with ControlPlane(lambda n, body: lease()) as plane:
         env = {**plane.env(), "GPUYARD_FENCING_TOKEN": "stale"}
         workers = launch(cfg, 1, work, env=env)
         assert workers.wait(120) == [exit_codes.STALE_FENCING_TOKEN], workers.output()
     assert plane.beats == []  # every beat was refused
     assert CheckpointStore((work / "checkpoints").as_uri()).steps() == []
-    assert read_events(work)[-1]["code"] == exit_codes.STALE_FENCING_TOKEN
+    events = read_events(work)
+    assert events[-1]["code"] == exit_codes.STALE_FENCING_TOKEN
+    assert events[0]["strategy"] == "ddp"  # `auto`: the planner found the tiny model fits replicated
 
 
 def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(tmp_path: Path,

@@ -79,24 +79,42 @@ def assert_same_run(reference: Path, resumed: Path, atol: float) -> None:
     assert ref_l[1] != ref_l[MAX_STEPS] and first.latest() is not None
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+References = dict[tuple[str, float], Path]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory, flights_parquet: Path) -> References:
+    """Uninterrupted 2-worker runs, made on first use per (strategy, dropout) and shared by the tests."""
+
+    class Lazy(dict[tuple[str, float], Path]):
+        def __missing__(self, key: tuple[str, float]) -> Path:
+            self[key] = baseline(tmp_path_factory.mktemp("ref"), flights_parquet, key[0], 2, key[1])
+            return self[key]
+
+    return Lazy()
+
+
+@pytest.mark.parametrize(("strategy", "dropout"), [("ddp", 0.1), ("fsdp", 0.0)])
 def test_preempted_run_resumes_exactly_on_two_workers(
-    tmp_path: Path, flights_parquet: Path, strategy: str
+    tmp_path: Path, flights_parquet: Path, references: References, strategy: str,
+    dropout: float,
 ) -> None:
-    """Same world size: bit-for-bit the same trajectory, dropout included (every rank's RNG is restored)."""
-    reference = baseline(tmp_path, flights_parquet, strategy, 2)
+    """Same world size: bit-for-bit the same trajectory (with dropout, every rank's RNG is restored)."""
+    reference = references[strategy, dropout]
     store = CheckpointStore((reference / "checkpoints").as_uri())
     manifest = store.read_manifest(8)  # written by the background thread of an asynchronous save
     assert manifest is not None and store.verify(manifest, checksums=True) is None
     per_rank = {"rng/rank-0.pt", "rng/rank-1.pt", "state/__0_0.distcp", "state/__1_0.distcp"}
     assert per_rank <= set(manifest.files)
-    resumed = preempt_then_resume(tmp_path, flights_parquet, strategy, 2, 2)
+    resumed = preempt_then_resume(tmp_path, flights_parquet, strategy, 2, 2, dropout=dropout)
     assert_same_run(reference, resumed, atol=1e-6)
 
 
-def test_fsdp_checkpoint_from_one_worker_resumes_on_two(tmp_path: Path, flights_parquet: Path) -> None:
+def test_fsdp_checkpoint_from_one_worker_resumes_on_two(
+    tmp_path: Path, flights_parquet: Path, references: References
+) -> None:
     """The checkpoint is resharded from 1 to 2 workers. Without dropout (whose masks depend on how the batch
     is split between ranks) the trajectory matches a 2-worker run up to float summation order."""
-    reference = baseline(tmp_path, flights_parquet, "fsdp", 2, dropout=0.0)
+    reference = references["fsdp", 0.0]
     resumed = preempt_then_resume(tmp_path, flights_parquet, "fsdp", 1, 2, dropout=0.0)
     assert_same_run(reference, resumed, atol=1e-6)
