@@ -98,6 +98,9 @@ def test_a_job_runs_to_completion_with_its_logs(home: Path, tmp_path: Path) -> N
     assert "SUCCEEDED" in table and "attempt.succeeded" in table
     listed = json.loads(gpuyard(home, "jobs", "--json", "--state", "SUCCEEDED").stdout)
     assert job["id"] in [j["id"] for j in listed]
+    fleet = json.loads(gpuyard(home, "fleet", "--json").stdout)
+    assert [(n["gpu_type"], n["gpus"], n["free_gpus"]) for n in fleet] == [("cpu", 2, 2)]
+    assert "(CPU slots)" in gpuyard(home, "fleet").stdout
 
 
 def test_cancel_stops_a_running_job(home: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ app.add_typer(token_app, name="token")
 # The planner lives with the worker runtime (training/); it is pure arithmetic, no torch import.
 app.command("plan")(plan)
 
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # pipes and logs get whole tables
 err = Console(stderr=True, soft_wrap=True)
 
 Home = Annotated[
@@ -385,6 +385,29 @@ def cancel(
     else:
         pending = " (stop requested)" if job["cancel_requested"] and job["state"] != "CANCELLED" else ""
         out.print(f"{job['id']}: {job['state']}{pending}")
+
+
+@app.command()
+def fleet(home: Home = None, url: Url = None, token: Token = None, as_json: AsJson = False) -> None:
+    """Show the fleet: nodes, their GPUs, and which are leased now."""
+    with _client(home, url, token) as client:
+        nodes = _call(client.fleet)
+    if as_json:
+        _print_json(nodes)
+        return
+    table = Table("NODE", "SITE/CLUSTER/DOMAIN", "TYPE", "GPUS", "FREE", "LEASED", "SPOT", "PRICE/GPU-H")
+    for n in nodes:
+        table.add_row(
+            n["name"],
+            f"{n['site']}/{n['cluster']}/{n['domain']}",
+            n["gpu_type"] + (" (CPU slots)" if n["gpu_type"] == "cpu" else ""),
+            str(n["gpus"]),
+            str(n["free_gpus"]),
+            ",".join(map(str, n["leased_gpus"])) or "-",
+            "yes" if n["preemptible"] else "no",
+            f"{n['price_per_gpu_hour']:g}",
+        )
+    out.print(table)
 
 
 @app.command()
