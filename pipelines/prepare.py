@@ -52,6 +52,10 @@ def job_arguments(config: PipelineConfig, job: str, start: dt.date, end: dt.date
             str(config.carrier_window_hours),
             "--route-window-hours",
             str(config.route_window_hours),
+            "--carrier-step-hours",
+            str(config.carrier_refresh_hours),
+            "--route-step-hours",
+            str(config.route_refresh_hours),
             "--late-minutes",
             str(config.late_threshold_minutes),
             "--timezone-overrides",
@@ -104,6 +108,8 @@ def prepare(
     params = prepare_flights.FlightJobParams(
         carrier_window_hours=config.carrier_window_hours,
         route_window_hours=config.route_window_hours,
+        carrier_step_hours=config.carrier_refresh_hours,
+        route_step_hours=config.route_refresh_hours,
         late_minutes=config.late_threshold_minutes,
         timezone_overrides=dict(config.timezone_overrides),
     )

@@ -164,7 +164,7 @@ def feature_suite(table: str, config: PipelineConfig, start: dt.date, end: dt.da
     if table in ("carrier_delay_stats", "route_delay_stats"):
         entity = table.split("_", 1)[0]
         return [
-            *_feature_common([entity], start, end, days * 23, days * 25 * 5000),
+            *_feature_common([entity], start, end, days * 3, days * 25 * 5000),
             between(column=f"{entity}_flights", min_value=0, max_value=100_000),
             between(column=f"{entity}_late_share", min_value=0, max_value=1),
             between(column=f"{entity}_mean_arr_delay", min_value=-240, max_value=2880),

@@ -30,6 +30,8 @@ class FlightJobParams:
 
     carrier_window_hours: int = 24
     route_window_hours: int = 168
+    carrier_step_hours: int = 1
+    route_step_hours: int = 6
     late_minutes: int = 15
     timezone_overrides: Mapping[str, str] = field(default_factory=dict)
     home_timezone: str = common.HOME_TIMEZONE
@@ -57,16 +59,22 @@ def build_outputs(
 ) -> dict[str, DataFrame]:
     """The four output tables for ``start..end`` from prepared flights (which include the look-back)."""
     in_range = flights.where(F.col("date").between(start.isoformat(), end.isoformat()))
-    grid = transforms.hourly_grid(
-        spark,
-        common.local_midnight_utc(start, params.home_timezone),
-        common.local_midnight_utc(end + dt.timedelta(days=1), params.home_timezone),
-    )
+    first = common.local_midnight_utc(start, params.home_timezone)
+    last = common.local_midnight_utc(end + dt.timedelta(days=1), params.home_timezone)
     stats = {
         f"{entity}_delay_stats": transforms.delay_window_stats(
-            flights, grid, entity, hours, params.late_minutes, entity, params.home_timezone
+            flights,
+            transforms.hourly_grid(spark, first, last, step),
+            entity,
+            hours,
+            params.late_minutes,
+            entity,
+            params.home_timezone,
         )
-        for entity, hours in (("carrier", params.carrier_window_hours), ("route", params.route_window_hours))
+        for entity, hours, step in (
+            ("carrier", params.carrier_window_hours, params.carrier_step_hours),
+            ("route", params.route_window_hours, params.route_step_hours),
+        )
     }
     return {
         "labels": transforms.labels(in_range, params.late_minutes),
@@ -99,18 +107,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--carrier-window-hours", type=int, default=24)
     parser.add_argument("--route-window-hours", type=int, default=168)
+    parser.add_argument("--carrier-step-hours", type=int, default=1, help="refresh cadence of carrier stats")
+    parser.add_argument("--route-step-hours", type=int, default=6, help="refresh cadence of route stats")
     parser.add_argument("--late-minutes", type=int, default=15)
     parser.add_argument(
         "--timezone-overrides", default=None, help='JSON object, e.g. {"SJU": "America/Puerto_Rico"}'
     )
     args = parser.parse_args(argv)
     try:
+        for flag in ("carrier_window_hours", "route_window_hours", "carrier_step_hours", "route_step_hours"):
+            if getattr(args, flag) < 1:
+                raise common.JobInputError(
+                    f"--{flag.replace('_', '-')}: expected >= 1, got {getattr(args, flag)}"
+                )
         start, end = common.date_bounds(args)
         input_url = common.check_url(args.input, "--input")
         output_url = common.check_url(args.output, "--output")
         params = FlightJobParams(
             carrier_window_hours=args.carrier_window_hours,
             route_window_hours=args.route_window_hours,
+            carrier_step_hours=args.carrier_step_hours,
+            route_step_hours=args.route_step_hours,
             late_minutes=args.late_minutes,
             timezone_overrides=common.parse_overrides(args.timezone_overrides),
             home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),

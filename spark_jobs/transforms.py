@@ -192,12 +192,16 @@ def schedule_features(flights: DataFrame) -> DataFrame:
     )
 
 
-def hourly_grid(spark: SparkSession, start_utc: dt.datetime, end_utc: dt.datetime) -> DataFrame:
-    """One row per UTC hour ``grid_h`` (hours since the epoch) in ``[start_utc, end_utc)``."""
+def hourly_grid(
+    spark: SparkSession, start_utc: dt.datetime, end_utc: dt.datetime, step_hours: int = 1
+) -> DataFrame:
+    """One row per UTC hour ``grid_h`` (hours since the epoch) in ``[start_utc, end_utc)`` that is a multiple
+    of ``step_hours`` (the refresh cadence of a statistic)."""
     epoch = dt.datetime(1970, 1, 1)
     first = int((start_utc - epoch).total_seconds() // 3600)
     last = int((end_utc - epoch).total_seconds() // 3600)
-    return spark.range(first, last).withColumnRenamed("id", "grid_h")
+    first += (-first) % step_hours
+    return spark.range(first, last, step_hours).withColumnRenamed("id", "grid_h")
 
 
 def delay_window_stats(

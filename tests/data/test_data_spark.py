@@ -200,3 +200,40 @@ def test_spark_submit_runs_a_job(prepared_config, tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     planes = pd.read_parquet(tmp_path / "prepared" / "plane_attributes")
     assert len(planes) == 3322 and set(planes["date"].astype(str)) == {"2013-01-12"}
+
+
+def test_scale_up_is_seeded_and_deterministic(landed_config, spark, tmp_path) -> None:
+    from spark_jobs import scale_up
+
+    raw = storage.join(landed_config.data_root, "raw")
+    outs = [storage.normalize_url(str(tmp_path / name)) for name in ("a", "b")]
+    rows = [scale_up.run(spark, raw, out, copies=2, seed=7, replicas=2) for out in outs]
+    source = storage.read_partitions(
+        ingest.raw_url(landed_config.data_root, "flights"),
+        [RAW_START + dt.timedelta(days=i) for i in range(12)],
+        "f",
+    )
+    assert rows[0] == rows[1] == 4 * len(source)
+    a, b = (pd.read_parquet(tmp_path / name / "flights") for name in ("a", "b"))
+    order = ["date", "carrier", "flight", "origin", "sched_dep_time"]
+    a, b = (x.assign(date=x["date"].astype(str)).sort_values(order).reset_index(drop=True) for x in (a, b))
+    pd.testing.assert_frame_equal(a, b)
+    assert len(a) == rows[0] and not a.duplicated(order).any()
+    assert set(a["year"]) == {2013, 2014} and a["flight"].max() > 10000
+    # copy 0 / replica 0 is the original data; the others are perturbed by at most 10 + 5 minutes
+    original = a[(a["year"] == 2013) & (a["flight"] < 10000)].sort_values(order)
+    assert original["arr_delay"].tolist() == pytest.approx(
+        source.sort_values(["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"])[
+            "arr_delay"
+        ].tolist(),
+        nan_ok=True,
+    )
+    shifted = a[a["year"] == 2014].merge(
+        source.assign(date=source["date"].astype(str).str.replace("2013", "2014")),
+        on=order,
+        suffixes=("", "_src"),
+    )
+    diff = (shifted["arr_delay"] - shifted["arr_delay_src"]).dropna()
+    assert len(diff) > 1000 and diff.abs().max() <= 15 and diff.abs().mean() > 1
+    with pytest.raises(common.JobInputError, match="--output must differ from --input"):
+        scale_up.run(spark, raw, raw, copies=1, seed=1)
