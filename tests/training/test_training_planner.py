@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -177,11 +178,13 @@ print(sum(p.numel() for p in kept[0].parameters()), peak - base, psutil.Process(
 
 def test_model_state_estimate_matches_measured_memory_on_cpu() -> None:
     """fp32 AdamW: weights 4 + gradients 4 + two moments 8 = 16 bytes per parameter, against the resident
-    memory growth of a fresh process over one training step (steady state, and peak with the optimizer's
-    temporaries)."""
+    memory growth of a fresh process over one training step: at steady state (tight), and at its peak
+    (which also holds temporaries)."""
     out = subprocess.run([sys.executable, "-c", MEASURE, "1024", "16"], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"},
                          check=True, timeout=120).stdout.split()
     n_params, peak, steady = int(out[0]), int(out[1]), int(out[2])
     predicted = sum(model_state_bytes(n_params, "adamw", "fp32").values())
     assert steady == pytest.approx(predicted, rel=0.05), (steady / 1e6, predicted / 1e6)
-    assert predicted <= peak * 1.02 and peak <= predicted * 1.15, (peak / 1e6, predicted / 1e6)
+    # The peak adds the optimizer's and allocator's transients (+3% to +33% seen here, varying with load).
+    assert predicted <= peak * 1.02 and peak <= predicted * 1.5, (peak / 1e6, predicted / 1e6)
