@@ -105,7 +105,8 @@ class CheckpointStore:
     def step_url(self, step: int) -> str:
         return f"{self.url}/step-{step:09d}"
 
-    def _step_path(self, step: int) -> str:
+    def step_path(self, step: int) -> str:
+        """The step's folder as a path of `self.fs` (no protocol)."""
         return f"{self.root}/step-{step:09d}"
 
     def steps(self) -> list[int]:
@@ -120,7 +121,7 @@ class CheckpointStore:
         return sorted(found)
 
     def read_manifest(self, step: int) -> Manifest | None:
-        path = f"{self._step_path(step)}/{MANIFEST}"
+        path = f"{self.step_path(step)}/{MANIFEST}"
         if not self.fs.exists(path):
             return None
         with self.fs.open(path, "r") as fh:
@@ -140,7 +141,7 @@ class CheckpointStore:
 
     def verify(self, manifest: Manifest, checksums: bool = True) -> str | None:
         """None when every file the manifest lists is there with its size (and sha256); else the reason."""
-        base = self._step_path(manifest.step)
+        base = self.step_path(manifest.step)
         for rel, info in manifest.files.items():
             path = f"{base}/{rel}"
             if not self.fs.exists(path):
@@ -165,7 +166,7 @@ class CheckpointStore:
         return None
 
     def relative_files(self, step: int) -> list[str]:
-        base = self._step_path(step)
+        base = self.step_path(step)
         rels = []
         for path in sorted(self.fs.find(base)):
             rel = path[len(base) + 1:] if path.startswith(base + "/") else path.rsplit("/step-", 1)[-1]
@@ -175,7 +176,7 @@ class CheckpointStore:
 
     def describe(self, step: int, rels: list[str]) -> dict[str, dict[str, Any]]:
         """Size and sha256 of some files of a step's folder (hashed in parallel threads)."""
-        base = self._step_path(step)
+        base = self.step_path(step)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
             digests = list(pool.map(lambda rel: _sha256(self.fs, f"{base}/{rel}"), rels))
         return {rel: {"size": self.fs.size(f"{base}/{rel}"), "sha256": digest}
@@ -185,7 +186,7 @@ class CheckpointStore:
                  cost_s: float, known: dict[str, dict[str, Any]] | None = None) -> Manifest:
         """Checksum every file of the step's folder (but those in `known`, hashed by the ranks that wrote
         them), then write the manifest (atomically, last)."""
-        base = self._step_path(step)
+        base = self.step_path(step)
         known = known or {}
         rels = self.relative_files(step)
         files = {**self.describe(step, [r for r in rels if r not in known]),
@@ -215,8 +216,8 @@ class CheckpointStore:
         for step in doomed:
             # Remove the manifest first so a concurrent reader never sees a complete-looking partial folder.
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(f"{self._step_path(step)}/{MANIFEST}")
-            self.fs.rm(self._step_path(step), recursive=True)
+                self.fs.rm(f"{self.step_path(step)}/{MANIFEST}")
+            self.fs.rm(self.step_path(step), recursive=True)
         return doomed
 
 
@@ -324,7 +325,7 @@ class Checkpointer:
         started = self.clock()
         self.wait()
         step_url = self.store.step_url(step)
-        _write_torch(self.store.fs, f"{self.store._step_path(step)}/rng/rank-{self.rank}.pt", capture_rng())
+        _write_torch(self.store.fs, f"{self.store.step_path(step)}/rng/rank-{self.rank}.pt", capture_rng())
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optim": osd}
         trainer = {**trainer, "step": step, "metrics": dict(metrics)}
@@ -357,7 +358,7 @@ class Checkpointer:
         if self.rank != 0 or self._abandoned.is_set():
             return
         known = {k: v for d in gathered for k, v in d.items()}
-        _write_torch(self.store.fs, f"{self.store._step_path(step)}/trainer.pt", trainer)
+        _write_torch(self.store.fs, f"{self.store.step_path(step)}/trainer.pt", trainer)
         cost = self.clock() - started
         manifest = self.store.finalize(step, self.world_size, metrics, run, cost, known)
         with self._lock:
@@ -399,7 +400,7 @@ class Checkpointer:
         state = {"model": msd, "optim": osd}
         dcp.load(state, storage_reader=FsspecReader(f"{step_url}/state"), process_group=self.group)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        base = self.store._step_path(manifest.step)
+        base = self.store.step_path(manifest.step)
         trainer = _read_torch(self.store.fs, f"{base}/trainer.pt")
         rng_path = f"{base}/rng/rank-{self.rank}.pt"
         rng_restored = self.store.fs.exists(rng_path)

@@ -83,6 +83,7 @@ class HeartbeatClient:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = f"{api_url.rstrip('/')}/v1/attempts/{attempt_id}/heartbeat"
         self.fencing_token = fencing_token
+        self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
@@ -196,7 +197,7 @@ class HeartbeatAgent:
         """Stop the thread; with `final_beat`, report the final progress (e.g. the preemption checkpoint)."""
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=self.client._http.timeout.read or 10.0)
+        self._thread.join(timeout=self.client.timeout_s * (self.client.retries + 1) + 1.0)
         if final_beat:
             self.beat_now()
         self.client.close()

@@ -65,7 +65,8 @@ def evaluate(model: nn.Module, data: Dataset, device: torch.device) -> dict[str,
         return {}
     was_training = model.training
     model.eval()
-    logits = model(data.features.to(device)).float().cpu()
+    chunks = torch.split(data.features, 65536)
+    logits = torch.cat([model(chunk.to(device)).float().cpu() for chunk in chunks])
     model.train(was_training)
     loss = F.binary_cross_entropy_with_logits(logits, data.labels).item()
     accuracy = ((logits > 0).float() == data.labels).float().mean().item()

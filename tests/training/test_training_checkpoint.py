@@ -85,13 +85,16 @@ def train_a_bit(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) 
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, async_save: bool) -> None:
+@pytest.mark.parametrize(("async_save", "scheme"), [(False, "file"), (True, "file"), (True, "memory")])
+def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, async_save: bool,
+                                     scheme: str) -> None:
+    """Any fsspec URL: a local folder, or an in-memory filesystem standing in for an object store."""
     torch.manual_seed(0)
     model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     train_a_bit(model, opt, 3)
-    store = CheckpointStore(tmp_path.as_uri())
+    url = tmp_path.as_uri() if scheme == "file" else f"memory://ckpt-{tmp_path.name}"
+    store = CheckpointStore(url)
     ckpt = Checkpointer(store, 0, 1, world.checkpoint_group, async_save=async_save)
     torch.manual_seed(1234)
     ckpt.save(3, model, opt, {"scheduler": {}, "samples_seen": 24}, {"val_loss": 0.5},
