@@ -1,14 +1,22 @@
 """Checkpoint overhead: training throughput with no checkpoints, synchronous and asynchronous checkpoints
 every N steps, the stall each checkpoint causes, and the restore time. 2 gloo workers on CPU (NCCL on GPU).
 
-    .venv/bin/python benchmarks/checkpoint_overhead.py [--steps 30] [--every 10] [--width 5000] [--layers 4]
+    .venv/bin/python benchmarks/checkpoint_overhead.py [--rounds 3] [--every 10] [--width 5000] [--layers 5]
 
-The model is the runtime's MLP (100.3M parameters at the defaults) with AdamW, wrapped in DDP; the
-checkpoints go through training.checkpoint (DCP via fsspec, manifest with sha256 last). The last line is:
+The model is the runtime's MLP (100.4M parameters at the defaults) with AdamW, wrapped in DDP; the
+checkpoints go through training.checkpoint (DCP via fsspec, per-rank sha256, manifest last).
+
+Each round runs three blocks of `every` steps, one per mode, interleaved so that a change in machine load
+hits all modes alike: "none" (no checkpoint), "sync" (a synchronous checkpoint, then the steps), "async"
+(an asynchronous checkpoint, then the steps while it is written; the block ends only when it is durable).
+A block is exactly one checkpoint interval, so 1 - time(none) / time(mode) is the throughput lost at one
+checkpoint per `every` steps. One short warm-up round (not counted) allocates gradients, optimizer state
+and the asynchronous staging buffers. The last line is:
+
 RESULT async_overhead=F sync_overhead=S stall_s=T restore_s=R
+
 (overheads as fractions of the no-checkpoint throughput; stall_s: mean time an asynchronous checkpoint
-blocks the training loop, after the first one which also allocates the reusable staging buffers;
-restore_s: time to find, verify and load the newest checkpoint on a fresh model).
+blocks the training loop; restore_s: time to find, verify and load the newest checkpoint on a fresh model).
 """
 
 from __future__ import annotations
@@ -30,35 +38,48 @@ from training import distributed
 from training.checkpoint import Checkpointer, CheckpointStore
 from training.model import MLPClassifier, count_parameters
 
+MODES = ("none", "sync", "async")
 
-def _phase(model: torch.nn.Module, opt: torch.optim.Optimizer, world: distributed.World,
-           args: argparse.Namespace, ckpt: Checkpointer | None,
-           snapshot: list[torch.Tensor] | None = None) -> float:
-    """Seconds for `args.steps` steps with a checkpoint every `args.every`, until the last one is durable."""
-    g = torch.Generator().manual_seed(world.rank)
-    x = torch.randn(args.batch, args.features, generator=g).to(world.device)
-    y = (torch.rand(args.batch, generator=g) > 0.5).float().to(world.device)
-    torch.distributed.barrier()
-    start = time.perf_counter()
-    untimed = 0.0
-    last = (args.steps - 1) // args.every * args.every
-    for step in range(1, args.steps + 1):
-        loss = F.binary_cross_entropy_with_logits(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if ckpt is not None and step % args.every == 0 and step < args.steps:
-            ckpt.save(step, model, opt, {"step": step}, {"loss": loss.item()}, {"mlflow_run_id": None})
-            if snapshot is not None and step == last:  # what the restore must give back (not timed)
+
+class Bench:
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, world: distributed.World,
+                 args: argparse.Namespace, root: str) -> None:
+        self.model, self.opt, self.world, self.args = model, opt, world, args
+        g = torch.Generator().manual_seed(world.rank)
+        self.x = torch.randn(args.batch, args.features, generator=g).to(world.device)
+        self.y = (torch.rand(args.batch, generator=g) > 0.5).float().to(world.device)
+        self.ckpt = {
+            mode: Checkpointer(CheckpointStore(f"{root}/{mode}"), world.rank, world.world_size,
+                               world.checkpoint_group, async_save=mode == "async", keep_last=1)
+            for mode in ("sync", "async")
+        }
+        self.step = 0
+        self.snapshot: list[torch.Tensor] = []
+
+    def block(self, mode: str, steps: int) -> float:
+        """Seconds for one checkpoint interval in `mode`: checkpoint (unless "none"), then `steps` steps,
+        until the checkpoint is durable."""
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        untimed = 0.0
+        if mode != "none":
+            self.ckpt[mode].save(self.step, self.model, self.opt, {"step": self.step}, {}, {})
+            if mode == "async":  # what a restore must give back (not timed)
                 t = time.perf_counter()
-                snapshot[:] = [p.detach().clone() for p in model.parameters()]
-                untimed += time.perf_counter() - t
-    if ckpt is not None:
-        ckpt.wait()
-    if world.device.type == "cuda":
-        torch.cuda.synchronize()
-    torch.distributed.barrier()
-    return time.perf_counter() - start - untimed
+                self.snapshot = [p.detach().clone() for p in self.model.parameters()]
+                untimed = time.perf_counter() - t
+        for _ in range(steps):
+            loss = F.binary_cross_entropy_with_logits(self.model(self.x), self.y)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            self.step += 1
+        if mode != "none":
+            self.ckpt[mode].wait()
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize()
+        torch.distributed.barrier()
+        return time.perf_counter() - start - untimed
 
 
 def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root: str, out: Any) -> None:
@@ -70,23 +91,19 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root
     base = MLPClassifier(args.features, (args.width,) * args.layers)
     model = distributed.wrap(base, "ddp", world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    # Warm-up: allocate gradients and optimizer state so every phase starts from the same point.
-    args_warm = argparse.Namespace(**{**vars(args), "steps": 2})
-    _phase(model, opt, world, args_warm, None)
-
-    results: dict[str, Any] = {"params": count_parameters(base)}
-    results["none_s"] = _phase(model, opt, world, args, None)
-    sync = Checkpointer(CheckpointStore(f"{root}/sync"), world.rank, world.world_size, world.checkpoint_group,
-                        async_save=False, keep_last=1)
-    results["sync_s"] = _phase(model, opt, world, args, sync)
-    results["sync_stalls"] = sync.stalls_s
-    asyn = Checkpointer(CheckpointStore(f"{root}/async"), world.rank, world.world_size,
-                        world.checkpoint_group, async_save=True, keep_last=1)
-    snapshot: list[torch.Tensor] = []
-    results["async_s"] = _phase(model, opt, world, args, asyn, snapshot)
-    results["async_stalls"] = asyn.stalls_s
-    sync.close()
-    asyn.close()
+    bench = Bench(model, opt, world, args, root)
+    for mode in MODES:  # warm-up round, not counted
+        bench.block(mode, 2)
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    stalls: dict[str, list[float]] = {}
+    for mode in ("sync", "async"):
+        bench.ckpt[mode].stalls_s.clear()
+    for _ in range(args.rounds):
+        for mode in MODES:
+            times[mode].append(bench.block(mode, args.every))
+    for mode in ("sync", "async"):
+        stalls[mode] = list(bench.ckpt[mode].stalls_s)
+        bench.ckpt[mode].close()
 
     torch.manual_seed(1)
     fresh = distributed.wrap(MLPClassifier(args.features, (args.width,) * args.layers), "ddp", world)
@@ -97,21 +114,21 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root
                           world.checkpoint_group)
     manifest = loader.find_latest(verify_checksums=True)
     assert manifest is not None, "no complete checkpoint to restore"
-    results["verify_s"] = time.perf_counter() - start
+    verify_s = time.perf_counter() - start
     loader.restore(manifest, fresh, fresh_opt)
     torch.distributed.barrier()
-    results["restore_s"] = time.perf_counter() - start
-    same = all(torch.equal(a, b) for a, b in zip(snapshot, fresh.parameters(), strict=True))
-    results["restored_equal"] = same
+    restore_s = time.perf_counter() - start
+    same = all(torch.equal(a, b) for a, b in zip(bench.snapshot, fresh.parameters(), strict=True))
     if rank == 0:
-        out.put(results)
+        out.put({"params": count_parameters(base), "times": times, "stalls": stalls, "verify_s": verify_s,
+                 "restore_s": restore_s, "restored_equal": same})
     distributed.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40,
-                        help="training steps per phase (checkpoints at every, 2*every, ... < steps)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds (each: `every` steps in each of the 3 modes)")
     parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     parser.add_argument("--width", type=int, default=5000, help="hidden width of the MLP")
     parser.add_argument("--layers", type=int, default=5,
@@ -128,41 +145,29 @@ def main() -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="gpuyard-ckpt-bench-") as tmp:
         root = Path(args.dir or tmp).resolve().as_uri()
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
+        out = mp.get_context("spawn").Queue()
         mp.start_processes(worker, args=(args.workers, port, args, root, out), nprocs=args.workers,
                            start_method="spawn")
         r = out.get(timeout=10)
 
-    # Checkpoints happen at every, 2*every, ... before the last step, so the last one has `every` steps
-    # to finish in the background, and the phase ends only when it is durable. Extra time per checkpoint
-    # against the time of `every` plain steps gives the throughput loss at one checkpoint per `every` steps.
-    n_ckpt = (args.steps - 1) // args.every
-    interval = r["none_s"] * args.every / args.steps
-
-    def overhead(kind: str) -> float:
-        extra = max(0.0, r[f"{kind}_s"] - r["none_s"]) / n_ckpt
-        return extra / (interval + extra)
-
-    thr = {k: args.steps / r[f"{k}_s"] for k in ("none", "sync", "async")}
-    sync_overhead, async_overhead = overhead("sync"), overhead("async")
-    # The first asynchronous save also allocates the staging buffers it reuses for the rest of the run.
-    steady = r["async_stalls"][1:] or r["async_stalls"]
-    stall = statistics.mean(steady)
+    total = {mode: sum(r["times"][mode]) for mode in MODES}
+    steps = args.rounds * args.every
+    overhead = {mode: 1 - total["none"] / total[mode] for mode in ("sync", "async")}
+    stall = statistics.mean(r["stalls"]["async"])
     print(f"model: {r['params'] / 1e6:.1f}M parameters, AdamW, {args.workers} workers, "
           f"{'cuda' if torch.cuda.is_available() else 'cpu'}, batch {args.batch}/worker, "
-          f"{args.steps} steps/phase, checkpoint every {args.every}")
-    for k in ("none", "sync", "async"):
-        print(f"  {k:<6} {thr[k]:7.3f} steps/s  ({r[f'{k}_s']:.1f} s)")
-    print(f"  sync stall per checkpoint:  {statistics.mean(r['sync_stalls']):.3f} s "
-          f"({', '.join(f'{s:.2f}' for s in r['sync_stalls'])})")
-    print(f"  async stall per checkpoint: {stall:.3f} s after the first "
-          f"({', '.join(f'{s:.2f}' for s in r['async_stalls'])}; the first allocates the staging buffers)")
-    print(f"  restore: {r['restore_s']:.3f} s (find newest + verify sha256 {r['verify_s']:.3f} s, "
-          f"load the rest); restored weights identical: {r['restored_equal']}")
-    print(f"  throughput at one checkpoint per {args.every} steps: sync -{sync_overhead:.1%}, "
-          f"async -{async_overhead:.1%} (target: async <= 5%)")
-    print(f"RESULT async_overhead={async_overhead:.4f} sync_overhead={sync_overhead:.4f} "
+          f"{args.rounds} rounds x {args.every} steps per mode, one checkpoint per {args.every} steps")
+    for mode in MODES:
+        blocks = ", ".join(f"{t:.1f}" for t in r["times"][mode])
+        print(f"  {mode:<6} {steps / total[mode]:7.3f} steps/s  (blocks: {blocks} s)")
+    for mode in ("sync", "async"):
+        print(f"  {mode} stall per checkpoint: {statistics.mean(r['stalls'][mode]):.3f} s "
+              f"({', '.join(f'{s:.2f}' for s in r['stalls'][mode])})")
+    print(f"  restore: {r['restore_s']:.3f} s (find newest + verify sha256: {r['verify_s']:.3f} s); "
+          f"restored weights identical: {r['restored_equal']}")
+    print(f"  throughput lost at one checkpoint per {args.every} steps: sync {overhead['sync']:.1%}, "
+          f"async {overhead['async']:.1%} (target: async <= 5%)")
+    print(f"RESULT async_overhead={overhead['async']:.4f} sync_overhead={overhead['sync']:.4f} "
           f"stall_s={stall:.4f} restore_s={r['restore_s']:.4f}")
 
 
