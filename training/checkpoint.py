@@ -165,6 +165,13 @@ class CheckpointStore:
             log.warning("checkpoint step %d is damaged (%s); trying an older one", manifest.step, problem)
         return None
 
+    def clear_incomplete(self, step: int) -> None:
+        """Remove what an earlier, interrupted attempt left in the step's folder (no manifest), so the new
+        save's manifest lists only its own files."""
+        path = self.step_path(step)
+        if self.fs.exists(path) and not self.fs.exists(f"{path}/{MANIFEST}"):
+            self.fs.rm(path, recursive=True)
+
     def relative_files(self, step: int) -> list[str]:
         base = self.step_path(step)
         rels = []
@@ -324,6 +331,12 @@ class Checkpointer:
         once for an asynchronous save, after the manifest is written for a synchronous one."""
         started = self.clock()
         self.wait()
+        if self.store.fs.exists(f"{self.store.step_path(step)}/{MANIFEST}"):
+            raise CheckpointError(f"checkpoint {self.store.step_url(step)} is already complete")
+        if self.rank == 0:
+            self.store.clear_incomplete(step)
+        if self.group is not None and self.world_size > 1:
+            dist.barrier(group=self.group)
         step_url = self.store.step_url(step)
         _write_torch(self.store.fs, f"{self.store.step_path(step)}/rng/rank-{self.rank}.pt", capture_rng())
         msd, osd = get_state_dict(model, optimizer)

@@ -205,7 +205,8 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
                 save(step, sum(window) / len(window))
                 window = []
         else:
-            if cfg.checkpoint.save_final:
+            resumed_at_end = ckpt.latest is not None and ckpt.latest.step == step
+            if cfg.checkpoint.save_final and not resumed_at_end:
                 save(step, sum(window) / len(window) if window else None, force_sync=True)
             export_model(model, cfg, data, tracker, world, base)
         ckpt.close()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training import distributed
-from training.checkpoint import MANIFEST, Checkpointer, CheckpointStore, read_model_state
+from training.checkpoint import MANIFEST, Checkpointer, CheckpointError, CheckpointStore, read_model_state
 from training.model import MLPClassifier
 
 
@@ -141,3 +141,21 @@ def test_abandoned_checkpointer_writes_no_manifest(tmp_path: Path, world: distri
     latest = store.latest()
     assert latest is not None and latest.step == 1  # ...but it is not a checkpoint anyone will read
     assert ckpt.latest is not None and ckpt.latest.step == 1
+
+
+def test_leftovers_of_an_interrupted_attempt_are_cleared_before_saving(
+        tmp_path: Path, world: distributed.World) -> None:
+    store = CheckpointStore(tmp_path.as_uri())
+    stale = tmp_path / f"step-{4:09d}" / "state" / "__1_0.distcp"  # from a 2-worker attempt that died
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    opt = torch.optim.AdamW(model.parameters())
+    ckpt = Checkpointer(store, 0, 1, world.checkpoint_group)
+    ckpt.save(4, model, opt, {}, {}, {})
+    manifest = store.latest()
+    assert manifest is not None and manifest.step == 4
+    assert "state/__1_0.distcp" not in manifest.files and not stale.exists()
+    with pytest.raises(CheckpointError, match="already complete"):
+        ckpt.save(4, model, opt, {}, {}, {})
+    ckpt.close()
