@@ -203,6 +203,10 @@ def _may_evict(job: PendingJob, victim: RunningAttempt, policy: Policy, admitted
     """Why `victim` may make room for `job`, or None."""
     if not victim.preemptible:
         return None
+    if admitted is None:  # over quota: only the team's own lower classes can make room (Kueue's
+        # withinClusterQueue: LowerPriority), freeing quota and GPUs at once
+        ok = policy.preempt_priority and victim.team == job.team and victim.priority < job.priority
+        return f"priority within team {job.team}: {job.id} outranks it" if ok else None
     if policy.preempt_priority and victim.priority < job.priority:
         return f"priority: {job.id} outranks it"
     if policy.reclaim and admitted == "nominal" and victim.borrowed:
@@ -233,7 +237,7 @@ def _victims(
     best: tuple[float, DomainKey, list[tuple[RunningAttempt, str]]] | None = None
     # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job; within a
     # cycle, nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
-    memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted)
+    memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted, admitted or job.team)
     if memo in eligibility.no_victims:
         return None
     by_domain = eligibility.running_by_domain()
@@ -280,10 +284,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     for job in policy.order(pending, state, now):
         admitted = admit(job, state) if policy.quota else "nominal"
-        if admitted is None:
-            result.waiting[job.id] = "over quota, and the cohort has no idle quota to lend"
-            continue
-        placement = place(job, state, eligibility, held)
+        placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")
             eligibility.taken(placement)
@@ -295,12 +296,14 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             for attempt, why in victims:
                 if not attempt.stopping:
                     result.evicted.append(Eviction(attempt, job.id, why))
-            state.running = [
-                a if all(a is not v for v, _ in victims) else replace(a, stopping=True) for a in state.running
-            ]
+            chosen = {id(v) for v, _ in victims}
+            state.running = [replace(a, stopping=True) if id(a) in chosen else a for a in state.running]
             held |= {n.name for n in state.domains[domain]}
             result.reserved_for[job.id] = domain
             result.waiting[job.id] = "waiting for preempted attempts to stop"
+            continue
+        if admitted is None:
+            result.waiting[job.id] = "over quota, and the cohort has no idle quota to lend"
             continue
         result.waiting[job.id] = "no domain has room for the whole gang now"
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:

@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 
 total, step_s = int(sys.argv[1]), float(sys.argv[2])
-checkpoint = Path(os.environ["GPUYARD_CHECKPOINT_URL"].removeprefix("file://")) / "state.json"
-step = json.loads(checkpoint.read_text())["step"] if checkpoint.exists() else 0
+# Like the training runtime: <root>/step-N/ per checkpoint, and the heartbeat reports that directory.
+root = Path(os.environ["GPUYARD_CHECKPOINT_URL"].removeprefix("file://"))
+saved = sorted(root.glob("step-*/state.json"), key=lambda p: int(p.parent.name.removeprefix("step-")))
+step = json.loads(saved[-1].read_text())["step"] if saved else 0
 print(f"attempt {os.environ['GPUYARD_ATTEMPT_ID']} resumed from step {step}", flush=True)
 stop = False
 
@@ -30,11 +32,12 @@ signal.signal(signal.SIGTERM, on_term)
 
 
 def save() -> dict[str, object]:
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    partial = checkpoint.with_suffix(".tmp")
+    directory = root / f"step-{step}"
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / "state.tmp"
     partial.write_text(json.dumps({"step": step}))
-    os.replace(partial, checkpoint)
-    return {"url": checkpoint.parent.as_uri(), "step": step, "cost_s": 0.01}
+    os.replace(partial, directory / "state.json")
+    return {"url": directory.as_uri(), "step": step, "cost_s": 0.01}
 
 
 def beat(saved: dict[str, object] | None) -> str:
