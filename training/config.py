@@ -221,6 +221,15 @@ def load(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     raw = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    if isinstance(raw.get("training"), dict):
+        # A pipeline definition (pipelines/flights.yaml): its `training:` section is this config, and
+        # the pipeline's label column is the default label.
+        section = dict(raw["training"])
+        data = dict(section.get("data") or {})
+        if "label_column" in raw:
+            data.setdefault("label_column", raw["label_column"])
+        section["data"] = data
+        raw = section
     for assignment in overrides:
         apply_override(raw, assignment)
     return from_dict(raw)

@@ -7,7 +7,9 @@ the step, and a run resumed on a different world size sees exactly the same samp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -40,6 +42,18 @@ class Split:
     val: Dataset
 
 
+def _manifest_features(fs: Any, root: str) -> list[str] | None:
+    """The feature columns a training set's manifest.json (the data plane writes one beside the
+    parquet) names: keys such as flight ids are numeric too, and must not become features."""
+    directory = root if fs.isdir(root) else root.rsplit("/", 1)[0]
+    path = f"{directory}/manifest.json"
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as handle:
+        columns = json.load(handle).get("feature_columns")
+    return list(columns) if isinstance(columns, list) else None
+
+
 def read_parquet(cfg: DataConfig) -> Dataset:
     """Read every parquet file under `cfg.path`; keep numeric features and a binary label; drop null rows."""
     fs, root = fsspec.core.url_to_fs(cfg.path)
@@ -52,11 +66,12 @@ def read_parquet(cfg: DataConfig) -> Dataset:
     schema = table.schema
     if cfg.label_column not in schema.names:
         raise DataError(f"data.label_column: {cfg.label_column!r} not in columns {schema.names}")
-    if cfg.feature_columns is not None:
-        missing = [c for c in cfg.feature_columns if c not in schema.names]
+    listed = cfg.feature_columns if cfg.feature_columns is not None else _manifest_features(fs, root)
+    if listed is not None:
+        missing = [c for c in listed if c not in schema.names]
         if missing:
             raise DataError(f"data.feature_columns: {missing} not in columns {schema.names}")
-        names = tuple(cfg.feature_columns)
+        names = tuple(listed)
     else:
         names = tuple(
             f.name for f in schema
