@@ -99,6 +99,7 @@ class PipelineConfig:
 def config_from_mapping(raw: Mapping[str, Any]) -> PipelineConfig:
     """Build a config from the YAML structure; unknown keys are an error (a typo must not pass silently)."""
     raw = dict(raw)
+    raw.pop("training", None)  # the training runtime's section (training/config.py reads it)
     spark = dict(raw.pop("spark", None) or {})
     feast = dict(raw.pop("feast", None) or {})
     validation = dict(raw.pop("validation", None) or {})

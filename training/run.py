@@ -187,8 +187,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
             progress["metrics"] = {"train_loss": decision.loss}
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 now = time.perf_counter()
+                rate = cfg.train.log_every / max(now - t_last, 1e-9)
                 tracker.log_metrics({"train_loss": decision.loss, "lr": scheduler.get_last_lr()[0],
-                                     "steps_per_s": cfg.train.log_every / max(now - t_last, 1e-9)}, step)
+                                     "steps_per_s": rate}, step)
+                if world.rank == 0:  # progress in the worker's log (`gpuyard logs`), not only in MLflow
+                    log.info("step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps, decision.loss, rate)
                 t_last = now
             events.write("step", step=step, loss=decision.loss)
             if decision.action == Action.STOP:
