@@ -191,7 +191,8 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
                 tracker.log_metrics({"train_loss": decision.loss, "lr": scheduler.get_last_lr()[0],
                                      "steps_per_s": rate}, step)
                 if world.rank == 0:  # progress in the worker's log (`gpuyard logs`), not only in MLflow
-                    log.info("step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps, decision.loss, rate)
+                    log.info("step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps,
+                             decision.loss, rate)
                 t_last = now
             events.write("step", step=step, loss=decision.loss)
             if decision.action == Action.STOP:
