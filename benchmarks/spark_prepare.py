@@ -199,9 +199,11 @@ def ensure_scaled(work: Path, copies: int, seed: int, replicas: int) -> tuple[st
     scaled = work / "scaled"
     marker = scaled / "scale.json"
     wanted = {"copies": copies, "replicas": replicas, "seed": seed}
-    if marker.is_file() and json.loads(marker.read_text()) == wanted:
-        log.info("scaled data cached at %s (%s)", scaled, wanted)
-        return storage.normalize_url(str(scaled / "raw")), copies * replicas * scale_up.FLIGHTS_PER_COPY
+    if marker.is_file():
+        cached = json.loads(marker.read_text())
+        if {k: cached.get(k) for k in wanted} == wanted:
+            log.info("scaled data cached at %s (%s)", scaled, cached)
+            return storage.normalize_url(str(scaled / "raw")), int(cached["rows"])
     shutil.rmtree(scaled, ignore_errors=True)
     config = load_config(data_root=base, start_date="2013-01-01", end_date="2013-12-31")
     started = time.perf_counter()
@@ -218,7 +220,7 @@ def ensure_scaled(work: Path, copies: int, seed: int, replicas: int) -> tuple[st
         replicas=replicas,
     )
     log.info("scaled up to %d flights (%s) in %.1fs", rows, wanted, time.perf_counter() - started)
-    marker.write_text(json.dumps(wanted))
+    marker.write_text(json.dumps({**wanted, "rows": rows}))
     return storage.normalize_url(str(scaled / "raw")), rows
 
 
@@ -245,7 +247,10 @@ def run_pandas(raw: str, out: Path) -> tuple[float, dict[str, pd.DataFrame]]:
     log.info("pandas: transformed in %.1fs", time.perf_counter() - started)
     for table, frame in outputs.items():
         pq.write_to_dataset(
-            pa.Table.from_pandas(frame, preserve_index=False), str(out / table), partition_cols=["date"]
+            pa.Table.from_pandas(frame.sort_values("date", kind="stable"), preserve_index=False),
+            str(out / table),
+            partition_cols=["date"],
+            max_partitions=1_000_000,
         )
     return time.perf_counter() - started, outputs
 

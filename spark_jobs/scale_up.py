@@ -4,7 +4,7 @@ Copy ``k`` (``0 <= k < copies``) moves every row ``k`` years forward (copy 0 is 
 ``k >= 1``, perturbs it with noise derived from ``xxhash64(seed, k, row key)``: departure delays move by
 -10..+10 minutes, arrival delays by that plus -5..+5, temperatures by -0.5..+0.5 F. Cancelled flights stay
 cancelled and the schedule is kept, so the data stays real-shaped. The same seed and copies always give the
-same rows. 60 copies give 20.2 million flights (2013..2072).
+same rows. In leap years February 29 repeats February 28. 60 copies give 20.2 million flights (2013..2072).
 
 ``--replicas R`` also repeats every day's schedule R times within its day (replica ``r`` flies flight number
 ``flight + 10000 * r`` with its own noise): denser days, fewer date partitions for the same row count
@@ -43,6 +43,19 @@ def _time_hour(year: Column, month: Column, day: Column, hour: Column, timezone:
     return F.date_format(F.to_utc_timestamp(wall, timezone), "yyyy-MM-dd'T'HH:mm:ss'Z'")
 
 
+def _is_leap(year: Column) -> Column:
+    return (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+
+
+def with_leap_days(rows: DataFrame) -> DataFrame:
+    """Rows (joined with their ``copy``) plus, for target years that are leap years, February 28 again as
+    February 29 (the 2013 source has no leap day; a missing date would break date-range jobs)."""
+    target = F.col("year") + F.col("copy")
+    feb28 = (F.col("month") == 2) & (F.col("day") == 28) & _is_leap(target)
+    extra = rows.where(feb28).withColumn("day", F.lit(29).cast(rows.schema["day"].dataType))
+    return rows.unionByName(extra)
+
+
 def copies_frame(spark: SparkSession, copies: int, replicas: int = 1) -> DataFrame:
     """One row per (copy, replica): copy = years forward, replica = repetition within the day."""
     years = spark.range(copies).withColumnRenamed("id", "copy")
@@ -51,7 +64,7 @@ def copies_frame(spark: SparkSession, copies: int, replicas: int = 1) -> DataFra
 
 def scale_flights(flights: DataFrame, copies: DataFrame, seed: int, home_timezone: str) -> DataFrame:
     """Every flight once per copy, ``copy`` years later, with seeded delay noise for copies >= 1."""
-    rows = flights.drop("date").crossJoin(F.broadcast(copies))
+    rows = with_leap_days(flights.drop("date").crossJoin(F.broadcast(copies)))
     noise_key = F.xxhash64(
         F.lit(seed),
         F.col("copy"),
@@ -103,7 +116,9 @@ def scale_flights(flights: DataFrame, copies: DataFrame, seed: int, home_timezon
 
 def scale_weather(weather: DataFrame, copies: DataFrame, seed: int, home_timezone: str) -> DataFrame:
     """Weather once per copy (year); replicas share their day's weather."""
-    rows = weather.drop("date").crossJoin(F.broadcast(copies.where("replica = 0").drop("replica")))
+    rows = with_leap_days(
+        weather.drop("date").crossJoin(F.broadcast(copies.where("replica = 0").drop("replica")))
+    )
     noise = F.when(
         F.col("copy") > 0,
         (F.pmod(F.xxhash64(F.lit(seed), F.col("copy"), "origin", "month", "day", "hour"), F.lit(11)) - 5)
@@ -148,7 +163,7 @@ def run(
         common.write_dated(scale_weather(weather, copy_ids, seed, home_timezone), f"{output_url}/weather")
     with common.stage(f"scale_up: flights x{copies}"):
         common.write_dated(scale_flights(flights, copy_ids, seed, home_timezone), f"{output_url}/flights")
-    return int(flights.count()) * copies * replicas
+    return int(with_leap_days(flights.crossJoin(copy_ids)).count())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

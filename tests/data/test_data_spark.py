@@ -99,7 +99,8 @@ def _independent_arrivals(config) -> pd.DataFrame:
 def test_trailing_windows_match_independent_pandas(prepared_config, entity, window_hours, sample) -> None:
     flights = _independent_arrivals(prepared_config)
     stats = _read(prepared_config, f"{entity}_delay_stats")
-    stats = stats[stats[entity].isin(sample)].iloc[::5]  # every 5th hour of the sample entities
+    stats = stats[stats[entity].isin(sample)]
+    stats = stats.iloc[:: 5 if entity == "carrier" else 1]  # carriers: every 5th hour; routes: every 6 h row
     assert len(stats) > 40
     window = pd.Timedelta(hours=window_hours)
     for row in stats.itertuples(index=False):
@@ -237,3 +238,17 @@ def test_scale_up_is_seeded_and_deterministic(landed_config, spark, tmp_path) ->
     assert len(diff) > 1000 and diff.abs().max() <= 15 and diff.abs().mean() > 1
     with pytest.raises(common.JobInputError, match="--output must differ from --input"):
         scale_up.run(spark, raw, raw, copies=1, seed=1)
+
+
+def test_scale_up_fills_leap_days(spark) -> None:
+    from spark_jobs import scale_up
+
+    rows = spark.createDataFrame(
+        [(2013, 2, 28, 0), (2013, 2, 28, 3), (2013, 3, 1, 3), (2013, 2, 28, 87)],
+        "year int, month int, day int, copy long",
+    )
+    out = sorted(tuple(r) for r in scale_up.with_leap_days(rows).collect())
+    # 2013+3 = 2016 and 2013+87 = 2100 (not leap: divisible by 100, not by 400)
+    assert out == sorted(
+        [(2013, 2, 28, 0), (2013, 2, 28, 3), (2013, 2, 29, 3), (2013, 3, 1, 3), (2013, 2, 28, 87)]
+    )
