@@ -199,22 +199,34 @@ def place(
     return _placement(job, best, state)
 
 
-def _may_evict(job: PendingJob, victim: RunningAttempt, policy: Policy, admitted: str | None) -> str | None:
-    """Why `victim` may make room for `job`, or None."""
+def _borrowing_without(victim: RunningAttempt, state: ClusterState) -> bool:
+    """Would the victim's team still be at or above its nominal quota without this attempt?"""
+    return state.usage.get(victim.team, 0) - victim.gpus >= state.quota(victim.team).gpu_quota
+
+
+def _may_evict(
+    job: PendingJob, victim: RunningAttempt, policy: Policy, admitted: str | None, state: ClusterState
+) -> str | None:
+    """Why `victim` may make room for `job`, or None.
+
+    Evictions must agree with the queue order, or the victim, requeued, is placed back on the GPUs it
+    just gave up and the two evict each other forever. With quotas, the order puts work within its
+    team's quota before borrowing work (Kueue's rule), so a borrowing job may only preempt (by 2D-LAS)
+    a team that would still be borrowing without the victim, and a reclaim takes back only from a
+    team that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing).
+    """
     if not victim.preemptible:
         return None
-    if admitted is None:  # over quota: only the team's own lower classes can make room (Kueue's
-        # withinClusterQueue: LowerPriority), freeing quota and GPUs at once
-        ok = policy.preempt_priority and victim.team == job.team and victim.priority < job.priority
-        return f"priority within team {job.team}: {job.id} outranks it" if ok else None
-    if policy.preempt_priority and victim.priority < job.priority:
+    agrees = not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)
+    if policy.preempt_priority and victim.priority < job.priority and agrees:
         return f"priority: {job.id} outranks it"
-    if policy.reclaim and admitted == "nominal" and victim.borrowed:
+    if policy.reclaim and admitted == "nominal" and victim.borrowed and _borrowing_without(victim, state):
         return f"reclaim: team {job.team} needs its quota back"
     if (
         policy.preempt_las
         and victim.priority <= job.priority
         and las_queue(victim.attained_gpu_s) > las_queue(job.attained_gpu_s)
+        and agrees
     ):
         return f"least attained service: {job.id} has had less"
     return None
@@ -252,7 +264,7 @@ def _victims(
         for attempt in attempts:
             if attempt.stopping:
                 options.append((-1.0, attempt, "already stopping"))
-            elif (why := _may_evict(job, attempt, policy, admitted)) is not None:
+            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None:
                 options.append((attempt.unsaved_gpu_s(now), attempt, why))
         options.sort(key=lambda option: option[0])
         freed: dict[str, int] = {name: len(state.free[name]) for name in names}

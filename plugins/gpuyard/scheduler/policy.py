@@ -29,6 +29,18 @@ def dominant_share(team: str, state: ClusterState) -> float:
     return state.usage.get(team, 0) / (max(quota.gpu_quota, 1) * quota.weight)
 
 
+def borrows(job: PendingJob, state: ClusterState) -> bool:
+    """Would admitting `job` now take its team over its nominal quota (borrow from the cohort)?"""
+    return state.usage.get(job.team, 0) + job.gpus > state.quota(job.team).gpu_quota
+
+
+def kueue_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+    """Kueue's: workloads that fit their team's nominal quota before those that must borrow, then
+    priority, then age. Without it, a borrower requeued by a reclaim is re-admitted ahead of the
+    reclaiming workload on the GPUs it just gave back, and the two evict each other forever."""
+    return sorted(jobs, key=lambda j: (borrows(j, state), -j.priority, j.submitted_at, j.id))
+
+
 def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
     return sorted(jobs, key=lambda j: (j.submitted_at, j.id))
 
@@ -38,11 +50,19 @@ def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> lis
 
 
 def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-    """Priority class, then least attained service, then weighted fair share, then age."""
+    """Priority class, then within-quota before borrowing (as Kueue, so a reclaim is not undone by
+    its own victim), then least attained service (2D-LAS), then weighted fair share, then age."""
     shares = {team: dominant_share(team, state) for team in {j.team for j in jobs}}
     return sorted(
         jobs,
-        key=lambda j: (-j.priority, las_queue(j.attained_gpu_s), shares[j.team], j.submitted_at, j.id),
+        key=lambda j: (
+            -j.priority,
+            borrows(j, state),
+            las_queue(j.attained_gpu_s),
+            shares[j.team],
+            j.submitted_at,
+            j.id,
+        ),
     )
 
 
@@ -83,7 +103,7 @@ POLICIES: dict[str, Policy] = {
         ),
         Policy(
             "kueue",
-            fifo_order,
+            kueue_order,
             backfill=True,
             reserve_head=False,
             quota=True,

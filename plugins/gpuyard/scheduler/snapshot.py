@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
@@ -52,7 +53,7 @@ class RunningAttempt:
     attained_gpu_s: float = 0.0
     stopping: bool = False  # already asked to stop
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return self.placement.gpus
 

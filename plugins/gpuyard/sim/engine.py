@@ -27,7 +27,7 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.policy import LAS_THRESHOLDS, Policy
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 from gpuyard.sim.trace import TraceJob
 
@@ -88,6 +88,17 @@ class _Attempt:
     finish_s: float
     stop_s: float | None = None  # when it was asked to checkpoint and stop
     ended: bool = False
+    started_at: datetime | None = None
+
+    def checkpoints_done(self, t: float) -> float:
+        """How many periodic checkpoints are complete at t (t itself when every instant is saved)."""
+        if self.interval_s == 0:
+            return t
+        e = t - self.start_s - self.restore_s
+        if e <= 0 or math.isinf(self.interval_s):
+            return 0
+        most = max(math.ceil((self.job.work_s - self.base_saved_s) / self.interval_s) - 1, 0)
+        return min(int(e // (self.interval_s + self.checkpoint_s)), most)
 
     @property
     def resumed(self) -> bool:
@@ -130,6 +141,7 @@ class _Attempt:
 @dataclass
 class Totals:
     leased_gpu_s: float = 0.0
+    leased_in_window_gpu_s: float = 0.0  # of which between the first and the last submit
     kept_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
     cost: float = 0.0
@@ -172,19 +184,21 @@ class SimResult:
     capacity_gpus: int
     start: datetime
     end_s: float  # last completion, seconds after `start`
+    last_submit_s: float
 
 
 @dataclass(frozen=True)
-class PlacementRecord:
-    """What tests check: every lease the simulator granted."""
+class LeaseRecord:
+    """What observers (the tests) see: every lease granted ("start") and given back ("end")."""
 
     at_s: float
+    kind: str
     job_id: str
     attempt_id: str
     placement: Placement
 
 
-Observer = Callable[[PlacementRecord], None]
+Observer = Callable[[LeaseRecord], None]
 
 
 @dataclass
@@ -215,6 +229,9 @@ class Simulator:
         self.domains = self.fleet.domains()
         self.capacity = sum(n.gpus for n in self.fleet.nodes)
         self.preempting = self.policy.preempt_priority or self.policy.preempt_las or self.policy.reclaim
+        # What cycles see of running attempts, rebuilt when it changes (see _next_change).
+        self.snapshots: dict[str, RunningAttempt] = {}
+        self.stale: list[tuple[float, int, _Attempt]] = []
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -252,6 +269,7 @@ class Simulator:
             raise ValueError("the trace has no job in the chosen window")
         start = min(j.submitted_at for j in trace)
         self.start = start
+        self.last_submit_s = (max(j.submitted_at for j in trace) - start).total_seconds()
         rejected: list[tuple[str, str]] = []
         for tj in trace:
             nodes, per_node = self.shape(tj.gpus)
@@ -268,12 +286,17 @@ class Simulator:
             self._push(at_s, _INTERRUPT, (name, "injected"))
         live = len(trace) - len(rejected)
         self.arrivals_left = live
+        last_t, same_instant = -1.0, 0
         while self.events and (len(self.done) < live):
             t = self.events[0][0]
             while self.events and self.events[0][0] <= t + 1e-9:
                 _, kind, _, payload = heapq.heappop(self.events)
                 self._handle(t, kind, payload)
             if self.pending:
+                same_instant = same_instant + 1 if t == last_t else 0
+                last_t = t
+                if same_instant > 10 * max(len(self.running), 100):
+                    raise SimulationError(f"livelock at {t:.0f} s: cycles keep preempting and restarting")
                 self._cycle(t)
                 if not self.running and not self.down and not self.arrivals_left:
                     stuck = sorted(self.pending)[:5]
@@ -282,7 +305,9 @@ class Simulator:
             stuck = sorted(self.pending)[:5]
             raise SimulationError(f"{live - len(self.done)} job(s) never finished, e.g. {stuck}")
         end = max((j.finished_s for j in self.done), default=0.0)
-        return SimResult(self.policy.name, self.done, rejected, self.totals, self.capacity, start, end)
+        return SimResult(
+            self.policy.name, self.done, rejected, self.totals, self.capacity, start, end, self.last_submit_s
+        )
 
     def _handle(self, t: float, kind: int, payload: object) -> None:
         if kind == _ARRIVAL:
@@ -335,6 +360,8 @@ class Simulator:
     def _running_snapshot(self, attempt: _Attempt, t: float) -> RunningAttempt:
         ckpt = attempt.last_checkpoint_s(t)
         job = attempt.job
+        if attempt.started_at is None:
+            attempt.started_at = self._now(attempt.start_s)
         return RunningAttempt(
             attempt_id=attempt.id,
             job_id=job.trace.id,
@@ -342,12 +369,48 @@ class Simulator:
             priority=self.config.priority,
             preemptible=True,
             placement=attempt.placement,
-            started_at=self._now(attempt.start_s),
+            started_at=attempt.started_at,
             last_checkpoint_at=None if ckpt is None else self._now(ckpt),
             borrowed=attempt.borrowed,
-            attained_gpu_s=job.attained_gpu_s + attempt.placement.gpus * (t - attempt.start_s),
+            attained_gpu_s=job.attained_gpu_s + job.gpus * (t - attempt.start_s),
             stopping=attempt.stop_s is not None,
         )
+
+    def _next_change(self, attempt: _Attempt, t: float) -> float:
+        """When the snapshot of `attempt` next changes what a cycle can read of it.
+
+        That is its next complete checkpoint (what a preemption would lose) or its next 2D-LAS
+        queue; attained service in between is as of the last rebuild, as the cycle reads it only
+        through the LAS queue. Rebuilding every running snapshot at every cycle would dominate.
+        """
+        if attempt.interval_s == 0:
+            return t + 1e-6  # every instant is saved: rebuilt at every cycle
+        nxt = math.inf
+        if not math.isinf(attempt.interval_s):
+            k = attempt.checkpoints_done(t)
+            most = max(math.ceil((attempt.job.work_s - attempt.base_saved_s) / attempt.interval_s) - 1, 0)
+            if k < most:
+                period = attempt.interval_s + attempt.checkpoint_s
+                nxt = attempt.start_s + attempt.restore_s + (k + 1) * period
+        job = attempt.job
+        for threshold in LAS_THRESHOLDS:
+            attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
+            if attained < threshold:
+                nxt = min(nxt, attempt.start_s + (threshold - job.attained_gpu_s) / job.gpus)
+                break
+        return max(nxt, t + 1e-6)
+
+    def _refresh(self, attempt: _Attempt, t: float) -> None:
+        self.snapshots[attempt.id] = self._running_snapshot(attempt, t)
+        self.seq += 1
+        heapq.heappush(self.stale, (self._next_change(attempt, t), self.seq, attempt))
+
+    def _running_list(self, t: float) -> list[RunningAttempt]:
+        while self.stale and self.stale[0][0] <= t + 1e-9:
+            _, _, attempt = heapq.heappop(self.stale)
+            if not attempt.ended:
+                self._refresh(attempt, t)
+        return list(self.snapshots.values())
 
     def _cycle(self, t: float) -> None:
         free_now = sum(len(g) for name, g in self.free.items() if name not in self.down)
@@ -357,7 +420,7 @@ class Simulator:
             fleet=self.fleet,
             free={name: (set() if name in self.down else set(g)) for name, g in self.free.items()},
             quotas=self.quotas,
-            running=[self._running_snapshot(a, t) for a in self.running.values()] if self.preempting else [],
+            running=self._running_list(t) if self.preempting else [],
             usage=dict(self.usage),
             borrowed=dict(self.borrowed),
         )
@@ -434,15 +497,20 @@ class Simulator:
         job.pending_s += t - job.pending_since_s
         job.snapshot = None
         self.running[attempt_id] = attempt
+        if self.preempting:
+            self._refresh(attempt, t)
         if attempt.resumed:
             self.totals.resumes += 1
         self._push(attempt.finish_s, _FINISH, attempt)
         if self.observer is not None:
-            self.observer(PlacementRecord(t, job.trace.id, attempt_id, placement))
+            self.observer(LeaseRecord(t, "start", job.trace.id, attempt_id, placement))
 
     def _release(self, attempt: _Attempt, t: float) -> None:
         attempt.ended = True
         del self.running[attempt.id]
+        self.snapshots.pop(attempt.id, None)
+        if self.observer is not None:
+            self.observer(LeaseRecord(t, "end", attempt.job.trace.id, attempt.id, attempt.placement))
         for piece in attempt.placement.slices:
             for gpu in piece.gpu_indices:
                 if self.owner.pop((piece.node, gpu), None) != attempt.id:
@@ -457,6 +525,7 @@ class Simulator:
             self.borrowed[job.trace.team] -= gpus
         job.attained_gpu_s += gpus * held
         self.totals.leased_gpu_s += gpus * held
+        self.totals.leased_in_window_gpu_s += gpus * max(0.0, min(t, self.last_submit_s) - attempt.start_s)
         self.totals.cost += attempt.price_per_hour * held / 3600.0
         if attempt.resumed and t >= attempt.start_s + attempt.restore_s + 1e-9:
             self.totals.resumes_ok += 1
@@ -494,6 +563,8 @@ class Simulator:
         """Preemption: write one more checkpoint (if there is unsaved progress), then release."""
         attempt.stop_s = t
         self.totals.preemptions += 1
+        if self.preempting:
+            self._refresh(attempt, t)
         unsaved = attempt.progress(t) > attempt.durable(t) + 1e-9
         done_at = t + (self.config.checkpoint_cost_s if unsaved else 0.0)
         if attempt.finish_s <= done_at:

@@ -3,7 +3,9 @@
 Definitions (docs/simulator.md repeats them):
 - JCT: finish - submit. Queue wait: submit -> first start. Pending: all time spent queued, requeues
   after preemption or interruption included.
-- utilization: GPU-seconds leased / (fleet GPUs x (last finish - first submit)).
+- utilization: GPU-seconds leased while jobs were arriving (first to last submit) / (fleet GPUs x that
+  window): how busy the fleet kept while the trace offered load. `util_span` divides all GPU-seconds
+  leased by the fleet's GPUs x (last finish - first submit); a single long job's tail dominates it.
 - goodput: GPU-seconds of progress that was kept (duration x GPUs of every finished job) / GPU-seconds
   leased (restores, checkpoint writes, progress lost to interruptions and rounding a gang up to whole
   slices are leased but not kept).
@@ -34,6 +36,7 @@ class Summary:
     avg_pending_h: float
     p99_pending_h: float
     utilization: float
+    util_span: float
     goodput: float
     lost_gpu_h: float
     resume_success: float
@@ -66,6 +69,8 @@ def summarize(result: SimResult) -> Summary:
     first = min((j.submitted_s for j in jobs), default=0.0)
     span = max(result.end_s - first, 1e-9)
     totals = result.totals
+    capacity = max(result.capacity_gpus, 1)
+    window = max(result.last_submit_s - first, 1e-9)
     per_team: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
         per_team[j.team].append(j.duration_s / j.jct_s if j.jct_s > 0 else 1.0)
@@ -88,7 +93,8 @@ def summarize(result: SimResult) -> Summary:
         p99_wait_h=pct(wait, 99),
         avg_pending_h=mean(pending),
         p99_pending_h=pct(pending, 99),
-        utilization=totals.leased_gpu_s / (result.capacity_gpus * span) if result.capacity_gpus else 0.0,
+        utilization=totals.leased_in_window_gpu_s / (capacity * window),
+        util_span=totals.leased_gpu_s / (capacity * span),
         goodput=totals.kept_gpu_s / totals.leased_gpu_s if totals.leased_gpu_s else 1.0,
         lost_gpu_h=totals.lost_gpu_s / hour,
         resume_success=totals.resumes_ok / totals.resumes if totals.resumes else 1.0,

@@ -7,7 +7,7 @@ import sys
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet
 from gpuyard.scheduler.policy import POLICIES, Policy
-from gpuyard.sim.engine import SimConfig, SimResult, Simulator
+from gpuyard.sim.engine import Observer, SimConfig, SimResult, Simulator
 from gpuyard.sim.fleet_builder import derive_quotas
 from gpuyard.sim.trace import TraceJob
 from tqdm import tqdm
@@ -30,6 +30,7 @@ def simulate(
     quotas: dict[str, TeamQuota] | None = None,
     quota_rule: str = "share",
     progress: bool = False,
+    observer: Observer | None = None,
 ) -> SimResult:
     chosen = policy_named(policy) if isinstance(policy, str) else policy
     simulator = Simulator(
@@ -37,6 +38,7 @@ def simulate(
         quotas=quotas if quotas is not None else derive_quotas(trace, fleet, quota_rule),
         policy=chosen,
         config=config or SimConfig(),
+        observer=observer,
     )
     if not progress or len(trace) < PROGRESS_FROM_JOBS:
         return simulator.run(trace)

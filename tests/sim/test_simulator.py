@@ -1,0 +1,230 @@
+"""The trace simulator: every policy finishes, leases stay exclusive, gangs stay in one domain,
+interruptions lose only unsaved progress, runs are deterministic, the CLI and trace errors."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import typer
+from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.scheduler.policy import POLICIES
+from gpuyard.sim.cli import sim
+from gpuyard.sim.engine import LeaseRecord, SimConfig
+from gpuyard.sim.fleet_builder import derive_quotas, standard_fleet, write_fleet
+from gpuyard.sim.metrics import jain_index, summarize
+from gpuyard.sim.run import simulate
+from gpuyard.sim.trace import TraceError, TraceJob, read_trace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+T0 = datetime(2017, 10, 1, tzinfo=UTC)
+
+
+def job(i: int, at_s: float, duration_s: float, gpus: int, team: str = "a") -> TraceJob:
+    return TraceJob(f"j{i:04d}", team, T0 + timedelta(seconds=at_s), duration_s, gpus)
+
+
+def mixed_trace(n: int = 60, seed: int = 1) -> list[TraceJob]:
+    rng = random.Random(seed)
+    return [
+        job(i, i * 120.0, rng.choice([90.0, 600.0, 3000.0, 20000.0]), rng.choice([1, 1, 1, 2, 4, 8, 16]),
+            rng.choice("abc"))
+        for i in range(n)
+    ]
+
+
+class LeaseChecker:
+    """Replays the lease records: a GPU is never held twice, a gang never spans domains."""
+
+    def __init__(self, fleet: Fleet):
+        self.domain = {n.name: n.domain_key for n in fleet.nodes}
+        self.held: dict[tuple[str, int], str] = {}
+        self.starts = 0
+
+    def __call__(self, record: LeaseRecord) -> None:
+        p = record.placement
+        gpus = [(s.node, g) for s in p.slices for g in s.gpu_indices]
+        if record.kind == "start":
+            self.starts += 1
+            assert {self.domain[s.node] for s in p.slices} == {(p.site, p.cluster, p.domain)}
+            for key in gpus:
+                assert key not in self.held, f"{key} leased to {self.held.get(key)} and {record.attempt_id}"
+                self.held[key] = record.attempt_id
+        else:
+            for key in gpus:
+                assert self.held.pop(key) == record.attempt_id
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_completes_every_job_with_exclusive_leases_in_one_domain(policy: str) -> None:
+    fleet = standard_fleet(nodes=8, preemptible_nodes=4)  # two domains of 4 nodes, one of them spot
+    trace = mixed_trace()
+    checker = LeaseChecker(fleet)
+    config = SimConfig(preemptible_mtbi_s=4 * 3600.0, seed=3)
+    result = simulate(trace, fleet, policy, config, observer=checker)
+    assert sorted(j.id for j in result.jobs) == sorted(j.id for j in trace)
+    assert checker.starts >= len(trace)
+    assert not checker.held  # everything given back
+    for done in result.jobs:
+        assert done.finished_s >= done.submitted_s + done.duration_s
+    summary = summarize(result)
+    assert 0 < summary.goodput <= 1 and 0 < summary.utilization <= 1
+
+
+def test_interruption_loses_only_progress_since_the_last_checkpoint() -> None:
+    fleet = standard_fleet(nodes=1, nodes_per_domain=1, preemptible_nodes=1)
+    config = SimConfig(
+        checkpoint_cost_s=30.0,
+        restore_s=60.0,
+        checkpoint_interval=1000.0,
+        preemptible_mtbi_s=None,
+        node_down_s=600.0,
+        interruptions=((2500.0, "n0000"),),
+    )
+    result = simulate([job(0, 0.0, 10_000.0, 1)], fleet, "fifo", config)
+    (done,) = result.jobs
+    # Checkpoints complete at 1030 and 2060 (2,000 s saved); at 2500 it had done 2,440 s: 440 s lost.
+    assert done.lost_gpu_s == pytest.approx(440.0)
+    assert result.totals.lost_gpu_s == pytest.approx(440.0)
+    # Back at 3100 (node down 600 s), restore 60 s, 8,000 s of work left with 7 checkpoints of 30 s.
+    assert done.finished_s == pytest.approx(3100.0 + 60.0 + 8000.0 + 7 * 30.0)
+    assert done.attempts == 2 and result.totals.resumes == result.totals.resumes_ok == 1
+
+
+def test_preemption_checkpoints_then_requeues_without_losing_progress() -> None:
+    fleet = standard_fleet(nodes=1, nodes_per_domain=1, preemptible_nodes=0)
+    trace = [job(0, 0.0, 50_000.0, 8), job(1, 10_000.0, 600.0, 8)]
+    config = SimConfig(preemptible_mtbi_s=None, checkpoint_interval=3600.0)
+    result = simulate(trace, fleet, "tiresias", config)
+    long, short = sorted(result.jobs, key=lambda j: j.id)
+    assert result.totals.preemptions == 1 and result.totals.lost_gpu_s == 0
+    # The short job waits only for the long one's stop checkpoint (30 s), then runs.
+    assert short.finished_s == pytest.approx(10_000.0 + 30.0 + 600.0)
+    assert long.attempts == 2
+    # Work, periodic checkpoints, the stop checkpoint, the wait, the restore.
+    assert long.finished_s > 50_000.0 + 600.0 + 60.0
+
+
+def test_same_seed_same_run_and_interruptions_happen() -> None:
+    fleet = standard_fleet(nodes=8)
+    config = SimConfig(preemptible_mtbi_s=2 * 3600.0, seed=7)
+    one = summarize(simulate(mixed_trace(80), fleet, "gpuyard", config))
+    two = summarize(simulate(mixed_trace(80), fleet, "gpuyard", config))
+    assert one == two
+    assert one.interruptions > 0 and one.lost_gpu_h > 0
+    other = summarize(simulate(mixed_trace(80), fleet, "gpuyard", SimConfig(preemptible_mtbi_s=7200.0, seed=8)))
+    assert other.interruptions != one.interruptions or other.avg_jct_h != one.avg_jct_h
+
+
+def test_gang_too_big_for_any_domain_is_rejected_not_waited_for() -> None:
+    fleet = standard_fleet(nodes=8)  # domains of 32 GPUs
+    result = simulate([job(0, 0.0, 100.0, 64), job(1, 0.0, 100.0, 1)], fleet, "fifo")
+    assert [j.id for j in result.jobs] == ["j0001"]
+    assert result.rejected[0][0] == "j0000" and "no domain" in result.rejected[0][1]
+
+
+def test_quotas_add_up_to_the_fleet_in_one_cohort(tmp_path: Path) -> None:
+    fleet = standard_fleet(nodes=8)
+    quotas = derive_quotas(mixed_trace(), fleet)
+    assert sum(q.gpu_quota for q in quotas.values()) == 64
+    assert {q.cohort for q in quotas.values()} == {"trace"}
+    write_fleet(fleet, tmp_path / "fleet.yaml")
+    assert load_fleet(tmp_path / "fleet.yaml") == fleet
+    assert jain_index([1.0, 1.0]) == 1.0 and jain_index([1.0, 0.0]) == pytest.approx(0.5)
+
+
+# -- the trace file and the CLI -----------------------------------------------------------------
+
+
+def write_trace(path: Path, rows: list[str], header: str = "timestamp,duration,num_gpus,gpu_time,cluster") -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+ROWS = [
+    "2017-10-01 00:00:00,600.0,1,600.0,team1",
+    "2017-10-01 00:01:00,3600.0,8,28800.0,team2",
+    "2017-10-01 00:02:00,120.0,2,240.0,team1",
+    "2017-10-02 00:00:00,120.0,1,120.0,team3",
+]
+
+
+def test_read_trace_window_and_bad_rows(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "t.csv", ROWS)
+    jobs = read_trace(path, T0, T0 + timedelta(days=1), min_duration_s=100)
+    assert [(j.team, j.gpus, j.duration_s) for j in jobs] == [("team1", 1, 600.0), ("team2", 8, 3600.0),
+                                                              ("team1", 2, 120.0)]
+    bad = write_trace(tmp_path / "bad.csv", [*ROWS[:2], "2017-10-01 00:03:00,60,two,120,team1"])
+    with pytest.raises(TraceError, match=r"row 4, column 'num_gpus'.*'two'"):
+        read_trace(bad)
+    bad = write_trace(tmp_path / "bad2.csv", ["2017-13-01 00:00:00,60,1,60,t"])
+    with pytest.raises(TraceError, match=r"row 2, column 'timestamp'"):
+        read_trace(bad)
+    missing = write_trace(tmp_path / "missing.csv", ["2017-10-01 00:00:00,60,t"], "timestamp,duration,cluster")
+    with pytest.raises(TraceError, match=r"missing column\(s\) \['num_gpus'\]"):
+        read_trace(missing)
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(sim)
+    return app
+
+
+def test_cli_prints_a_table_and_json(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.csv", ROWS)
+    fleet = tmp_path / "fleet.yaml"
+    write_fleet(standard_fleet(nodes=8), fleet)
+    runner = CliRunner()
+    args = ["--trace", str(trace), "--fleet", str(fleet), "--start", "2017-10-01", "--end", "2017-10-03"]
+    shown = runner.invoke(cli(), [*args, "--policy", "fifo,gpuyard"])
+    assert shown.exit_code == 0, shown.output
+    assert "avg JCT h" in shown.output and "gpuyard" in shown.output and "fifo" in shown.output
+    as_json = runner.invoke(cli(), [*args, "--policy", "tiresias", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    (figures,) = json.loads(as_json.output)
+    assert figures["policy"] == "tiresias" and figures["jobs"] == 4
+    for key in ("avg_jct_h", "p50_jct_h", "p99_jct_h", "avg_wait_h", "p99_wait_h", "utilization", "goodput",
+                "lost_gpu_h", "resume_success", "cost_usd", "jain", "makespan_h"):
+        assert key in figures
+
+
+def test_cli_names_the_bad_row_and_column(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.csv", [ROWS[0], "2017-10-01 00:01:00,-5,1,0,team2"])
+    result = CliRunner().invoke(cli(), ["--trace", str(trace), "--policy", "fifo"])
+    assert result.exit_code == 2
+    assert "row 3, column 'duration'" in result.output
+    unknown = CliRunner().invoke(cli(), ["--trace", str(trace), "--policy", "lottery"])
+    assert unknown.exit_code == 2 and "unknown policy 'lottery'" in unknown.output
+
+
+# -- property: random small traces ---------------------------------------------------------------
+
+traces = st.lists(
+    st.tuples(
+        st.floats(0, 4000, allow_nan=False),
+        st.floats(1, 6000, allow_nan=False),
+        st.sampled_from([1, 1, 2, 3, 4, 8, 12, 16]),
+        st.sampled_from(["a", "b"]),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=traces, policy=st.sampled_from(sorted(POLICIES)), seed=st.integers(0, 1000))
+def test_property_no_gpu_leased_twice_and_gangs_stay_in_one_domain(
+    rows: list[tuple[float, float, int, str]], policy: str, seed: int
+) -> None:
+    fleet = standard_fleet(nodes=6, nodes_per_domain=3, preemptible_nodes=3)
+    trace = [job(i, at, dur, gpus, team) for i, (at, dur, gpus, team) in enumerate(rows)]
+    checker = LeaseChecker(fleet)
+    config = SimConfig(preemptible_mtbi_s=1800.0, node_down_s=300.0, seed=seed)
+    result = simulate(trace, fleet, policy, config, observer=checker)
+    assert len(result.jobs) == len(trace) and not checker.held
