@@ -117,7 +117,8 @@ def test_same_seed_same_run_and_interruptions_happen() -> None:
     two = summarize(simulate(mixed_trace(80), fleet, "gpuyard", config))
     assert one == two
     assert one.interruptions > 0 and one.lost_gpu_h > 0
-    other = summarize(simulate(mixed_trace(80), fleet, "gpuyard", SimConfig(preemptible_mtbi_s=7200.0, seed=8)))
+    reseeded = SimConfig(preemptible_mtbi_s=7200.0, seed=8)
+    other = summarize(simulate(mixed_trace(80), fleet, "gpuyard", reseeded))
     assert other.interruptions != one.interruptions or other.avg_jct_h != one.avg_jct_h
 
 
@@ -141,7 +142,10 @@ def test_quotas_add_up_to_the_fleet_in_one_cohort(tmp_path: Path) -> None:
 # -- the trace file and the CLI -----------------------------------------------------------------
 
 
-def write_trace(path: Path, rows: list[str], header: str = "timestamp,duration,num_gpus,gpu_time,cluster") -> Path:
+HEADER = "timestamp,duration,num_gpus,gpu_time,cluster"
+
+
+def write_trace(path: Path, rows: list[str], header: str = HEADER) -> Path:
     path.write_text("\n".join([header, *rows]) + "\n")
     return path
 
@@ -165,8 +169,8 @@ def test_read_trace_window_and_bad_rows(tmp_path: Path) -> None:
     bad = write_trace(tmp_path / "bad2.csv", ["2017-13-01 00:00:00,60,1,60,t"])
     with pytest.raises(TraceError, match=r"row 2, column 'timestamp'"):
         read_trace(bad)
-    missing = write_trace(tmp_path / "missing.csv", ["2017-10-01 00:00:00,60,t"], "timestamp,duration,cluster")
-    with pytest.raises(TraceError, match=r"missing column\(s\) \['num_gpus'\]"):
+    missing = write_trace(tmp_path / "missing.csv", ["2017-10-01 00:00:00,60,t"], "timestamp,duration,x")
+    with pytest.raises(TraceError, match=r"missing column\(s\) \['num_gpus', 'cluster'\]"):
         read_trace(missing)
 
 

@@ -45,17 +45,33 @@ class CycleResult:
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it did not start
 
 
-def admit(job: PendingJob, state: ClusterState) -> str | None:
-    """'nominal' within the team's quota, 'borrow' on idle quota of its cohort, else None."""
+Cohorts = dict[str, tuple[list[str], int]]  # cohort -> member teams, sum of their nominal quotas
+
+
+def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) -> str | None:
+    """'nominal' within the team's quota, 'borrow' on idle quota of its cohort, else None.
+
+    `cohorts` (cohort -> member teams and their nominal sum) may be passed precomputed.
+    """
     quota = state.quota(job.team)
     if state.usage.get(job.team, 0) + job.gpus <= quota.gpu_quota:
         return "nominal"
     if quota.cohort is None:
         return None
-    members = [team for team, q in state.quotas.items() if q.cohort == quota.cohort]
-    nominal = sum(state.quotas[team].gpu_quota for team in members)
+    if cohorts is None:
+        cohorts = cohorts_of(state)
+    members, nominal = cohorts[quota.cohort]
     used = sum(state.usage.get(team, 0) for team in members)
     return "borrow" if used + job.gpus <= nominal else None
+
+
+def cohorts_of(state: ClusterState) -> Cohorts:
+    found: Cohorts = {}
+    for team, q in state.quotas.items():
+        if q.cohort is not None:
+            members, nominal = found.get(q.cohort, ([], 0))
+            found[q.cohort] = ([*members, team], nominal + q.gpu_quota)
+    return found
 
 
 # Static filter results per (fleet, job shape): they read only node properties, the job's shape and
@@ -294,8 +310,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     eligibility = _Eligibility(state)
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
+    cohorts = cohorts_of(state)
     for job in policy.order(pending, state, now):
-        admitted = admit(job, state) if policy.quota else "nominal"
+        admitted = admit(job, state, cohorts) if policy.quota else "nominal"
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")

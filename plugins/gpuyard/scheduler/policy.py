@@ -6,6 +6,7 @@ differ. None of them reads a job's true duration: scheduling is non-clairvoyant.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +21,7 @@ LAS_THRESHOLDS = (3250.0, 7200.0)
 
 def las_queue(attained_gpu_s: float) -> int:
     """0 for the least-served jobs; a job moves down a queue as it receives service."""
-    return sum(1 for threshold in LAS_THRESHOLDS if attained_gpu_s >= threshold)
+    return bisect_right(LAS_THRESHOLDS, attained_gpu_s)  # thresholds reached
 
 
 def dominant_share(team: str, state: ClusterState) -> float:

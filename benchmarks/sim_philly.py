@@ -1,0 +1,86 @@
+"""Replay the Philly dev window under all five policies on the standard fleet and compare them.
+
+Standard fleet: N nodes x 8 GPUs (default 64), fast domains of 4 nodes, a quarter of the nodes spot
+(mean time between interruptions 24 h), checkpoint cost 30 s, restore 60 s. Jobs of at least 60 s, as
+in the reference figures of traces/README.md. `--reference` replays instead under the reference
+simulator's assumptions (free preemption, no spot, no interruptions) to check the baselines.
+
+    .venv/bin/python benchmarks/sim_philly.py [--trace FILE] [--start T] [--end T] [--nodes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+from gpuyard.sim.engine import SimConfig
+from gpuyard.sim.fleet_builder import standard_fleet
+from gpuyard.sim.metrics import markdown_table, summarize
+from gpuyard.sim.run import simulate
+from gpuyard.sim.trace import parse_time, read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV_TRACE = ROOT.parent / "shared" / "traces" / "philly_sep_oct_2017.csv"
+POLICIES = ("fifo", "fifo-backfill", "kueue", "tiresias", "gpuyard")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=DEV_TRACE)
+    parser.add_argument("--start", default="2017-10-01")
+    parser.add_argument("--end", default="2017-10-08")
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--min-duration", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference", action="store_true", help="free preemption, no spot nodes")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    args = parser.parse_args()
+
+    jobs = read_trace(args.trace, parse_time(args.start), parse_time(args.end), args.min_duration)
+    if args.reference:
+        fleet = standard_fleet(args.nodes, preemptible_nodes=0)
+        config = SimConfig(checkpoint_cost_s=0.0, restore_s=0.0, preemptible_mtbi_s=None, seed=args.seed)
+    else:
+        fleet = standard_fleet(args.nodes)
+        config = SimConfig(seed=args.seed)
+    gpus = sum(n.gpus for n in fleet.nodes)
+    spot = sum(1 for n in fleet.nodes if n.preemptible)
+    print(
+        f"trace {args.trace.name} [{args.start}, {args.end}), jobs >= {args.min_duration:g} s: {len(jobs)}; "
+        f"fleet {args.nodes} nodes x 8 = {gpus} GPUs, domains of 4 nodes, {spot} spot nodes; "
+        f"checkpoint {config.checkpoint_cost_s:g} s, restore {config.restore_s:g} s, "
+        f"spot MTBI {(config.preemptible_mtbi_s or 0) / 3600:g} h; "
+        f"{platform.machine()}, {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    summaries = {}
+    for name in args.policies.split(","):
+        began = time.perf_counter()
+        summaries[name] = summarize(simulate(jobs, fleet, name, config, progress=True))
+        wall = time.perf_counter() - began
+        print(f"{name}: {wall:.1f} s wall, {summaries[name].cycles} cycles", flush=True)
+    print()
+    print(markdown_table(list(summaries.values())))
+    print()
+    if set(POLICIES) - set(summaries):
+        return
+    ours = summaries["gpuyard"]
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("inf")
+
+    print(
+        f"RESULT avg_jct_vs_fifo={ratio(ours.avg_jct_h, summaries['fifo'].avg_jct_h):.3f} "
+        f"avg_jct_vs_tiresias={ratio(ours.avg_jct_h, summaries['tiresias'].avg_jct_h):.3f} "
+        f"p99_wait_vs_fifo_backfill={ratio(ours.p99_wait_h, summaries['fifo-backfill'].p99_wait_h):.3f} "
+        f"util_vs_fifo_backfill={ratio(ours.utilization, summaries['fifo-backfill'].utilization):.3f} "
+        f"goodput={ours.goodput:.3f} "
+        f"jain_vs_kueue={ratio(ours.jain, summaries['kueue'].jain):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
