@@ -164,7 +164,7 @@ torch.set_num_threads(1)
 width, layers = int(sys.argv[1]), int(sys.argv[2])
 def step(w, n):
     model = torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(n)])
-    opt = torch.optim.AdamW(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)  # per-tensor steps: small, steady transients
     model(torch.randn(2, w)).sum().backward()
     opt.step()
     return model, opt
@@ -185,6 +185,7 @@ def test_model_state_estimate_matches_measured_memory_on_cpu() -> None:
                          check=True, timeout=120).stdout.split()
     n_params, peak, steady = int(out[0]), int(out[1]), int(out[2])
     predicted = sum(model_state_bytes(n_params, "adamw", "fp32").values())
-    assert steady == pytest.approx(predicted, rel=0.05), (steady / 1e6, predicted / 1e6)
+    # glibc's allocator keeps a few MB of slack that varies run to run (0% to +6% seen here).
+    assert steady == pytest.approx(predicted, rel=0.1), (steady / 1e6, predicted / 1e6)
     # The peak adds the optimizer's and allocator's transients (+3% to +33% seen here, varying with load).
     assert predicted <= peak * 1.02 and peak <= predicted * 1.5, (peak / 1e6, predicted / 1e6)
