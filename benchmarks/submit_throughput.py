@@ -165,6 +165,7 @@ def main() -> int:
     env = {
         **os.environ,
         "GPUYARD_PROFILE": "production",
+        "GPUYARD_LAUNCHER": "local",  # the submit path does not touch the launcher; no cluster here
         "GPUYARD_DATABASE_URL": url,
         "GPUYARD_REDIS_URL": args.redis,
         "GPUYARD_REDIS_STREAM": "gpuyard:bench",

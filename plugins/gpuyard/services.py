@@ -110,7 +110,13 @@ def build_fleet(settings: Settings) -> Fleet:
         from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
         from gpuyard.launchers.kubernetes.launcher import load_api
 
-        return fleet_from_nodes(load_api(settings.kubernetes), settings.kubernetes)
+        try:
+            return fleet_from_nodes(load_api(settings.kubernetes), settings.kubernetes)
+        except Exception as error:  # the client raises several kinds; all mean the same here
+            raise SettingsError(
+                "launcher: kubernetes needs a reachable Kubernetes API (an in-cluster service account or "
+                f"~/.kube/config), or a fleet_file: {error}"
+            ) from error
     return local_inventory(settings).fleet()
 
 
