@@ -152,6 +152,13 @@ class _Eligibility:
         self.buckets.setdefault(after, {})[domain] = None
         self.domain_free[domain] = after
 
+    def stopping_by_team(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for attempt in self.state.running:
+            if attempt.stopping:
+                found[attempt.team] = found.get(attempt.team, 0) + attempt.gpus
+        return found
+
     def running_by_domain(self) -> dict[DomainKey, list[RunningAttempt]]:
         if self._by_domain is None or self._by_domain_of is not self.state.running:
             self._by_domain = {}
@@ -269,6 +276,8 @@ def _victims(
     if memo in eligibility.no_victims:
         return None
     by_domain = eligibility.running_by_domain()
+    guard = policy.quota and admitted != "nominal"
+    stopping = eligibility.stopping_by_team() if policy.quota else {}
     for domain, nodes in eligibility.domains(job).items():
         attempts = by_domain.get(domain)
         if not attempts:
@@ -286,10 +295,19 @@ def _victims(
         freed: dict[str, int] = {name: len(state.free[name]) for name in names}
         chosen: list[tuple[RunningAttempt, str]] = []
         loss = 0.0
+        leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
         for cost, attempt, why in options:
             fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
             if fits:
                 break
+            if (guard or why.startswith("reclaim")) and not attempt.stopping:
+                # Several victims of one team, or its attempts already stopping, must not take it below
+                # its quota together: it would then be ordered first and evict its way back.
+                team = attempt.team
+                left = state.usage.get(team, 0) - stopping.get(team, 0) - leaving.get(team, 0) - attempt.gpus
+                if left < state.quota(team).gpu_quota:
+                    continue
+                leaving[team] = leaving.get(team, 0) + attempt.gpus
             chosen.append((attempt, why))
             loss += max(cost, 0.0)
             for piece in attempt.placement.slices:
