@@ -18,6 +18,7 @@ from gpuyard.bus.factory import make_bus
 from gpuyard.client import ApiError, GpuyardClient, NotConfigured, resolve_endpoint
 from gpuyard.clock import utcnow
 from gpuyard.settings import Settings, SettingsError, load_settings
+from gpuyard.sim.cli import sim
 from gpuyard.store import teams as team_store
 from training.planner_cli import plan
 
@@ -26,6 +27,8 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 # The planner lives with the worker runtime (training/); it is pure arithmetic, no torch import.
 app.command("plan")(plan)
+# The trace simulator drives the scheduler's own cycle with a virtual clock.
+app.command("sim")(sim)
 
 out = Console(width=None if sys.stdout.isatty() else 160)  # pipes and logs get whole tables
 err = Console(stderr=True, soft_wrap=True)
