@@ -240,6 +240,10 @@ def _may_evict(
     """
     if not victim.preemptible:
         return None
+    if admitted is None:  # over quota: only the team's own lower classes can make room (Kueue's
+        # withinClusterQueue: LowerPriority); the team swaps GPUs within its own quota
+        ok = policy.preempt_priority and victim.team == job.team and victim.priority < job.priority
+        return f"priority within team {job.team}: {job.id} outranks it" if ok else None
     agrees = not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)
     if policy.preempt_priority and victim.priority < job.priority and agrees:
         return f"priority: {job.id} outranks it"
@@ -300,7 +304,8 @@ def _victims(
             fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
             if fits:
                 break
-            if (guard or why.startswith("reclaim")) and not attempt.stopping:
+            # A team making room from its own lower classes swaps GPUs within its quota: no guard.
+            if (guard or why.startswith("reclaim")) and not attempt.stopping and attempt.team != job.team:
                 # Several victims of one team, or its attempts already stopping, must not take it below
                 # its quota together: it would then be ordered first and evict its way back.
                 team = attempt.team
