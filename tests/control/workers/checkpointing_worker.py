@@ -34,7 +34,7 @@ signal.signal(signal.SIGTERM, on_term)
 def save() -> dict[str, object]:
     directory = root / f"step-{step}"
     directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / "state.tmp"
+    partial = directory / f"state.{os.environ['RANK']}.tmp"  # ranks save side by side
     partial.write_text(json.dumps({"step": step}))
     os.replace(partial, directory / "state.json")
     return {"url": directory.as_uri(), "step": step, "cost_s": 0.01}
