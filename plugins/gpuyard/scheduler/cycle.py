@@ -23,6 +23,12 @@ DomainKey = tuple[str, str, str]
 CANDIDATE_DOMAINS = 32
 
 
+# An attempt runs at least this long before fair-share rules (reclaim, least attained service) may
+# evict it; only a higher priority class may evict it sooner. Without a quantum, a just-placed
+# attempt costs nothing to evict, and two rules can evict and re-place each other in one instant.
+MIN_RUN_S = 120.0
+
+
 @dataclass(frozen=True)
 class Placed:
     job: PendingJob
@@ -293,7 +299,9 @@ def _victims(
         for attempt in attempts:
             if attempt.stopping:
                 options.append((-1.0, attempt, "already stopping"))
-            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None:
+            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None and (
+                why.startswith("priority") or (now - attempt.started_at).total_seconds() >= MIN_RUN_S
+            ):
                 options.append((attempt.unsaved_gpu_s(now), attempt, why))
         options.sort(key=lambda option: option[0])
         freed: dict[str, int] = {name: len(state.free[name]) for name in names}
