@@ -35,6 +35,7 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class Summary:
+    since: datetime  # start of the window summarized
     goodput: float | None  # GPU-seconds of progress kept / GPU-seconds leased
     leased_gpu_hours: float
     lost_gpu_hours: float
@@ -62,6 +63,7 @@ def summarize(
     quotas: dict[str, TeamQuota],
     price_per_gpu_hour: dict[str, float],
     now: datetime,
+    since: datetime,
 ) -> Summary:
     leased = kept = lost = cost = 0.0
     used: dict[str, float] = {}
@@ -90,6 +92,7 @@ def summarize(
         if q.gpu_quota > 0 and used.get(team)
     }
     return Summary(
+        since=since,
         goodput=kept / leased if leased else None,
         leased_gpu_hours=leased / 3600.0,
         lost_gpu_hours=lost / 3600.0,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
@@ -12,7 +11,7 @@ from pydantic import BaseModel
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
-from gpuyard.platform_metrics import summarize
+from gpuyard.platform_metrics import Summary, summarize
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
@@ -96,36 +95,21 @@ def logs(
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
 
 
-class SummaryOut(BaseModel):
-    since: datetime
-    goodput: float | None
-    leased_gpu_hours: float
-    lost_gpu_hours: float
-    queue_wait_p50_s: float | None
-    queue_wait_p99_s: float | None
-    resumes: int
-    resume_success_share: float | None
-    cost_total: float
-    cost_per_finished_job: float | None
-    fair_share_attainment: dict[str, float]
-
-
-def platform_summary(ctx: ApiContext, hours: float) -> SummaryOut:
+def platform_summary(ctx: ApiContext, hours: float) -> Summary:
     now = ctx.clock()
     since = now - timedelta(hours=hours)
     with ctx.engine.connect() as conn:
         attempt_records, job_records = attempt_store.metric_records(conn, since)
         quotas = team_store.list_teams(conn)
     prices = {n.name: float(n.price_per_gpu_hour) for n in ctx.fleet.nodes}
-    summary = summarize(attempt_records, job_records, quotas, prices, now)
-    return SummaryOut(since=since, **asdict(summary))
+    return summarize(attempt_records, job_records, quotas, prices, now, since)
 
 
-@router.get("/metrics/summary", response_model=SummaryOut)
+@router.get("/metrics/summary", response_model=Summary)
 def metrics_summary(
     ctx: ApiContext = Depends(context),
     caller: Principal = Depends(principal),
     hours: float = Query(24.0 * 7, gt=0, le=24.0 * 366, description="Window: the last this many hours."),
-) -> SummaryOut:
+) -> Summary:
     """Goodput, queue wait, resumes, cost, lost progress and fair-share attainment, from recorded events."""
     return platform_summary(ctx, hours)
