@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-registry = CollectorRegistry(auto_describe=True)
+# No auto_describe: it would run the collectors below (queries over the store) at every registration.
+registry = CollectorRegistry(auto_describe=False)
 
 http_requests = Counter(
     "gpuyard_http_requests", "HTTP requests answered", ["method", "route", "status"], registry=registry

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi.testclient import TestClient
+from gpuyard.api.schemas import JobOut
+from gpuyard.store import jobs as job_store
 from gpuyard.store.tables import events, jobs
 from sqlalchemy import Engine, func, select
 
@@ -23,9 +25,13 @@ def test_submit_stores_the_job_and_its_event(
         job["state"] == "PENDING" and job["team"] == "a" and job["spec"]["checkpoint"]["interval"] == "auto"
     )
     with engine.connect() as conn:
-        assert conn.execute(select(events.c.type).where(events.c.job_id == job["id"])).scalars().all() == [
-            "job.submitted"
-        ]
+        stored = job_store.get(conn, job["id"])
+        written = conn.execute(select(events).where(events.c.job_id == job["id"])).all()
+    # Each store has its own submit path (store/submitter.py): both write exactly these rows.
+    assert stored is not None and JobOut.of(stored).model_dump(mode="json") == job
+    assert [(e.type, e.data, e.at, e.published_at) for e in written] == [
+        ("job.submitted", {"team": "a", "gpus": 1, "priority": "normal"}, stored.created_at, None)
+    ]
 
 
 def test_idempotency_key_replays_and_conflicts(api: TestClient, make_token: Callable[..., str]) -> None:

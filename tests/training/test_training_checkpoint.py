@@ -15,8 +15,9 @@ from training.checkpoint import MANIFEST, Checkpointer, CheckpointError, Checkpo
 from training.model import MLPClassifier
 
 
-def fake_checkpoint(store: CheckpointStore, step: int, metrics: dict[str, float] | None = None,
-                    complete: bool = True) -> None:
+def fake_checkpoint(
+    store: CheckpointStore, step: int, metrics: dict[str, float] | None = None, complete: bool = True
+) -> None:
     base = Path(store.root) / f"step-{step:09d}"
     (base / "state").mkdir(parents=True)
     (base / "state" / "__0_0.distcp").write_bytes(bytes([step % 256]) * 100)
@@ -86,8 +87,9 @@ def train_a_bit(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) 
 
 
 @pytest.mark.parametrize(("async_save", "scheme"), [(False, "file"), (True, "file"), (True, "memory")])
-def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, async_save: bool,
-                                     scheme: str) -> None:
+def test_save_and_restore_round_trip(
+    tmp_path: Path, world: distributed.World, async_save: bool, scheme: str
+) -> None:
     """Any fsspec URL: a local folder, or an in-memory filesystem standing in for an object store."""
     torch.manual_seed(0)
     model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
@@ -97,8 +99,9 @@ def test_save_and_restore_round_trip(tmp_path: Path, world: distributed.World, a
     store = CheckpointStore(url)
     ckpt = Checkpointer(store, 0, 1, world.checkpoint_group, async_save=async_save)
     torch.manual_seed(1234)
-    ckpt.save(3, model, opt, {"scheduler": {}, "samples_seen": 24}, {"val_loss": 0.5},
-              {"mlflow_run_id": "abc"})
+    ckpt.save(
+        3, model, opt, {"scheduler": {}, "samples_seen": 24}, {"val_loss": 0.5}, {"mlflow_run_id": "abc"}
+    )
     expected_rand = torch.rand(3)
     saved = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
     saved_opt = copy.deepcopy(opt.state_dict()["state"])
@@ -144,7 +147,8 @@ def test_abandoned_checkpointer_writes_no_manifest(tmp_path: Path, world: distri
 
 
 def test_leftovers_of_an_interrupted_attempt_are_cleared_before_saving(
-        tmp_path: Path, world: distributed.World) -> None:
+    tmp_path: Path, world: distributed.World
+) -> None:
     store = CheckpointStore(tmp_path.as_uri())
     stale = tmp_path / f"step-{4:09d}" / "state" / "__1_0.distcp"  # from a 2-worker attempt that died
     stale.parent.mkdir(parents=True)

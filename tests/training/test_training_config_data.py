@@ -23,14 +23,17 @@ def test_load_with_overrides_and_defaults(tmp_path: Path) -> None:
     assert cfg.checkpoint_url({"GPUYARD_CHECKPOINT_URL": "s3://b/ckpt"}) == "s3://b/ckpt"
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    ({}, "missing required field"),
-    ({"data": {"path": "/d"}, "train": {"max_steps": 0}}, "train.max_steps"),
-    ({"data": {"path": "/d"}, "trian": {}}, "unknown field"),
-    ({"data": {"path": "/d"}, "checkpoint": {"interval_s": "often"}}, "checkpoint.interval_s"),
-    ({"data": {"path": "/d"}, "parallel": {"strategy": "zero"}}, "parallel.strategy"),
-    ({"data": {"path": "/d"}, "train": {"lr": "fast"}}, "train.lr"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "missing required field"),
+        ({"data": {"path": "/d"}, "train": {"max_steps": 0}}, "train.max_steps"),
+        ({"data": {"path": "/d"}, "trian": {}}, "unknown field"),
+        ({"data": {"path": "/d"}, "checkpoint": {"interval_s": "often"}}, "checkpoint.interval_s"),
+        ({"data": {"path": "/d"}, "parallel": {"strategy": "zero"}}, "parallel.strategy"),
+        ({"data": {"path": "/d"}, "train": {"lr": "fast"}}, "train.lr"),
+    ],
+)
 def test_invalid_configs_name_the_field(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_dict(raw)
@@ -38,9 +41,17 @@ def test_invalid_configs_name_the_field(raw: dict[str, object], message: str) ->
 
 def test_reads_a_folder_of_parquet_files_and_drops_nulls(tmp_path: Path) -> None:
     for i in range(2):
-        pq.write_table(pa.table({"dep_delay": [1.0, None, 3.0], "distance": [100, 200, 300],
-                                 "carrier": ["AA", "UA", "DL"], "is_delayed": [True, False, i == 1]}),
-                       tmp_path / f"part-{i}.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "dep_delay": [1.0, None, 3.0],
+                    "distance": [100, 200, 300],
+                    "carrier": ["AA", "UA", "DL"],
+                    "is_delayed": [True, False, i == 1],
+                }
+            ),
+            tmp_path / f"part-{i}.parquet",
+        )
     data = read_parquet(DataConfig(path=str(tmp_path)))
     assert data.feature_names == ("dep_delay", "distance")  # the string column is not a feature
     assert len(data) == 4 and data.labels.tolist() == [1.0, 0.0, 1.0, 1.0]

@@ -14,8 +14,14 @@ from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, Heartbea
 
 
 def client(plane: ControlPlane, token: str | None = None, retries: int = 2) -> HeartbeatClient:
-    return HeartbeatClient(plane.url, plane.attempt_id, token or plane.fencing_token, retries=retries,
-                           backoff_s=0.01, timeout_s=2.0)
+    return HeartbeatClient(
+        plane.url,
+        plane.attempt_id,
+        token or plane.fencing_token,
+        retries=retries,
+        backoff_s=0.01,
+        timeout_s=2.0,
+    )
 
 
 def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
@@ -24,11 +30,19 @@ def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
         answer = client(plane).beat(12, record, {"train_loss": 0.5})
     assert answer is not None and answer.action == Action.CONTINUE
     assert answer.checkpoint_interval_s == 42.0 and answer.lease_expires_at is not None
-    assert plane.beats == [{
-        "fencing_token": "tok-1", "step": 12, "metrics": {"train_loss": 0.5},
-        "checkpoint": {"url": "file:///ckpt/step-000000010", "step": 10,
-                       "saved_at": "2026-11-30T00:00:00+00:00", "cost_s": 1.5},
-    }]
+    assert plane.beats == [
+        {
+            "fencing_token": "tok-1",
+            "step": 12,
+            "metrics": {"train_loss": 0.5},
+            "checkpoint": {
+                "url": "file:///ckpt/step-000000010",
+                "step": 10,
+                "saved_at": "2026-11-30T00:00:00+00:00",
+                "cost_s": 1.5,
+            },
+        }
+    ]
 
 
 def test_checkpoint_and_stop_is_passed_on() -> None:

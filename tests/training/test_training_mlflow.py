@@ -40,11 +40,19 @@ def test_attempts_of_one_job_share_one_run_found_by_job_tag(tmp_path: Path) -> N
 def test_lost_node_then_resume_continues_the_same_mlflow_run(tmp_path: Path, flights_parquet: Path) -> None:
     work = tmp_path / "work"
     cfg = write_config(
-        tmp_path / "c.yaml", flights_parquet, work,
+        tmp_path / "c.yaml",
+        flights_parquet,
+        work,
         train={"max_steps": 12, "step_sleep_s": 0.2},
         checkpoint={"interval_steps": 4},
-        mlflow={"enabled": True, "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "flights",
-                "register_model": "flight-delay", "system_metrics": True, "system_metrics_interval_s": 0.5},
+        mlflow={
+            "enabled": True,
+            "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            "experiment": "flights",
+            "register_model": "flight-delay",
+            "system_metrics": True,
+            "system_metrics_interval_s": 0.5,
+        },
     )
     env = {"GPUYARD_JOB_ID": "job-42", "GPUYARD_ATTEMPT_ID": "att-1"}
     first = launch(cfg, 1, work, env=env)

@@ -129,8 +129,9 @@ def test_cli_gpu_type_sets_memory() -> None:
     args = ["plan", "--params", "13e9", "--gpu-type", "a10g", "--gpus-per-node", "1"]
     small = CliRunner().invoke(cli(), args)
     assert small.exit_code == 2 and "24 GB" in small.stderr
-    big = CliRunner().invoke(cli(), ["plan", "--params", "13e9", "--gpu-type", "h200", "--gpus-per-node", "8",
-                                     "--json"])
+    big = CliRunner().invoke(
+        cli(), ["plan", "--params", "13e9", "--gpu-type", "h200", "--gpus-per-node", "8", "--json"]
+    )
     assert big.exit_code == 0, big.output
     assert json.loads(big.stdout)["per_gpu_memory_gb"]["total"] <= 141
     unknown = CliRunner().invoke(cli(), ["plan", "--params", "1e9", "--gpu-type", "tpu"])
@@ -180,9 +181,14 @@ def test_model_state_estimate_matches_measured_memory_on_cpu() -> None:
     """fp32 AdamW: weights 4 + gradients 4 + two moments 8 = 16 bytes per parameter, against the resident
     memory growth of a fresh process over one training step: at steady state (tight), and at its peak
     (which also holds temporaries)."""
-    out = subprocess.run([sys.executable, "-c", MEASURE, "1024", "16"], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         check=True, timeout=120).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, "1024", "16"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+        timeout=120,
+    ).stdout.split()
     n_params, peak, steady = int(out[0]), int(out[1]), int(out[2])
     predicted = sum(model_state_bytes(n_params, "adamw", "fp32").values())
     # glibc's allocator keeps a few MB of slack that varies run to run (0% to +6% seen here).

@@ -19,17 +19,23 @@ pytestmark = pytest.mark.slow
 
 
 def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
-        tmp_path: Path, flights_parquet: Path) -> None:
+    tmp_path: Path, flights_parquet: Path
+) -> None:
     """Under `interval_s: auto` the control plane's interval drives checkpoints; `checkpoint_and_stop`
     makes both ranks save at the same step and exit 75; the last heartbeat reports that checkpoint."""
+
     def answer(n: int, body: dict[str, object]) -> tuple[int, dict[str, object]]:
         return lease("checkpoint_and_stop" if int(body["step"]) >= 12 else "continue", interval=0.5)
 
     work, ckpt_dir = tmp_path / "work", tmp_path / "bucket"
-    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work,
-                       train={"max_steps": 500, "step_sleep_s": 0.1},
-                       checkpoint={"interval_steps": None, "interval_s": "auto", "auto_fallback_s": 1e6},
-                       heartbeat={"interval_s": 0.2})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        flights_parquet,
+        work,
+        train={"max_steps": 500, "step_sleep_s": 0.1},
+        checkpoint={"interval_steps": None, "interval_s": "auto", "auto_fallback_s": 1e6},
+        heartbeat={"interval_s": 0.2},
+    )
     with ControlPlane(answer) as plane:
         workers = launch(cfg, 2, work, env=plane.env(ckpt_dir.as_uri()))
         assert workers.wait(120) == [exit_codes.PREEMPTED] * 2, workers.output()
@@ -51,9 +57,15 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
 
 def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_parquet: Path) -> None:
     work = tmp_path / "work"
-    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work,
-                       parallel={"strategy": "auto"}, train={"max_steps": 500, "step_sleep_s": 0.05},
-                       checkpoint={"interval_steps": None}, heartbeat={"interval_s": 0.2})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        flights_parquet,
+        work,
+        parallel={"strategy": "auto"},
+        train={"max_steps": 500, "step_sleep_s": 0.05},
+        checkpoint={"interval_steps": None},
+        heartbeat={"interval_s": 0.2},
+    )
     with ControlPlane(lambda n, body: lease()) as plane:
         env = {**plane.env(), "GPUYARD_FENCING_TOKEN": "stale"}
         workers = launch(cfg, 1, work, env=env)
@@ -65,19 +77,42 @@ def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_pa
     assert events[0]["strategy"] == "ddp"  # `auto`: the planner found the tiny model fits replicated
 
 
-def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(tmp_path: Path,
-                                                                  flights_parquet: Path) -> None:
+def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(
+    tmp_path: Path, flights_parquet: Path
+) -> None:
     """A pod eviction: SIGTERM reaches torchrun, which forwards it to its workers; they finish the step,
     write a complete checkpoint and exit 75."""
     work = tmp_path / "work"
-    cfg = write_config(tmp_path / "c.yaml", flights_parquet, work, parallel={"strategy": "fsdp"},
-                       train={"max_steps": 500, "step_sleep_s": 0.1}, checkpoint={"interval_steps": None})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        flights_parquet,
+        work,
+        parallel={"strategy": "fsdp"},
+        train={"max_steps": 500, "step_sleep_s": 0.1},
+        checkpoint={"interval_steps": None},
+    )
     log = (tmp_path / "torchrun.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-         "-m", "training.run", "--config", str(cfg)],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "training.run",
+            "--config",
+            str(cfg),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
     )
     deadline = time.monotonic() + 90

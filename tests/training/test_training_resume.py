@@ -96,7 +96,10 @@ def references(tmp_path_factory: pytest.TempPathFactory, flights_parquet: Path) 
 
 @pytest.mark.parametrize(("strategy", "dropout"), [("ddp", 0.1), ("fsdp", 0.0)])
 def test_preempted_run_resumes_exactly_on_two_workers(
-    tmp_path: Path, flights_parquet: Path, references: References, strategy: str,
+    tmp_path: Path,
+    flights_parquet: Path,
+    references: References,
+    strategy: str,
     dropout: float,
 ) -> None:
     """Same world size: bit-for-bit the same trajectory (with dropout, every rank's RNG is restored)."""

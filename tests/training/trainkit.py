@@ -161,8 +161,12 @@ def losses(events: list[dict[str, Any]]) -> dict[int, float]:
 class ControlPlane:
     """A real HTTP server on 127.0.0.1 implementing the heartbeat contract; `answer(n, body)` scripts it."""
 
-    def __init__(self, answer: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any]]],
-                 attempt_id: str = "att-1", fencing_token: str = "tok-1") -> None:
+    def __init__(
+        self,
+        answer: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any]]],
+        attempt_id: str = "att-1",
+        fencing_token: str = "tok-1",
+    ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -205,13 +209,20 @@ class ControlPlane:
         self.server.server_close()
 
     def env(self, checkpoint_url: str | None = None, job_id: str = "job-1") -> dict[str, str]:
-        env = {"GPUYARD_API_URL": self.url, "GPUYARD_ATTEMPT_ID": self.attempt_id,
-               "GPUYARD_FENCING_TOKEN": self.fencing_token, "GPUYARD_JOB_ID": job_id}
+        env = {
+            "GPUYARD_API_URL": self.url,
+            "GPUYARD_ATTEMPT_ID": self.attempt_id,
+            "GPUYARD_FENCING_TOKEN": self.fencing_token,
+            "GPUYARD_JOB_ID": job_id,
+        }
         if checkpoint_url:
             env["GPUYARD_CHECKPOINT_URL"] = checkpoint_url
         return env
 
 
 def lease(action: str = "continue", interval: float | None = None) -> tuple[int, dict[str, Any]]:
-    return 200, {"lease_expires_at": "2026-11-30T12:00:00+00:00", "action": action,
-                 "checkpoint_interval_s": interval}
+    return 200, {
+        "lease_expires_at": "2026-11-30T12:00:00+00:00",
+        "action": action,
+        "checkpoint_interval_s": interval,
+    }

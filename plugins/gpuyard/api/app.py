@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -27,6 +29,7 @@ from gpuyard.domain.spec import SpecRejected, field_path
 from gpuyard.domain.states import IllegalTransition, StaleState
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
+from gpuyard.store.submitter import submitter_for
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +42,30 @@ def create_app(
     logs: Callable[[str, bool], Iterator[str]] | None = None,
     clock: Clock = utcnow,
 ) -> FastAPI:
+    context = ApiContext(
+        settings=settings,
+        engine=engine,
+        submitter=submitter_for(engine, pool_size=settings.db_pool_size),
+        fleet=fleet or settings.fleet(),
+        clock=clock,
+        logs=logs,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await context.submitter.open()  # its connections belong to the server's event loop
+        try:
+            yield
+        finally:
+            await context.submitter.close()
+
     app = FastAPI(
         title="gpuyard",
         version=__version__,
         description="GPU job control plane: submit jobs, follow their attempts, manage teams and quotas.",
+        lifespan=lifespan,
     )
-    app.state.context = ApiContext(
-        settings=settings, engine=engine, fleet=fleet or settings.fleet(), clock=clock, logs=logs
-    )
+    app.state.context = context
     for router in (
         routes_jobs.router,
         routes_fleet.router,
@@ -129,6 +148,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SpecRejected, invalid)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(OperationalError, unavailable)
+    app.add_exception_handler(psycopg.OperationalError, unavailable)  # the submitter's (PoolTimeout too)
     app.add_exception_handler(PoolTimeout, unavailable)
     app.add_exception_handler(DBAPIError, database_error)
     app.add_exception_handler(job_store.IdempotencyConflict, conflict)

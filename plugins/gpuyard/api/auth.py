@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem
@@ -25,14 +24,12 @@ async def principal(request: Request) -> Principal:
     if scheme.lower() != "bearer" or not token.strip():
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
     ctx: ApiContext = request.app.state.context
-    cached, found = ctx.principals.peek(token.strip())
 
     def load(value: str) -> Principal | None:
         with ctx.engine.connect() as conn:
             return team_store.authenticate(conn, value)
 
-    if not cached:
-        found = await run_in_threadpool(ctx.principals.get, token.strip(), load)
+    found = await ctx.principals.get_async(token.strip(), load)
     if found is None:
         raise Problem(401, "Unauthorized", "the bearer token is unknown or revoked", headers=_CHALLENGE)
     return found

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 
 from gpuyard.clock import Clock
 from gpuyard.domain.fleet import Fleet
 from gpuyard.settings import Settings
+from gpuyard.store.submitter import Submitter
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -27,7 +29,7 @@ class TtlCache(Generic[K, V]):
         self._lock = threading.Lock()
 
     def peek(self, key: K) -> tuple[bool, V | None]:
-        """(found, value) without loading: lets async callers skip a thread hop on a hit."""
+        """(found, value) without loading."""
         entry = self._entries.get(key)
         if entry is not None and entry[0] > time.monotonic():
             return True, entry[1]
@@ -45,6 +47,13 @@ class TtlCache(Generic[K, V]):
             self._entries[key] = (now + self.ttl_s, value)
         return value
 
+    async def get_async(self, key: K, load: Callable[[K], V]) -> V:
+        """get() for the event loop: a hit costs no hop to a worker thread, a miss loads in one."""
+        found, value = self.peek(key)
+        if found:
+            return value  # type: ignore[return-value]
+        return await run_in_threadpool(self.get, key, load)
+
     def forget(self, key: K) -> None:
         with self._lock:
             self._entries.pop(key, None)
@@ -58,6 +67,7 @@ class TtlCache(Generic[K, V]):
 class ApiContext:
     settings: Settings
     engine: Engine
+    submitter: Submitter  # the hot path's own way to the store (see store/submitter.py)
     fleet: Fleet
     clock: Clock
     logs: Callable[[str, bool], Iterator[str]] | None = None  # (attempt id, follow) -> lines

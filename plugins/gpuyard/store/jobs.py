@@ -52,18 +52,16 @@ _INSERT_JOB = {
 }
 
 
-def submit(
-    engine: Engine, spec: JobSpec, *, idempotency_key: str | None, created_by: str, at: datetime
-) -> tuple[Job, bool]:
-    """Store the job and its `job.submitted` event in ONE transaction. Returns (job, created)."""
-    spec_json = spec.model_dump(mode="json")
-    spec_hash = spec.fingerprint()
-    row = {
+def new_job_row(
+    spec: JobSpec, *, idempotency_key: str | None, created_by: str, at: datetime
+) -> dict[str, Any]:
+    """The `jobs` row of a new submission (every submit path writes exactly this)."""
+    return {
         "id": new_job_id(),
         "team": spec.team,
         "name": spec.name,
-        "spec": spec_json,
-        "spec_hash": spec_hash,
+        "spec": spec.model_dump(mode="json"),
+        "spec_hash": spec.fingerprint(),
         "idempotency_key": idempotency_key,
         "state": JobState.PENDING.value,
         "priority": spec.priority_value,
@@ -72,22 +70,37 @@ def submit(
         "created_at": at,
         "updated_at": at,
     }
+
+
+def submitted_event_data(spec: JobSpec) -> dict[str, Any]:
+    return {"team": spec.team, "gpus": spec.resources.gpus, "priority": spec.priority}
+
+
+def submit(
+    engine: Engine, spec: JobSpec, *, idempotency_key: str | None, created_by: str, at: datetime
+) -> tuple[Job, bool]:
+    """Store the job and its `job.submitted` event in ONE transaction. Returns (job, created)."""
+    row = new_job_row(spec, idempotency_key=idempotency_key, created_by=created_by, at=at)
     with engine.begin() as conn:
         if conn.execute(_INSERT_JOB[conn.dialect.name], row).first() is None:  # the key was used before
-            existing = conn.execute(
-                select(jobs).where(jobs.c.team == spec.team, jobs.c.idempotency_key == idempotency_key)
-            ).one()
-            if existing.spec_hash != spec_hash:
-                raise IdempotencyConflict(str(idempotency_key), existing.id)
-            return job_from_row(existing), False
-        append_event(
-            conn,
-            type="job.submitted",
-            job_id=row["id"],
-            at=at,
-            data={"team": spec.team, "gpus": spec.resources.gpus, "priority": spec.priority},
-        )
-    return _job(row, spec), True
+            return _replay(conn, spec, str(idempotency_key)), False
+        append_event(conn, type="job.submitted", job_id=row["id"], at=at, data=submitted_event_data(spec))
+    return job_from_mapping(row, spec), True
+
+
+def replay(engine: Engine, spec: JobSpec, idempotency_key: str) -> tuple[Job, bool]:
+    """The job this key made before, or IdempotencyConflict if it was made from a different body."""
+    with engine.connect() as conn:
+        return _replay(conn, spec, idempotency_key), False
+
+
+def _replay(conn: Connection, spec: JobSpec, idempotency_key: str) -> Job:
+    existing = conn.execute(
+        select(jobs).where(jobs.c.team == spec.team, jobs.c.idempotency_key == idempotency_key)
+    ).one()
+    if existing.spec_hash != spec.fingerprint():
+        raise IdempotencyConflict(idempotency_key, existing.id)
+    return job_from_row(existing)
 
 
 def get(conn: Connection, job_id: str) -> Job | None:
@@ -151,7 +164,7 @@ def cancel(engine: Engine, job_id: str, *, at: datetime, by: str) -> Job:
         return get(conn, job_id)  # type: ignore[return-value]
 
 
-def _job(row: dict[str, Any], spec: JobSpec) -> Job:
+def job_from_mapping(row: dict[str, Any], spec: JobSpec) -> Job:
     return Job(
         id=row["id"],
         team=row["team"],
@@ -177,7 +190,7 @@ def _job(row: dict[str, Any], spec: JobSpec) -> Job:
 
 def job_from_row(row: Any) -> Job:
     mapping = row._mapping
-    return _job(dict(mapping), JobSpec.model_validate(mapping["spec"]))
+    return job_from_mapping(dict(mapping), JobSpec.model_validate(mapping["spec"]))
 
 
 def attempt_from_row(row: Any) -> Attempt:
