@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,11 +32,12 @@ def wait_until(
     timeout_s: float = 20.0,
     interval_s: float = 0.05,
     what: str = "condition",
-) -> None:
+) -> Any:
+    """The predicate's first truthy answer."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        if found := predicate():
+            return found
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 

@@ -60,6 +60,13 @@ def copy_checkpoint(
     source: str, destination: str, *, progress: Callable[[int, int], None] | None = None
 ) -> Transfer:
     """Copy the checkpoint directory `source` to `destination` and verify every byte."""
+    try:
+        return _copy(source, destination, progress)
+    except OSError as error:  # an unreadable source, an unwritable or unreachable destination
+        raise TransferError(f"copying {source} to {destination}: {error}") from error
+
+
+def _copy(source: str, destination: str, progress: Callable[[int, int], None] | None) -> Transfer:
     src_fs, src_root = fsspec.core.url_to_fs(source)
     dst_fs, dst_root = fsspec.core.url_to_fs(destination)
     src_root, dst_root = src_root.rstrip("/"), dst_root.rstrip("/")

@@ -50,6 +50,9 @@ def test_copy_verifies_every_file_and_the_manifest(tmp_path: Path) -> None:
         copy_checkpoint(bad, (tmp_path / "west" / "step-000000130").as_uri())
     with pytest.raises(TransferError, match="does not exist"):
         copy_checkpoint((tmp_path / "nowhere").as_uri(), (tmp_path / "x").as_uri())
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(TransferError, match=r"copying .* to .*a-file/step"):
+        copy_checkpoint(source, (tmp_path / "a-file" / "step").as_uri())
 
 
 @pytest.mark.parametrize("corrupt", [False, True])

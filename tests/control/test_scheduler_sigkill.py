@@ -1,0 +1,178 @@
+"""`gpuyard scheduler` SIGKILLed between reserving an attempt and launching it, as a real process.
+
+The pause is deterministic: the job's newest checkpoint is at another site, so after the reserve
+commits the scheduler copies it before launching, and one of its files is a FIFO with no writer:
+opening it blocks in the kernel (`wait_for_partner`), which /proc shows, until the process is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.domain.spec import parse_spec
+from gpuyard.domain.states import AttemptState, JobState
+from gpuyard.launchers.local import _processes_of
+from gpuyard.store import attempts as attempt_store
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from servers import wait_until
+from sqlalchemy import Engine
+
+from .conftest import EXAMPLE_SPEC
+
+STEP = "step-000000010"
+
+
+def fleet_file(tmp_path: Path) -> Path:
+    # east, where the job ran before, is drained for maintenance: the job can only go west.
+    path = tmp_path / "fleet.yaml"
+    node = {"cluster": "c", "domain": "d", "gpu_type": "cpu", "gpus": 1}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {**node, "name": "east-1", "site": "east", "taints": ["maintenance"]},
+                    {**node, "name": "west-1", "site": "west"},
+                ],
+                "sites": [
+                    {"name": "east", "checkpoint_store": (tmp_path / "east").as_uri()},
+                    {"name": "west", "checkpoint_store": (tmp_path / "west").as_uri()},
+                ],
+            }
+        )
+    )
+    return path
+
+
+def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Path) -> tuple[str, Path]:
+    """A job whose first attempt checkpointed in the east and was lost; one checkpoint file is a FIFO."""
+    worker = f"import os; open({str(marks)!r}, 'a').write(os.environ['GPUYARD_ATTEMPT_ID'] + '\\n')"
+    data: dict[str, Any] = {
+        **EXAMPLE_SPEC,
+        "name": "resumer",
+        "image": "local",
+        "command": [sys.executable, "-c", worker],
+        "resources": {"gpus": 1, "gpu_types": ["cpu"]},
+        "checkpoint": {"url": (tmp_path / "east" / "mine").as_uri()},
+    }
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
+    job, _ = job_store.submit(engine, parse_spec(data), idempotency_key=None, created_by="t", at=utcnow())
+    east = Placement("east", "c", "d", (NodeSlice("east-1", (0,)),))
+    first = attempt_store.reserve(engine, job.id, east, borrowed=False, at=utcnow(), lease_ttl_s=60)
+    assert first is not None
+    step = tmp_path / "east" / "mine" / STEP
+    step.mkdir(parents=True)
+    (step / "trainer.pt").write_bytes(b"trainer")
+    os.mkfifo(step / "weights.bin")
+    attempt_store.heartbeat(
+        engine,
+        first.id,
+        first.fencing_token,
+        step=10,
+        at=utcnow(),
+        lease_ttl_s=60,
+        checkpoint={"url": step.as_uri(), "step": 10, "saved_at": utcnow()},
+    )
+    attempt_store.finish(engine, first.id, AttemptState.LOST, at=utcnow(), reason="node drained")
+    return job.id, step / "weights.bin"
+
+
+@pytest.fixture
+def scheduler_env(
+    postgres_url: str, redis_url: str, redis_stream: str, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    env = {
+        **os.environ,
+        "GPUYARD_PROFILE": "production",
+        "GPUYARD_DATABASE_URL": postgres_url,
+        "GPUYARD_REDIS_URL": redis_url,
+        "GPUYARD_REDIS_STREAM": redis_stream,
+        "GPUYARD_HOME": str(tmp_path / "home"),
+        "GPUYARD_LAUNCHER": "local",
+        "GPUYARD_FLEET_FILE": str(fleet_file(tmp_path)),
+        "GPUYARD_API_URL": "http://127.0.0.1:9",  # the worker here sends no heartbeats
+        "GPUYARD_LEASE_SECONDS": "12",  # the dead leader's lease (half of it) runs out sooner
+    }
+    yield env
+    attempts = tmp_path / "home" / "attempts"
+    for directory in attempts.iterdir() if attempts.exists() else ():  # never leave workers behind
+        for pid in _processes_of(directory.name):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_scheduler(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.cli", "scheduler"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def opening_a_fifo(process: subprocess.Popen[bytes]) -> bool:
+    """Does a thread of `process` wait in the kernel for a FIFO's other end?"""
+    for wchan in Path(f"/proc/{process.pid}/task").glob("*/wchan"):
+        try:
+            if wchan.read_text() == "wait_for_partner":
+                return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_after_restart(
+    database_url: str, engine: Engine, scheduler_env: dict[str, str], tmp_path: Path
+) -> None:
+    marks, log = tmp_path / "launched.txt", tmp_path / "scheduler.log"
+    job_id, fifo = job_with_a_checkpoint_in_the_east(engine, tmp_path, marks)
+
+    first = start_scheduler(scheduler_env, log)
+    try:
+        wait_until(lambda: opening_a_fifo(first), timeout_s=60, what="the scheduler to copy the checkpoint")
+        reserved = [a for a in job_store.detail(engine, job_id).attempts if a.number == 2]  # type: ignore[union-attr]
+        assert [(a.state, a.placement["site"]) for a in reserved] == [(AttemptState.CREATED, "west")]
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not marks.exists(), "a worker started before the launch step"
+
+    # The checkpoint file becomes an ordinary one; a new scheduler takes over and finishes the job.
+    fifo.unlink()
+    fifo.write_bytes(b"\x00weights" * 1000)
+    second = start_scheduler(scheduler_env, log)
+    try:
+        wait_until(
+            lambda: job_store.detail(engine, job_id).job.state == JobState.SUCCEEDED,  # type: ignore[union-attr]
+            timeout_s=90,
+            what=f"the job to succeed (scheduler log: {log})",
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+
+    detail = job_store.detail(engine, job_id)
+    assert detail is not None
+    launched = marks.read_text().split()
+    # Launched exactly once, or expired unlaunched and retried: never two attempts' workers.
+    assert len(launched) == len(set(launched)) == 1
+    by_id = {a.id: a for a in detail.attempts}
+    assert by_id[launched[0]].state == AttemptState.SUCCEEDED
+    if launched[0] != reserved[0].id:
+        assert by_id[reserved[0].id].state in (AttemptState.LOST, AttemptState.FAILED)
+    copied = tmp_path / "west" / job_id / STEP / "weights.bin"
+    assert copied.read_bytes() == fifo.read_bytes()
