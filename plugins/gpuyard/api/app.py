@@ -135,7 +135,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
         return problem_response(
-            Problem(error.status_code, str(error.detail), str(error.detail), headers=error.headers),
+            Problem(
+                error.status_code,
+                str(error.detail),
+                str(error.detail),
+                headers=dict(error.headers) if error.headers else None,
+            ),
             request.url.path,
         )
 
