@@ -63,6 +63,10 @@ def test_invalid_spec_is_a_problem_with_field_paths(
     paths = {e["path"] for e in infeasible.json()["errors"]}
     assert paths == {"resources.gpus"}
     assert "team a may use at most 8" in infeasible.text and "largest node" in infeasible.text
+    again = api.post(  # the fleet's answer is memoized: the same answer, the same problem
+        "/v1/jobs", json={key: value for key, value in bad.items() if key != "colour"}, headers=bearer(token)
+    )
+    assert again.status_code == 422 and again.json()["errors"] == infeasible.json()["errors"]
     not_json = api.post(
         "/v1/jobs", content=b"{nope", headers=bearer(token, **{"content-type": "application/json"})
     )

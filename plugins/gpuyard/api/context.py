@@ -74,3 +74,6 @@ class ApiContext:
     # Revocations and quota edits reach other API replicas within these TTLs.
     principals: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
     quotas: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
+    # check_feasible by (resources, sites), all it reads: the fleet is fixed for this process, and
+    # walking thousands of nodes would cost milliseconds per submit.
+    feasibility: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=float("inf")))

@@ -43,7 +43,10 @@ async def _admit(ctx: ApiContext, caller: Principal, spec: JobSpec) -> None:
     quota = await _quota(ctx, spec.team)
     if quota is None:
         raise SpecRejected.one("team", f"no team named {spec.team!r}; a platform admin creates it")
-    violations = check_quota(spec, quota) + check_feasible(spec, ctx.fleet)
+    infeasible = ctx.feasibility.get(
+        (spec.resources, spec.sites), lambda _: tuple(check_feasible(spec, ctx.fleet))
+    )
+    violations = [*check_quota(spec, quota), *infeasible]
     if violations:
         raise SpecRejected(violations)
 
