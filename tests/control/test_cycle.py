@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from gpuyard.domain.feasibility import TeamQuota
@@ -198,3 +199,56 @@ def test_placement_respects_type_and_spot_taints() -> None:
         "steady": ("ondemand",),
         "flex": ("spot",),
     }
+
+
+def test_a_reserved_gang_holds_only_the_nodes_it_needs() -> None:
+    # No node has 8 free GPUs: the 8-GPU gang reserves d0 (most free) but holds one node of it only,
+    # so a 4-GPU job still starts on the other node of d0.
+    state = state_with(
+        running("x", "d0n0", 4, priority=5),
+        running("y", "d0n1", 4, priority=5),
+        running("z", "d1n0", 8, priority=5),
+        running("w", "d1n1", 6, priority=5),
+    )
+    jobs = [job("gang", 8, age_s=0), job("small", 4, age_s=1)]
+    result = run_cycle(jobs, state, NOW, POLICIES["fifo-backfill"])
+    assert result.reserved_for == {"gang": ("east", "c", "d0")}
+    assert [(p.job.id, p.placement.nodes) for p in result.placed] == [("small", ("d0n1",))]
+
+
+def test_a_job_over_quota_in_a_full_cohort_takes_gpus_borrowed_by_a_more_served_team() -> None:
+    # a is at its quota, b borrows 8 GPUs of c's idle quota, the cohort is full. A new 1-GPU job of
+    # a (least attained service) may take 8 of b's GPUs, which b has held for an hour (b stays at its
+    # quota); never c's GPUs (within c's quota) nor a's own (a swaps its own for a higher class only).
+    quotas = {
+        "a": TeamQuota(gpu_quota=8, cohort="all"),
+        "b": TeamQuota(gpu_quota=8, cohort="all"),
+        "c": TeamQuota(gpu_quota=16, cohort="all"),
+    }
+    served = 10 * 3600.0
+    attempts = [
+        replace(running("a-own", "d0n0", 8, team="a"), attained_gpu_s=served),
+        replace(running("b-own", "d0n1", 8, team="b"), attained_gpu_s=served),
+        replace(running("b-borrow", "d1n0", 8, team="b", borrowed=True), attained_gpu_s=served),
+        replace(running("c-own", "d1n1", 8, team="c"), attained_gpu_s=served),
+    ]
+
+    def fresh() -> ClusterState:
+        state = ClusterState.empty(FLEET, quotas)
+        for attempt in attempts:
+            state.take(attempt.team, attempt.placement, borrowed=attempt.borrowed)
+            state.running.append(attempt)
+        return state
+
+    new = job("a-new", 1, team="a", priority=0)
+    state = fresh()
+    assert admit(new, state) is None
+    result = run_cycle([new], state, NOW, POLICIES["gpuyard"])
+    (eviction,) = result.evicted
+    assert eviction.attempt.team == "b" and "least attained service" in eviction.reason
+    assert result.reserved_for == {"a-new": ("east", "c", eviction.attempt.placement.domain)}
+    # Kueue orders by priority and age only: no attained service, nothing to take.
+    assert run_cycle([new], fresh(), NOW, POLICIES["kueue"]).evicted == []
+    # b's attempts placed a minute ago are spared: the minimum run keeps rules from ping-ponging.
+    attempts[1:3] = [replace(a, started_at=NOW - timedelta(seconds=60)) for a in attempts[1:3]]
+    assert run_cycle([new], fresh(), NOW, POLICIES["gpuyard"]).evicted == []

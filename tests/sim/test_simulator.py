@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.sim.cli import sim
@@ -32,8 +33,13 @@ def job(i: int, at_s: float, duration_s: float, gpus: int, team: str = "a") -> T
 def mixed_trace(n: int = 60, seed: int = 1) -> list[TraceJob]:
     rng = random.Random(seed)
     return [
-        job(i, i * 120.0, rng.choice([90.0, 600.0, 3000.0, 20000.0]), rng.choice([1, 1, 1, 2, 4, 8, 16]),
-            rng.choice("abc"))
+        job(
+            i,
+            i * 120.0,
+            rng.choice([90.0, 600.0, 3000.0, 20000.0]),
+            rng.choice([1, 1, 1, 2, 4, 8, 16]),
+            rng.choice("abc"),
+        )
         for i in range(n)
     ]
 
@@ -161,8 +167,11 @@ ROWS = [
 def test_read_trace_window_and_bad_rows(tmp_path: Path) -> None:
     path = write_trace(tmp_path / "t.csv", ROWS)
     jobs = read_trace(path, T0, T0 + timedelta(days=1), min_duration_s=100)
-    assert [(j.team, j.gpus, j.duration_s) for j in jobs] == [("team1", 1, 600.0), ("team2", 8, 3600.0),
-                                                              ("team1", 2, 120.0)]
+    assert [(j.team, j.gpus, j.duration_s) for j in jobs] == [
+        ("team1", 1, 600.0),
+        ("team2", 8, 3600.0),
+        ("team1", 2, 120.0),
+    ]
     bad = write_trace(tmp_path / "bad.csv", [*ROWS[:2], "2017-10-01 00:03:00,60,two,120,team1"])
     with pytest.raises(TraceError, match=r"row 4, column 'num_gpus'.*'two'"):
         read_trace(bad)
@@ -193,8 +202,20 @@ def test_cli_prints_a_table_and_json(tmp_path: Path) -> None:
     assert as_json.exit_code == 0, as_json.output
     (figures,) = json.loads(as_json.output)
     assert figures["policy"] == "tiresias" and figures["jobs"] == 4
-    for key in ("avg_jct_h", "p50_jct_h", "p99_jct_h", "avg_wait_h", "p99_wait_h", "utilization", "goodput",
-                "lost_gpu_h", "resume_success", "cost_usd", "jain", "makespan_h"):
+    for key in (
+        "avg_jct_h",
+        "p50_jct_h",
+        "p99_jct_h",
+        "avg_wait_h",
+        "p99_wait_h",
+        "utilization",
+        "goodput",
+        "lost_gpu_h",
+        "resume_success",
+        "cost_usd",
+        "jain",
+        "makespan_h",
+    ):
         assert key in figures
 
 
@@ -231,4 +252,63 @@ def test_property_no_gpu_leased_twice_and_gangs_stay_in_one_domain(
     checker = LeaseChecker(fleet)
     config = SimConfig(preemptible_mtbi_s=1800.0, node_down_s=300.0, seed=seed)
     result = simulate(trace, fleet, policy, config, observer=checker)
+    assert len(result.jobs) == len(trace) and not checker.held
+
+
+class InstantChecker(LeaseChecker):
+    """Also: no attempt ends at the instant it started (an eviction ping-pong would)."""
+
+    def __init__(self, fleet: Fleet):
+        super().__init__(fleet)
+        self.started: dict[str, float] = {}
+
+    def __call__(self, record: LeaseRecord) -> None:
+        super().__call__(record)
+        if record.kind == "start":
+            self.started[record.attempt_id] = record.at_s
+        else:
+            assert record.at_s > self.started[record.attempt_id], f"{record.attempt_id} evicted at once"
+
+
+def contended_scenario(seed: int) -> tuple[list[TraceJob], Fleet, dict[str, TeamQuota], SimConfig]:
+    """A small fleet shared by four teams with random quotas in one cohort, bursts of jobs at the
+    same instants, free or paid checkpoints: teams borrow, reclaim and share borrowed GPUs."""
+    rng = random.Random(seed)
+    rows = [
+        (
+            rng.choice([0, 0, 100, 200, 300, 3600, 7200, 7300]) + rng.choice([0, 0, 50]),
+            rng.uniform(60, 30_000),
+            rng.choice([1, 1, 1, 2, 4, 8, 8, 16]),
+            rng.choice("aabcd"),
+        )
+        for _ in range(rng.randint(5, 60))
+    ]
+    fleet = standard_fleet(
+        nodes=rng.choice([4, 6, 8]), nodes_per_domain=2, preemptible_nodes=rng.choice([0, 2])
+    )
+    capacity = sum(n.gpus for n in fleet.nodes)
+    shares = [rng.randint(1, capacity // 3) for _ in "abc"]
+    quotas = {
+        team: TeamQuota(gpu_quota=quota, cohort="all")
+        for team, quota in zip("abcd", [*shares, max(1, capacity - sum(shares))], strict=True)
+    }
+    config = SimConfig(
+        checkpoint_cost_s=rng.choice([0.0, 30.0]),
+        restore_s=rng.choice([0.0, 60.0]),
+        preemptible_mtbi_s=rng.choice([None, 3600.0]),
+        seed=seed,
+    )
+    return [job(i, *row) for i, row in enumerate(rows)], fleet, quotas, config
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), policy=st.sampled_from(["gpuyard", "kueue", "tiresias"]))
+def test_property_no_eviction_ping_pong_within_one_instant(seed: int, policy: str) -> None:
+    """A just-placed attempt has nothing unsaved, so its stop is immediate: two rules that evicted
+    each other would loop at one instant. Fair-share rules (reclaim, least attained service, sharing
+    borrowed GPUs) spare attempts younger than MIN_RUN_S and priority evictions only go up a class,
+    so no attempt is ever evicted at the instant it started. (With MIN_RUN_S = 0 this fails.)"""
+    trace, fleet, quotas, config = contended_scenario(seed)
+    checker = InstantChecker(fleet)
+    result = simulate(trace, fleet, policy, config, quotas=quotas, observer=checker)
     assert len(result.jobs) == len(trace) and not checker.held

@@ -116,6 +116,8 @@ class _Eligibility:
         self.no_victims: set[tuple[object, ...]] = set()
         self._by_domain: dict[DomainKey, list[RunningAttempt]] | None = None
         self._by_domain_of: list[RunningAttempt] | None = None
+        self._stopping: dict[str, int] | None = None
+        self._stopping_of: list[RunningAttempt] | None = None
 
     def key(self, job: PendingJob) -> tuple[object, ...]:
         return (
@@ -159,11 +161,13 @@ class _Eligibility:
         self.domain_free[domain] = after
 
     def stopping_by_team(self) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for attempt in self.state.running:
-            if attempt.stopping:
-                found[attempt.team] = found.get(attempt.team, 0) + attempt.gpus
-        return found
+        if self._stopping is None or self._stopping_of is not self.state.running:
+            self._stopping = {}
+            for attempt in self.state.running:
+                if attempt.stopping:
+                    self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
+            self._stopping_of = self.state.running
+        return self._stopping
 
     def running_by_domain(self) -> dict[DomainKey, list[RunningAttempt]]:
         if self._by_domain is None or self._by_domain_of is not self.state.running:
@@ -228,6 +232,13 @@ def place(
     return _placement(job, best, state)
 
 
+def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[str]:
+    """The nodes held for a gang that does not fit yet: the `job.nodes` eligible nodes of its domain
+    with the most free GPUs. Only those, not the whole domain: other nodes stay open to backfill."""
+    emptiest = sorted(nodes, key=lambda n: (-len(state.free[n.name]), n.name))
+    return {n.name for n in emptiest[: job.nodes]}
+
+
 def _borrowing_without(victim: RunningAttempt, state: ClusterState) -> bool:
     """Would the victim's team still be at or above its nominal quota without this attempt?"""
     return state.usage.get(victim.team, 0) - victim.gpus >= state.quota(victim.team).gpu_quota
@@ -246,10 +257,13 @@ def _may_evict(
     """
     if not victim.preemptible:
         return None
-    if admitted is None:  # over quota: only the team's own lower classes can make room (Kueue's
-        # withinClusterQueue: LowerPriority); the team swaps GPUs within its own quota
-        ok = policy.preempt_priority and victim.team == job.team and victim.priority < job.priority
+    if admitted is None and victim.team == job.team:  # over quota and the cohort is full: the team
+        # may swap GPUs within its own usage for a higher class (Kueue's withinClusterQueue)
+        ok = policy.preempt_priority and victim.priority < job.priority
         return f"priority within team {job.team}: {job.id} outranks it" if ok else None
+    # Another team's attempt: a job within its quota may take it, a borrowing job (or one waiting for
+    # the cohort to have room) only from a team that would still be borrowing without it, i.e. the
+    # idle quota that team borrowed is shared out again (Kueue's borrowWithinCohort).
     agrees = not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)
     if policy.preempt_priority and victim.priority < job.priority and agrees:
         return f"priority: {job.id} outranks it"
@@ -273,13 +287,16 @@ def _victims(
     admitted: str | None,
     eligibility: _Eligibility,
     held: set[str],
-) -> tuple[DomainKey, list[tuple[RunningAttempt, str]]] | None:
-    """The domain and victim set that make room for the gang losing the least unsaved progress.
+    cohorts: Cohorts,
+) -> tuple[list[str], list[tuple[RunningAttempt, str]]] | None:
+    """The nodes the gang will use and the victim set that makes room there, losing the least
+    unsaved progress.
 
     Attempts already stopping count as free-to-come at no cost, so a job waiting on its victims
-    never asks for more.
+    never asks for more. A job over quota whose cohort is full (`admitted` None) also needs its
+    victims to give back enough of the cohort's quota to be admitted once they stop.
     """
-    best: tuple[float, DomainKey, list[tuple[RunningAttempt, str]]] | None = None
+    best: tuple[float, list[str], list[tuple[RunningAttempt, str]]] | None = None
     # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job; within a
     # cycle, nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
     memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted, admitted or job.team)
@@ -288,6 +305,7 @@ def _victims(
     by_domain = eligibility.running_by_domain()
     guard = policy.quota and admitted != "nominal"
     stopping = eligibility.stopping_by_team() if policy.quota else {}
+    members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
     for domain, nodes in eligibility.domains(job).items():
         attempts = by_domain.get(domain)
         if not attempts:
@@ -308,9 +326,10 @@ def _victims(
         chosen: list[tuple[RunningAttempt, str]] = []
         loss = 0.0
         leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
+        given = 0  # of the quota the job is short of
         for cost, attempt, why in options:
             fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
-            if fits:
+            if fits and given >= need:
                 break
             # A team making room from its own lower classes swaps GPUs within its quota: no guard.
             if (guard or why.startswith("reclaim")) and not attempt.stopping and attempt.team != job.team:
@@ -323,17 +342,35 @@ def _victims(
                 leaving[team] = leaving.get(team, 0) + attempt.gpus
             chosen.append((attempt, why))
             loss += max(cost, 0.0)
+            if not attempt.stopping and attempt.team in members:
+                given += attempt.gpus
             for piece in attempt.placement.slices:
                 if piece.node in freed:
                     freed[piece.node] += len(piece.gpu_indices)
-        if sum(1 for name in names if freed[name] >= job.gpus_per_node) < job.nodes or not chosen:
+        room = [name for name in names if freed[name] >= job.gpus_per_node]
+        if len(room) < job.nodes or given < need or not chosen:
             continue
         if best is None or loss < best[0]:
-            best = (loss, domain, chosen)
+            # The gang goes where its victims are: hold those nodes first, then the emptiest.
+            touched = {piece.node for attempt, _ in chosen for piece in attempt.placement.slices}
+            room.sort(key=lambda name: (name not in touched, -freed[name], name))
+            best = (loss, room[: job.nodes], chosen)
     if best is None:
         eligibility.no_victims.add(memo)
         return None
     return best[1], best[2]
+
+
+def _quota_shortfall(
+    job: PendingJob, state: ClusterState, cohorts: Cohorts, stopping: dict[str, int]
+) -> tuple[set[str], int]:
+    """For a job not admitted: the teams whose GPUs count against the quota it is admitted on (its
+    cohort, or its team alone), and how many GPUs they must give back (beyond those already
+    stopping) before it fits."""
+    quota = state.quota(job.team)
+    members, nominal = ([job.team], quota.gpu_quota) if quota.cohort is None else cohorts[quota.cohort]
+    used = sum(state.usage.get(team, 0) - stopping.get(team, 0) for team in members)
+    return set(members), used + job.gpus - nominal
 
 
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
@@ -350,16 +387,18 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             eligibility.taken(placement)
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
-        found = _victims(job, state, now, policy, admitted, eligibility, held) if preempting else None
+        found = None
+        if preempting:
+            found = _victims(job, state, now, policy, admitted, eligibility, held, cohorts)
         if found is not None:
-            domain, victims = found
+            nodes, victims = found
             for attempt, why in victims:
                 if not attempt.stopping:
                     result.evicted.append(Eviction(attempt, job.id, why))
             chosen = {id(v) for v, _ in victims}
             state.running = [replace(a, stopping=True) if id(a) in chosen else a for a in state.running]
-            held |= {n.name for n in state.domains[domain]}
-            result.reserved_for[job.id] = domain
+            held.update(nodes)
+            result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
         if admitted is None:
@@ -370,7 +409,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             domains = eligibility.domains(job)
             if domains:
                 domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
-                held |= {n.name for n in state.domains[domain]}
+                held |= reservation(job, domains[domain], state)
                 result.reserved_for[job.id] = domain
         if not policy.backfill:
             break
