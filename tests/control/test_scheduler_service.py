@@ -303,6 +303,35 @@ def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
     assert len(live_attempts(engine, job_id)) == 1
 
 
+class RefusingLauncher(RecordingLauncher):
+    """Starts part of an attempt, then the cluster refuses the rest."""
+
+    def launch(self, request: LaunchRequest) -> None:
+        super().launch(request)
+        raise RuntimeError("pods is forbidden: exceeded quota")
+
+
+def test_a_launch_the_cluster_refuses_counts_as_a_failure_and_cleans_up(
+    engine: Engine, service: SchedulerService, clock: Clock
+) -> None:
+    service.launcher = launcher = RefusingLauncher()
+    job_id = submit(engine, clock, spec(retry={"max_failures": 1, "backoff": "30s"}))
+    service.step()
+    detail = job_store.detail(engine, job_id)
+    assert detail is not None and [a.state.value for a in detail.attempts] == ["FAILED"]
+    first = detail.attempts[0]
+    assert "launch failed: pods is forbidden" in (first.reason or "")
+    assert (first.id, 0) in launcher.cancelled  # what did start is stopped
+    assert (detail.job.state.value, detail.job.failures) == ("PENDING", 1)
+    with engine.connect() as conn:  # its GPUs are free again
+        assert conn.execute(select(func.count()).select_from(leases)).scalar() == 0
+    service.step()
+    assert len(launcher.launch_calls) == 1  # within the backoff: no retry yet
+    clock.advance(31)
+    service.step()  # the second refusal spends the budget: the job fails instead of retrying forever
+    assert len(launcher.launch_calls) == 2 and state(engine, job_id) == "FAILED"
+
+
 def test_one_leader_and_takeover_within_one_lease_period(engine: Engine, clock: Clock) -> None:
     assert attempt_store.hold_leadership(engine, "scheduler", "one", now=clock(), ttl_s=10)
     assert not attempt_store.hold_leadership(engine, "scheduler", "two", now=clock(), ttl_s=10)

@@ -100,8 +100,9 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     second = detail.attempts[-1]
     assert second.placement["site"] == "west"
     if corrupt:
-        assert second.state.value == "LOST" and "checkpoint transfer failed" in (second.reason or "")
+        assert second.state.value == "FAILED" and "checkpoint transfer failed" in (second.reason or "")
         assert second.id not in launcher.launched
+        assert detail.job.failures == 1  # counted, with backoff: a corrupt checkpoint stays corrupt
         return
     request = launcher.launched[second.id]
     west_root = (tmp_path / "west" / job_id).as_uri()

@@ -152,17 +152,22 @@ class SchedulerService:
             try:
                 request = self.bring_checkpoint(attempt, job, request)
             except TransferError as error:
-                attempt_store.finish(
-                    self.engine,
-                    attempt.id,
-                    AttemptState.LOST,
-                    at=self.clock(),
-                    reason=f"checkpoint transfer failed: {error}",
-                )
+                self.not_started(attempt, f"checkpoint transfer failed: {error}")
                 return
-        self.launcher.launch(request)
+        try:
+            self.launcher.launch(request)
+        except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
+            self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
+            self.not_started(attempt, f"launch failed: {error}")
+            return
         if attempt.state == AttemptState.CREATED:
             attempt_store.mark_launching(self.engine, attempt.id, self.clock())
+
+    def not_started(self, attempt: Attempt, reason: str) -> None:
+        """The attempt could not start. It counts as a failure, with the job's backoff: a cause that
+        persists (a corrupt checkpoint, a refused pod) ends the job instead of retrying every pass."""
+        log.warning("attempt %s did not start: %s", attempt.id, reason)
+        attempt_store.finish(self.engine, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
         """Before an attempt starts at another site than the job's newest checkpoint, copy it to that
