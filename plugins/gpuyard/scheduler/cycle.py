@@ -51,32 +51,38 @@ class CycleResult:
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it did not start
 
 
-Cohorts = dict[str, tuple[list[str], int]]  # cohort -> member teams, sum of their nominal quotas
+@dataclass
+class Cohort:
+    members: list[str]
+    nominal: int  # the sum of its members' nominal quotas
+    used: int  # GPUs its members hold; the cycle adds what it places
+
+
+Cohorts = dict[str, Cohort]
 
 
 def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) -> str | None:
     """'nominal' within the team's quota, 'borrow' on idle quota of its cohort, else None.
 
-    `cohorts` (cohort -> member teams and their nominal sum) may be passed precomputed.
+    `cohorts` (`cohorts_of(state)`, kept up to date by the caller) may be passed precomputed.
     """
     quota = state.quota(job.team)
     if state.usage.get(job.team, 0) + job.gpus <= quota.gpu_quota:
         return "nominal"
     if quota.cohort is None:
         return None
-    if cohorts is None:
-        cohorts = cohorts_of(state)
-    members, nominal = cohorts[quota.cohort]
-    used = sum(state.usage.get(team, 0) for team in members)
-    return "borrow" if used + job.gpus <= nominal else None
+    cohort = (cohorts if cohorts is not None else cohorts_of(state))[quota.cohort]
+    return "borrow" if cohort.used + job.gpus <= cohort.nominal else None
 
 
 def cohorts_of(state: ClusterState) -> Cohorts:
     found: Cohorts = {}
     for team, q in state.quotas.items():
         if q.cohort is not None:
-            members, nominal = found.get(q.cohort, ([], 0))
-            found[q.cohort] = ([*members, team], nominal + q.gpu_quota)
+            cohort = found.setdefault(q.cohort, Cohort([], 0, 0))
+            cohort.members.append(team)
+            cohort.nominal += q.gpu_quota
+            cohort.used += state.usage.get(team, 0)
     return found
 
 
@@ -103,8 +109,9 @@ class _Eligibility:
     only held, so a shape that did not fit will not fit later in the same cycle.
     """
 
-    def __init__(self, state: ClusterState):
+    def __init__(self, state: ClusterState, now: datetime):
         self.state = state
+        self.now = now
         self._cache = _static_cache(state)
         self.domain_free: dict[DomainKey, int] = {
             d: state.free_in(nodes) for d, nodes in state.domains.items()
@@ -114,10 +121,9 @@ class _Eligibility:
             self.buckets.setdefault(count, {})[domain] = None
         self.no_room: set[tuple[object, ...]] = set()
         self.no_victims: set[tuple[object, ...]] = set()
-        self._by_domain: dict[DomainKey, list[RunningAttempt]] | None = None
-        self._by_domain_of: list[RunningAttempt] | None = None
-        self._stopping: dict[str, int] | None = None
-        self._stopping_of: list[RunningAttempt] | None = None
+        self._by_domain: dict[DomainKey, list[_Candidate]] | None = None
+        self._bounds = _Bounds()
+        self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
 
     def key(self, job: PendingJob) -> tuple[object, ...]:
         return (
@@ -161,22 +167,83 @@ class _Eligibility:
         self.domain_free[domain] = after
 
     def stopping_by_team(self) -> dict[str, int]:
-        if self._stopping is None or self._stopping_of is not self.state.running:
-            self._stopping = {}
-            for attempt in self.state.running:
-                if attempt.stopping:
-                    self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
-            self._stopping_of = self.state.running
+        self.running_by_domain()
         return self._stopping
 
-    def running_by_domain(self) -> dict[DomainKey, list[RunningAttempt]]:
-        if self._by_domain is None or self._by_domain_of is not self.state.running:
+    def running_by_domain(self) -> dict[DomainKey, list[_Candidate]]:
+        """Running attempts per domain with what every victim search reads of them, computed once
+        per cycle; evictions update it (`mark_stopping`)."""
+        if self._by_domain is None:
             self._by_domain = {}
+            bounds = self._bounds
+            now_s = self.now.timestamp()
             for attempt in self.state.running:
                 p = attempt.placement
-                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(attempt)
-            self._by_domain_of = self.state.running
+                started_s = attempt.started_at.timestamp()
+                settled = now_s - started_s >= MIN_RUN_S
+                las = las_queue(attempt.attained_gpu_s)
+                saved_s = attempt.last_checkpoint_at.timestamp() if attempt.last_checkpoint_at else started_s
+                unsaved = max(0.0, now_s - max(started_s, saved_s)) * attempt.gpus  # = unsaved_gpu_s(now)
+                candidate = _Candidate(attempt, settled, las, unsaved)
+                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(candidate)
+                if attempt.stopping:
+                    bounds.stopping = True
+                    self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
+                elif attempt.preemptible:
+                    bounds.lowest_priority = min(bounds.lowest_priority, attempt.priority)
+                    if settled:
+                        bounds.most_served = max(bounds.most_served, las)
+                        bounds.borrowed = bounds.borrowed or attempt.borrowed
         return self._by_domain
+
+    def mark_stopping(self, victims: list[RunningAttempt]) -> None:
+        """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
+        by_domain = self.running_by_domain()
+        ids = {v.attempt_id for v in victims if not v.stopping}
+        if not ids:
+            return
+        for victim in victims:
+            if victim.attempt_id in ids:
+                p = victim.placement
+                candidates = by_domain[(p.site, p.cluster, p.domain)]
+                for i, c in enumerate(candidates):
+                    if c.attempt.attempt_id == victim.attempt_id:
+                        candidates[i] = replace(c, attempt=replace(c.attempt, stopping=True))
+                self._stopping[victim.team] = self._stopping.get(victim.team, 0) + victim.gpus
+        self._bounds.stopping = True  # the other bounds stay upper bounds
+        self.state.running = [
+            replace(a, stopping=True) if a.attempt_id in ids else a for a in self.state.running
+        ]
+
+    def may_find_victims(self, job: PendingJob, policy: Policy, admitted: str | None) -> bool:
+        """False when no running attempt can be a victim of `job` under any rule: a cheap test
+        before searching the domains."""
+        self.running_by_domain()
+        b = self._bounds
+        return (
+            b.stopping
+            or (policy.preempt_priority and b.lowest_priority < job.priority)
+            or (policy.preempt_las and las_queue(job.attained_gpu_s) < b.most_served)
+            or (policy.reclaim and admitted == "nominal" and b.borrowed)
+        )
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    attempt: RunningAttempt
+    settled: bool  # ran at least MIN_RUN_S: fair-share rules may evict it
+    las: int  # its 2D-LAS queue
+    unsaved_gpu_s: float
+
+
+@dataclass
+class _Bounds:
+    """Over the running attempts: what any victim search could find at best."""
+
+    stopping: bool = False
+    lowest_priority: float = float("inf")  # among preemptible attempts
+    most_served: int = -1  # highest 2D-LAS queue among settled preemptible attempts
+    borrowed: bool = False  # a settled preemptible attempt runs on borrowed quota
 
 
 def _choose_nodes(
@@ -302,7 +369,11 @@ def _victims(
     memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted, admitted or job.team)
     if memo in eligibility.no_victims:
         return None
+    if not eligibility.may_find_victims(job, policy, admitted):
+        eligibility.no_victims.add(memo)
+        return None
     by_domain = eligibility.running_by_domain()
+    job_las = las_queue(job.attained_gpu_s)
     guard = policy.quota and admitted != "nominal"
     stopping = eligibility.stopping_by_team() if policy.quota else {}
     members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
@@ -314,13 +385,20 @@ def _victims(
             continue
         names = {n.name for n in nodes}
         options: list[tuple[float, RunningAttempt, str]] = []
-        for attempt in attempts:
+        for candidate in attempts:
+            attempt = candidate.attempt
             if attempt.stopping:
                 options.append((-1.0, attempt, "already stopping"))
-            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None and (
-                why.startswith("priority") or (now - attempt.started_at).total_seconds() >= MIN_RUN_S
+            elif not (
+                (policy.preempt_priority and attempt.priority < job.priority)
+                or (candidate.settled and candidate.las > job_las)
+                or (candidate.settled and attempt.borrowed and admitted == "nominal")
             ):
-                options.append((attempt.unsaved_gpu_s(now), attempt, why))
+                continue  # no rule of _may_evict could apply: a class below, more served or a reclaim
+            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None and (
+                why.startswith("priority") or candidate.settled
+            ):
+                options.append((candidate.unsaved_gpu_s, attempt, why))
         options.sort(key=lambda option: option[0])
         freed: dict[str, int] = {name: len(state.free[name]) for name in names}
         chosen: list[tuple[RunningAttempt, str]] = []
@@ -368,14 +446,17 @@ def _quota_shortfall(
     cohort, or its team alone), and how many GPUs they must give back (beyond those already
     stopping) before it fits."""
     quota = state.quota(job.team)
-    members, nominal = ([job.team], quota.gpu_quota) if quota.cohort is None else cohorts[quota.cohort]
+    if quota.cohort is None:
+        members, nominal = [job.team], quota.gpu_quota
+    else:
+        members, nominal = cohorts[quota.cohort].members, cohorts[quota.cohort].nominal
     used = sum(state.usage.get(team, 0) - stopping.get(team, 0) for team in members)
     return set(members), used + job.gpus - nominal
 
 
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
-    eligibility = _Eligibility(state)
+    eligibility = _Eligibility(state, now)
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
@@ -384,6 +465,8 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")
+            if (cohort := state.quota(job.team).cohort) is not None:
+                cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
@@ -395,8 +478,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             for attempt, why in victims:
                 if not attempt.stopping:
                     result.evicted.append(Eviction(attempt, job.id, why))
-            chosen = {id(v) for v, _ in victims}
-            state.running = [replace(a, stopping=True) if id(a) in chosen else a for a in state.running]
+            eligibility.mark_stopping([v for v, _ in victims])
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
