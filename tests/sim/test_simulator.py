@@ -17,7 +17,7 @@ from gpuyard.sim.cli import sim
 from gpuyard.sim.engine import LeaseRecord, SimConfig
 from gpuyard.sim.fleet_builder import derive_quotas, standard_fleet, write_fleet
 from gpuyard.sim.metrics import jain_index, summarize
-from gpuyard.sim.run import simulate
+from gpuyard.sim.run import POLICY_NAMES, simulate
 from gpuyard.sim.trace import TraceError, TraceJob, read_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -66,7 +66,7 @@ class LeaseChecker:
                 assert self.held.pop(key) == record.attempt_id
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(POLICY_NAMES))
 def test_every_policy_completes_every_job_with_exclusive_leases_in_one_domain(policy: str) -> None:
     fleet = standard_fleet(nodes=8, preemptible_nodes=4)  # two domains of 4 nodes, one of them spot
     trace = mixed_trace()
@@ -114,6 +114,19 @@ def test_preemption_checkpoints_then_requeues_without_losing_progress() -> None:
     assert long.attempts == 2
     # Work, periodic checkpoints, the stop checkpoint, the wait, the restore.
     assert long.finished_s > 50_000.0 + 600.0 + 60.0
+
+
+def test_oracle_sjf_reads_true_durations_and_exists_in_the_simulator_only() -> None:
+    fleet = standard_fleet(nodes=1, nodes_per_domain=1, preemptible_nodes=0)
+    trace = [job(0, 0.0, 1000.0, 8), job(1, 10.0, 10_000.0, 8), job(2, 20.0, 100.0, 8)]
+    config = SimConfig(preemptible_mtbi_s=None)
+    order = {
+        name: [j.id for j in sorted(simulate(trace, fleet, name, config).jobs, key=lambda j: j.finished_s)]
+        for name in ("fifo-backfill", "oracle-sjf")
+    }
+    assert order["fifo-backfill"] == ["j0000", "j0001", "j0002"]
+    assert order["oracle-sjf"] == ["j0000", "j0002", "j0001"]  # the short one, known to be short
+    assert "oracle-sjf" not in POLICIES  # the service's policies never read durations
 
 
 def test_same_seed_same_run_and_interruptions_happen() -> None:

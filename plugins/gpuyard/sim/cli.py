@@ -12,11 +12,10 @@ from typing import Annotated
 
 import typer
 from gpuyard.domain.fleet import load_fleet
-from gpuyard.scheduler.policy import POLICIES
 from gpuyard.sim.engine import SimConfig, SimulationError
 from gpuyard.sim.fleet_builder import standard_fleet
 from gpuyard.sim.metrics import COLUMNS, summarize
-from gpuyard.sim.run import policy_named, simulate
+from gpuyard.sim.run import POLICY_NAMES, check_policy, simulate
 from gpuyard.sim.trace import TraceError, parse_time, read_trace
 from rich.console import Console
 from rich.table import Table
@@ -38,7 +37,12 @@ def sim(
         typer.Option("--fleet", help="Fleet YAML ({nodes: [...]}) [default: the standard 64 x 8 GPU fleet]."),
     ] = None,
     policy: Annotated[
-        str, typer.Option("--policy", help=f"One or more, comma-separated: {', '.join(POLICIES)}.")
+        str,
+        typer.Option(
+            "--policy",
+            help=f"One or more, comma-separated: {', '.join(POLICY_NAMES)}. "
+            "oracle-sjf reads true durations: an upper bound, simulator only.",
+        ),
     ] = "gpuyard",
     start: Annotated[str | None, typer.Option("--start", help="Replay jobs submitted from (UTC).")] = None,
     end: Annotated[str | None, typer.Option("--end", help="... and before this time (UTC).")] = None,
@@ -54,7 +58,7 @@ def sim(
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
     try:
-        policies = [policy_named(name.strip()) for name in policy.split(",") if name.strip()]
+        policies = [check_policy(name.strip()) for name in policy.split(",") if name.strip()]
         jobs = read_trace(trace, _time(start, "--start"), _time(end, "--end"), min_duration)  # type: ignore[arg-type]
         chosen_fleet = load_fleet(fleet) if fleet is not None else standard_fleet()
         config = SimConfig(

@@ -9,17 +9,28 @@ from gpuyard.domain.fleet import Fleet
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.sim.engine import Observer, SimConfig, SimResult, Simulator
 from gpuyard.sim.fleet_builder import derive_quotas
+from gpuyard.sim.oracle import ORACLE_SJF, oracle_sjf
 from gpuyard.sim.trace import TraceJob
 from tqdm import tqdm
 
 PROGRESS_FROM_JOBS = 2000  # a bar only on long runs
 
 
-def policy_named(name: str) -> Policy:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
+# The simulator also offers a clairvoyant reference; the service never does (see oracle.py).
+POLICY_NAMES = (*POLICIES, ORACLE_SJF)
+
+
+def check_policy(name: str) -> str:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICY_NAMES)}")
+    return name
+
+
+def policy_named(name: str, trace: list[TraceJob] | None = None) -> Policy:
+    """A policy of the service by name, or `oracle-sjf` built from the trace's true durations."""
+    if check_policy(name) == ORACLE_SJF:
+        return oracle_sjf({job.id: job.duration_s for job in trace or []})
+    return POLICIES[name]
 
 
 def simulate(
@@ -32,7 +43,7 @@ def simulate(
     progress: bool = False,
     observer: Observer | None = None,
 ) -> SimResult:
-    chosen = policy_named(policy) if isinstance(policy, str) else policy
+    chosen = policy_named(policy, trace) if isinstance(policy, str) else policy
     simulator = Simulator(
         fleet=fleet,
         quotas=quotas if quotas is not None else derive_quotas(trace, fleet, quota_rule),
