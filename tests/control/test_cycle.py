@@ -124,10 +124,7 @@ def test_priority_preemption_picks_the_victim_losing_least_unsaved_progress() ->
     assert [e.attempt.attempt_id for e in result.evicted] == ["fresh-ckpt"]
     assert "priority" in result.evicted[0].reason
     # next cycle: the victim is stopping; nothing else is evicted while the job waits for it
-    state.running = [
-        a if a.attempt_id != "fresh-ckpt" else a.__class__(**{**a.__dict__, "stopping": True})
-        for a in state.running
-    ]
+    state.running = [replace(a, stopping=a.attempt_id == "fresh-ckpt") for a in state.running]
     again = run_cycle([job("urgent", 8, priority=2)], state, NOW, POLICIES["gpuyard"])
     assert again.evicted == [] and "urgent" in again.reserved_for
 

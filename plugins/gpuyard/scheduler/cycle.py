@@ -126,17 +126,7 @@ class _Eligibility:
         self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
 
     def key(self, job: PendingJob) -> tuple[object, ...]:
-        return (
-            self.state.quota(job.team).allowed_gpu_types,
-            job.gpu_types,
-            job.gpu_memory_gb,
-            job.sites,
-            job.tolerations,
-            job.data_uris,
-            job.preemptible,
-            job.gpus_per_node,
-            job.nodes,
-        )
+        return (self.state.quota(job.team).allowed_gpu_types, job.shape)
 
     def domains(self, job: PendingJob) -> dict[DomainKey, list[Node]]:
         key = self.key(job)
@@ -179,11 +169,9 @@ class _Eligibility:
             now_s = self.now.timestamp()
             for attempt in self.state.running:
                 p = attempt.placement
-                started_s = attempt.started_at.timestamp()
-                settled = now_s - started_s >= MIN_RUN_S
+                settled = now_s - attempt.started_s >= MIN_RUN_S
                 las = las_queue(attempt.attained_gpu_s)
-                saved_s = attempt.last_checkpoint_at.timestamp() if attempt.last_checkpoint_at else started_s
-                unsaved = max(0.0, now_s - max(started_s, saved_s)) * attempt.gpus  # = unsaved_gpu_s(now)
+                unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
                 candidate = _Candidate(attempt, settled, las, unsaved)
                 self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(candidate)
                 if attempt.stopping:
@@ -460,8 +448,18 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
+    # Jobs alike (shape, class, LAS queue, team, admission) that could not start, and why. Within a
+    # cycle GPUs are only taken and nodes only held, so a later one fails alike: a long queue of
+    # similar jobs costs one search, not one each.
+    failed: dict[tuple[object, ...], str] = {}
     for job in policy.order(pending, state, now):
         admitted = admit(job, state, cohorts) if policy.quota else "nominal"
+        alike = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), job.team, admitted)
+        if alike in failed:
+            result.waiting[job.id] = failed[alike]
+            if not policy.backfill:
+                break
+            continue
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")
@@ -484,9 +482,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
         if admitted is None:
-            result.waiting[job.id] = "over quota, and the cohort has no idle quota to lend"
+            result.waiting[job.id] = failed[alike] = "over quota, and the cohort has no idle quota to lend"
             continue
-        result.waiting[job.id] = "no domain has room for the whole gang now"
+        result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
             domains = eligibility.domains(job)
             if domains:

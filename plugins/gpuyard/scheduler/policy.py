@@ -53,12 +53,14 @@ def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> lis
 def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
     """Priority class, then within-quota before borrowing (as Kueue, so a reclaim is not undone by
     its own victim), then least attained service (2D-LAS), then weighted fair share, then age."""
-    shares = {team: dominant_share(team, state) for team in {j.team for j in jobs}}
+    teams = {j.team for j in jobs}
+    shares = {team: dominant_share(team, state) for team in teams}
+    headroom = {team: state.quota(team).gpu_quota - state.usage.get(team, 0) for team in teams}
     return sorted(
         jobs,
         key=lambda j: (
             -j.priority,
-            borrows(j, state),
+            j.gpus > headroom[j.team],  # = borrows(j, state)
             las_queue(j.attained_gpu_s),
             shares[j.team],
             j.submitted_at,

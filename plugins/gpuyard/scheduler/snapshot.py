@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
@@ -33,6 +32,21 @@ class PendingJob:
     data_uris: tuple[str, ...] = ()
     checkpoint_site: str | None = None  # where its newest checkpoint is, if any
     attained_gpu_s: float = 0.0  # service received so far (for least-attained-service policies)
+    # What the filters read of the job, derived once: jobs of one shape fit (or not) on the same nodes.
+    shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shape = (
+            self.gpu_types,
+            self.gpu_memory_gb,
+            self.sites,
+            self.tolerations,
+            self.data_uris,
+            self.preemptible,
+            self.gpus_per_node,
+            self.nodes,
+        )
+        object.__setattr__(self, "shape", shape)
 
     @property
     def gpus_per_node(self) -> int:
@@ -52,15 +66,21 @@ class RunningAttempt:
     borrowed: bool = False  # admitted on quota lent by the team's cohort
     attained_gpu_s: float = 0.0
     stopping: bool = False  # already asked to stop
+    # Derived once (every cycle reads them for every attempt): GPUs, and as POSIX seconds its start and
+    # when its progress was last durable (its newest checkpoint, or its start).
+    gpus: int = field(init=False, repr=False, compare=False)
+    started_s: float = field(init=False, repr=False, compare=False)
+    saved_s: float = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def gpus(self) -> int:
-        return self.placement.gpus
+    def __post_init__(self) -> None:
+        saved = max(self.started_at, self.last_checkpoint_at or self.started_at)
+        object.__setattr__(self, "gpus", self.placement.gpus)
+        object.__setattr__(self, "started_s", self.started_at.timestamp())
+        object.__setattr__(self, "saved_s", saved.timestamp())
 
     def unsaved_gpu_s(self, now: datetime) -> float:
         """Progress a preemption would lose now: GPU-seconds since the last durable checkpoint."""
-        since = max(self.started_at, self.last_checkpoint_at or self.started_at)
-        return max(0.0, (now - since).total_seconds()) * self.gpus
+        return max(0.0, now.timestamp() - self.saved_s) * self.gpus
 
 
 _DERIVED: dict[int, tuple[Fleet, dict[str, Node], dict[tuple[str, str, str], list[Node]], float]] = {}
