@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
@@ -196,7 +197,7 @@ class _Eligibility:
                 candidates = by_domain[(p.site, p.cluster, p.domain)]
                 for i, c in enumerate(candidates):
                     if c.attempt.attempt_id == victim.attempt_id:
-                        candidates[i] = replace(c, attempt=replace(c.attempt, stopping=True))
+                        candidates[i] = c._replace(attempt=replace(c.attempt, stopping=True))
                 self._stopping[victim.team] = self._stopping.get(victim.team, 0) + victim.gpus
         self._bounds.stopping = True  # the other bounds stay upper bounds
         self.state.running = [
@@ -216,8 +217,7 @@ class _Eligibility:
         )
 
 
-@dataclass(frozen=True)
-class _Candidate:
+class _Candidate(NamedTuple):  # a tuple: thousands are built per cycle
     attempt: RunningAttempt
     settled: bool  # ran at least MIN_RUN_S: fair-share rules may evict it
     las: int  # its 2D-LAS queue
@@ -393,9 +393,13 @@ def _victims(
         loss = 0.0
         leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
         given = 0  # of the quota the job is short of
+        beaten = False
         for cost, attempt, why in options:
             fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
             if fits and given >= need:
+                break
+            if best is not None and loss + max(cost, 0.0) >= best[0]:
+                beaten = True  # costs only grow from here: another domain loses less
                 break
             # A team making room from its own lower classes swaps GPUs within its quota: no guard.
             if (guard or why.startswith("reclaim")) and not attempt.stopping and attempt.team != job.team:
@@ -414,7 +418,7 @@ def _victims(
                 if piece.node in freed:
                     freed[piece.node] += len(piece.gpu_indices)
         room = [name for name in names if freed[name] >= job.gpus_per_node]
-        if len(room) < job.nodes or given < need or not chosen:
+        if beaten or len(room) < job.nodes or given < need or not chosen:
             continue
         if best is None or loss < best[0]:
             # The gang goes where its victims are: hold those nodes first, then the emptiest.

@@ -53,6 +53,9 @@ class SimConfig:
     seed: int = 0
     priority: int = 0  # every trace job's priority class (Philly has none)
     interruptions: tuple[tuple[float, str], ...] = ()  # extra (seconds after start, node), for tests
+    # Events within this many seconds of the first one are applied together before ONE cycle (the
+    # service runs a pass every second); 0: a cycle after every distinct instant.
+    cycle_period_s: float = 1.0
 
 
 @dataclass
@@ -289,8 +292,10 @@ class Simulator:
         last_t, same_instant = -1.0, 0
         while self.events and (len(self.done) < live):
             t = self.events[0][0]
-            while self.events and self.events[0][0] <= t + 1e-9:
-                _, kind, _, payload = heapq.heappop(self.events)
+            until = t + max(self.config.cycle_period_s, 1e-9)
+            while self.events and self.events[0][0] <= until:
+                at, kind, _, payload = heapq.heappop(self.events)
+                t = max(t, at)
                 self._handle(t, kind, payload)
             if self.pending:
                 same_instant = same_instant + 1 if t == last_t else 0
