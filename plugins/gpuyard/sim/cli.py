@@ -55,6 +55,10 @@ def sim(
     ] = 24.0,
     quota_rule: Annotated[str, typer.Option("--quota-rule", help="'share' or 'equal'.")] = "share",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the interruptions.")] = 0,
+    cycle_period: Annotated[
+        float,
+        typer.Option("--cycle-period", help="Seconds of events applied before one cycle; 0: each."),
+    ] = 0.0,
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
     try:
@@ -66,6 +70,7 @@ def sim(
             restore_s=restore,
             preemptible_mtbi_s=spot_mtbi_h * 3600.0 if spot_mtbi_h > 0 else None,
             seed=seed,
+            cycle_period_s=cycle_period,
         )
         summaries = []
         for chosen in policies:
