@@ -44,6 +44,13 @@ def test_idempotency_key_replays_and_conflicts(api: TestClient, make_token: Call
     assert other.status_code == 409
     assert other.headers["content-type"] == "application/problem+json"
     assert first.json()["id"] in other.json()["detail"]
+    too_long = api.post(
+        "/v1/jobs", json=EXAMPLE_SPEC, headers=bearer(make_token("a"), **{"Idempotency-Key": "k" * 256})
+    )
+    assert too_long.status_code == 422
+    assert too_long.json()["errors"] == [
+        {"path": "header.idempotency-key", "rule": "must be 1 to 255 characters long"}
+    ]
 
 
 def test_invalid_spec_is_a_problem_with_field_paths(
