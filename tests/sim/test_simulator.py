@@ -239,6 +239,8 @@ def test_cli_names_the_bad_row_and_column(tmp_path: Path) -> None:
     assert "row 3, column 'duration'" in result.output
     unknown = CliRunner().invoke(cli(), ["--trace", str(trace), "--policy", "lottery"])
     assert unknown.exit_code == 2 and "unknown policy 'lottery'" in unknown.output
+    backwards = CliRunner().invoke(cli(), ["--trace", str(trace), "--policy", "fifo", "--cycle-period", "-1"])
+    assert backwards.exit_code == 2 and "--cycle-period" in backwards.output
 
 
 # -- property: random small traces ---------------------------------------------------------------

@@ -57,7 +57,7 @@ def sim(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the interruptions.")] = 0,
     cycle_period: Annotated[
         float,
-        typer.Option("--cycle-period", help="Seconds of events applied before one cycle; 0: each."),
+        typer.Option("--cycle-period", min=0.0, help="Seconds of events applied before one cycle; 0: each."),
     ] = 0.0,
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
