@@ -213,10 +213,11 @@ def test_a_reserved_gang_holds_only_the_nodes_it_needs() -> None:
     assert [(p.job.id, p.placement.nodes) for p in result.placed] == [("small", ("d0n1",))]
 
 
-def test_a_job_over_quota_in_a_full_cohort_takes_gpus_borrowed_by_a_more_served_team() -> None:
+def test_a_less_served_job_takes_gpus_of_a_more_served_team_even_within_its_quota() -> None:
     # a is at its quota, b borrows 8 GPUs of c's idle quota, the cohort is full. A new 1-GPU job of
-    # a (least attained service) may take 8 of b's GPUs, which b has held for an hour (b stays at its
-    # quota); never c's GPUs (within c's quota) nor a's own (a swaps its own for a higher class only).
+    # a (least attained service) may take a settled attempt of any other team that has had more
+    # service, c's within its quota too (the order puts less-served work first), and it picks the one
+    # losing least unsaved progress; never a's own (a swaps its own for a higher class only).
     quotas = {
         "a": TeamQuota(gpu_quota=8, cohort="all"),
         "b": TeamQuota(gpu_quota=8, cohort="all"),
@@ -225,9 +226,12 @@ def test_a_job_over_quota_in_a_full_cohort_takes_gpus_borrowed_by_a_more_served_
     served = 10 * 3600.0
     attempts = [
         replace(running("a-own", "d0n0", 8, team="a"), attained_gpu_s=served),
-        replace(running("b-own", "d0n1", 8, team="b"), attained_gpu_s=served),
-        replace(running("b-borrow", "d1n0", 8, team="b", borrowed=True), attained_gpu_s=served),
-        replace(running("c-own", "d1n1", 8, team="c"), attained_gpu_s=served),
+        replace(running("b-own", "d0n1", 8, team="b", checkpoint_age_s=900), attained_gpu_s=served),
+        replace(
+            running("b-borrow", "d1n0", 8, team="b", borrowed=True, checkpoint_age_s=900),
+            attained_gpu_s=served,
+        ),
+        replace(running("c-own", "d1n1", 8, team="c", checkpoint_age_s=60), attained_gpu_s=served),
     ]
 
     def fresh() -> ClusterState:
@@ -242,10 +246,38 @@ def test_a_job_over_quota_in_a_full_cohort_takes_gpus_borrowed_by_a_more_served_
     assert admit(new, state) is None
     result = run_cycle([new], state, NOW, POLICIES["gpuyard"])
     (eviction,) = result.evicted
-    assert eviction.attempt.team == "b" and "least attained service" in eviction.reason
-    assert result.reserved_for == {"a-new": ("east", "c", eviction.attempt.placement.domain)}
-    # Kueue orders by priority and age only: no attained service, nothing to take.
+    assert eviction.attempt.attempt_id == "c-own" and "least attained service" in eviction.reason
+    assert result.reserved_for == {"a-new": ("east", "c", "d1")}
+    # A job that has had as much service takes nothing: evictions agree with the order.
+    assert run_cycle([replace(new, attained_gpu_s=served)], fresh(), NOW, POLICIES["gpuyard"]).evicted == []
+    # Kueue orders by priority and age only: no attained service, and c is within its quota.
     assert run_cycle([new], fresh(), NOW, POLICIES["kueue"]).evicted == []
-    # b's attempts placed a minute ago are spared: the minimum run keeps rules from ping-ponging.
-    attempts[1:3] = [replace(a, started_at=NOW - timedelta(seconds=60)) for a in attempts[1:3]]
+    # Attempts placed a minute ago are spared: the minimum run keeps rules from ping-ponging.
+    attempts[1:] = [replace(a, started_at=NOW - timedelta(seconds=60)) for a in attempts[1:]]
     assert run_cycle([new], fresh(), NOW, POLICIES["gpuyard"]).evicted == []
+
+
+def test_a_reclaim_takes_back_only_from_work_served_at_least_as_much() -> None:
+    # b borrowed a's idle quota for two 8-GPU jobs; a now needs 8 GPUs back. Under gpuyard a reclaim
+    # agrees with the 2D-LAS order: a long-served job of a does not evict a borrower that has had
+    # less service (it will, once the borrower has had as much), a fresh job of a does.
+    def borrowed_by_b(attained_gpu_s: float) -> ClusterState:
+        return state_with(
+            *(
+                replace(
+                    running(f"b{i}", f"d{i // 2}n{i % 2}", 8, team="b", priority=1, borrowed=i >= 2),
+                    attained_gpu_s=attained_gpu_s,
+                )
+                for i in range(4)
+            )
+        )
+
+    fresh_job, served_job = job("a-new", 8), replace(job("a-old", 8), attained_gpu_s=10 * 3600.0)
+    assert run_cycle([served_job], borrowed_by_b(100.0), NOW, POLICIES["gpuyard"]).evicted == []
+    for pending, borrower_served in ((served_job, 10 * 3600.0), (fresh_job, 100.0)):
+        result = run_cycle([pending], borrowed_by_b(borrower_served), NOW, POLICIES["gpuyard"])
+        assert [e.attempt.attempt_id for e in result.evicted] in (["b2"], ["b3"])
+        assert "reclaim" in result.evicted[0].reason
+    # Kueue reclaims whatever the service.
+    result = run_cycle([served_job], borrowed_by_b(100.0), NOW, POLICIES["kueue"])
+    assert [e.attempt.attempt_id for e in result.evicted] in (["b2"], ["b3"])

@@ -305,10 +305,13 @@ def _may_evict(
     """Why `victim` may make room for `job`, or None.
 
     Evictions must agree with the queue order, or the victim, requeued, is placed back on the GPUs it
-    just gave up and the two evict each other forever. With quotas, the order puts work within its
-    team's quota before borrowing work (Kueue's rule), so a borrowing job may only preempt (by 2D-LAS)
-    a team that would still be borrowing without the victim, and a reclaim takes back only from a
-    team that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing).
+    just gave up and the two evict each other forever. gpuyard's order is priority class, then 2D-LAS
+    queue, then within-quota before borrowing: so a less-served job may take a more-served attempt of
+    any team, even one within its quota (the service a team's quota guarantees is shared by attained
+    service, as Tiresias shares the fleet), and a reclaim takes back borrowed GPUs only from work that
+    has had at least as much service as the reclaiming job. A reclaim takes back only from a team
+    that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing). Priority
+    preemption keeps Kueue's borrowWithinCohort rule: a borrowing job outranks only borrowed GPUs.
     """
     if not victim.preemptible:
         return None
@@ -316,20 +319,21 @@ def _may_evict(
         # may swap GPUs within its own usage for a higher class (Kueue's withinClusterQueue)
         ok = policy.preempt_priority and victim.priority < job.priority
         return f"priority within team {job.team}: {job.id} outranks it" if ok else None
-    # Another team's attempt: a job within its quota may take it, a borrowing job (or one waiting for
-    # the cohort to have room) only from a team that would still be borrowing without it, i.e. the
-    # idle quota that team borrowed is shared out again (Kueue's borrowWithinCohort).
-    agrees = not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)
-    if policy.preempt_priority and victim.priority < job.priority and agrees:
+    job_las, victim_las = las_queue(job.attained_gpu_s), las_queue(victim.attained_gpu_s)
+    # Another team's attempt, by priority: a job within its quota may take it, a borrowing job (or
+    # one waiting for the cohort to have room) only from a team that would still be borrowing without it.
+    outranks = policy.preempt_priority and victim.priority < job.priority
+    if outranks and (not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)):
         return f"priority: {job.id} outranks it"
-    if policy.reclaim and admitted == "nominal" and victim.borrowed and _borrowing_without(victim, state):
-        return f"reclaim: team {job.team} needs its quota back"
     if (
-        policy.preempt_las
-        and victim.priority <= job.priority
-        and las_queue(victim.attained_gpu_s) > las_queue(job.attained_gpu_s)
-        and agrees
+        policy.reclaim
+        and admitted == "nominal"
+        and victim.borrowed
+        and _borrowing_without(victim, state)
+        and (not policy.preempt_las or victim_las >= job_las)
     ):
+        return f"reclaim: team {job.team} needs its quota back"
+    if policy.preempt_las and victim.priority <= job.priority and victim_las > job_las:
         return f"least attained service: {job.id} has had less"
     return None
 
@@ -401,10 +405,13 @@ def _victims(
             if best is not None and loss + max(cost, 0.0) >= best[0]:
                 beaten = True  # costs only grow from here: another domain loses less
                 break
-            # A team making room from its own lower classes swaps GPUs within its quota: no guard.
-            if (guard or why.startswith("reclaim")) and not attempt.stopping and attempt.team != job.team:
-                # Several victims of one team, or its attempts already stopping, must not take it below
-                # its quota together: it would then be ordered first and evict its way back.
+            # Reclaims, and a borrowing job's priority victims, must not take a team below its quota,
+            # not even several victims together or with its attempts already stopping: it would then
+            # be ordered first and evict its way back. (Least-attained-service victims may: the order
+            # puts less-served work before within-quota work.) A team making room from its own lower
+            # classes swaps GPUs within its quota: no guard.
+            kueue_rule = why.startswith("reclaim") or (guard and why.startswith("priority"))
+            if kueue_rule and not attempt.stopping and attempt.team != job.team:
                 team = attempt.team
                 left = state.usage.get(team, 0) - stopping.get(team, 0) - leaving.get(team, 0) - attempt.gpus
                 if left < state.quota(team).gpu_quota:

@@ -51,8 +51,12 @@ def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> lis
 
 
 def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-    """Priority class, then within-quota before borrowing (as Kueue, so a reclaim is not undone by
-    its own victim), then least attained service (2D-LAS), then weighted fair share, then age."""
+    """Priority class, then least attained service (2D-LAS), then within-quota before borrowing (as
+    Kueue, so a reclaim is not undone by its own victim), then weighted fair share, then age.
+
+    Attained service comes before quota: a team's nominal quota guarantees its work a place ahead of
+    borrowing work that has had as much service, not ahead of less-served work (see `_may_evict`).
+    """
     teams = {j.team for j in jobs}
     shares = {team: dominant_share(team, state) for team in teams}
     headroom = {team: state.quota(team).gpu_quota - state.usage.get(team, 0) for team in teams}
@@ -60,8 +64,8 @@ def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) ->
         jobs,
         key=lambda j: (
             -j.priority,
-            j.gpus > headroom[j.team],  # = borrows(j, state)
             las_queue(j.attained_gpu_s),
+            j.gpus > headroom[j.team],  # = borrows(j, state)
             shares[j.team],
             j.submitted_at,
             j.id,
