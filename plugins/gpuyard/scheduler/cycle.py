@@ -14,7 +14,7 @@ from typing import NamedTuple
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.plugins import SCORES, STATIC_FILTERS, free_gpus
-from gpuyard.scheduler.policy import Policy, las_queue
+from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 
 DomainKey = tuple[str, str, str]
@@ -171,9 +171,8 @@ class _Eligibility:
             for attempt in self.state.running:
                 p = attempt.placement
                 settled = now_s - attempt.started_s >= MIN_RUN_S
-                las = las_queue(attempt.attained_gpu_s)
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
-                candidate = _Candidate(attempt, settled, las, unsaved)
+                candidate = _Candidate(attempt, settled, unsaved)
                 self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(candidate)
                 if attempt.stopping:
                     bounds.stopping = True
@@ -181,7 +180,7 @@ class _Eligibility:
                 elif attempt.preemptible:
                     bounds.lowest_priority = min(bounds.lowest_priority, attempt.priority)
                     if settled:
-                        bounds.most_served = max(bounds.most_served, las)
+                        bounds.most_served = max(bounds.most_served, attempt.las)
                         bounds.borrowed = bounds.borrowed or attempt.borrowed
         return self._by_domain
 
@@ -212,7 +211,7 @@ class _Eligibility:
         return (
             b.stopping
             or (policy.preempt_priority and b.lowest_priority < job.priority)
-            or (policy.preempt_las and las_queue(job.attained_gpu_s) < b.most_served)
+            or (policy.preempt_las and job.las < b.most_served)
             or (policy.reclaim and admitted == "nominal" and b.borrowed)
         )
 
@@ -220,7 +219,6 @@ class _Eligibility:
 class _Candidate(NamedTuple):  # a tuple: thousands are built per cycle
     attempt: RunningAttempt
     settled: bool  # ran at least MIN_RUN_S: fair-share rules may evict it
-    las: int  # its 2D-LAS queue
     unsaved_gpu_s: float
 
 
@@ -319,22 +317,21 @@ def _may_evict(
         # may swap GPUs within its own usage for a higher class (Kueue's withinClusterQueue)
         ok = policy.preempt_priority and victim.priority < job.priority
         return f"priority within team {job.team}: {job.id} outranks it" if ok else None
-    job_las, victim_las = las_queue(job.attained_gpu_s), las_queue(victim.attained_gpu_s)
     # Another team's attempt, by priority: a job within its quota may take it, a borrowing job (or
     # one waiting for the cohort to have room) only from a team that would still be borrowing without it.
     outranks = policy.preempt_priority and victim.priority < job.priority
     if outranks and (not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)):
         return f"priority: {job.id} outranks it"
+    if policy.preempt_las and victim.priority <= job.priority and victim.las > job.las:
+        return f"least attained service: {job.id} has had less"
     if (
         policy.reclaim
         and admitted == "nominal"
         and victim.borrowed
+        and (not policy.preempt_las or victim.las >= job.las)
         and _borrowing_without(victim, state)
-        and (not policy.preempt_las or victim_las >= job_las)
     ):
         return f"reclaim: team {job.team} needs its quota back"
-    if policy.preempt_las and victim.priority <= job.priority and victim_las > job_las:
-        return f"least attained service: {job.id} has had less"
     return None
 
 
@@ -358,14 +355,14 @@ def _victims(
     best: tuple[float, list[str], list[tuple[RunningAttempt, str]]] | None = None
     # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job; within a
     # cycle, nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
-    memo = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), admitted, admitted or job.team)
+    memo = (eligibility.key(job), job.priority, job.las, admitted, admitted or job.team)
     if memo in eligibility.no_victims:
         return None
     if not eligibility.may_find_victims(job, policy, admitted):
         eligibility.no_victims.add(memo)
         return None
     by_domain = eligibility.running_by_domain()
-    job_las = las_queue(job.attained_gpu_s)
+    job_las = job.las
     guard = policy.quota and admitted != "nominal"
     stopping = eligibility.stopping_by_team() if policy.quota else {}
     members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
@@ -383,7 +380,7 @@ def _victims(
                 options.append((-1.0, attempt, "already stopping"))
             elif not (
                 (policy.preempt_priority and attempt.priority < job.priority)
-                or (candidate.settled and candidate.las > job_las)
+                or (candidate.settled and attempt.las > job_las)
                 or (candidate.settled and attempt.borrowed and admitted == "nominal")
             ):
                 continue  # no rule of _may_evict could apply: a class below, more served or a reclaim
@@ -465,7 +462,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     failed: dict[tuple[object, ...], str] = {}
     for job in policy.order(pending, state, now):
         admitted = admit(job, state, cohorts) if policy.quota else "nominal"
-        alike = (eligibility.key(job), job.priority, las_queue(job.attained_gpu_s), job.team, admitted)
+        alike = (eligibility.key(job), job.priority, job.las, job.team, admitted)
         if alike in failed:
             result.waiting[job.id] = failed[alike]
             if not policy.backfill:

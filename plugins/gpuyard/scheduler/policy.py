@@ -6,7 +6,6 @@ differ. None of them reads a job's true duration: scheduling is non-clairvoyant.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,14 +13,6 @@ from datetime import datetime
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
 Order = Callable[[list[PendingJob], ClusterState, datetime], list[PendingJob]]
-
-# Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
-LAS_THRESHOLDS = (3250.0, 7200.0)
-
-
-def las_queue(attained_gpu_s: float) -> int:
-    """0 for the least-served jobs; a job moves down a queue as it receives service."""
-    return bisect_right(LAS_THRESHOLDS, attained_gpu_s)  # thresholds reached
 
 
 def dominant_share(team: str, state: ClusterState) -> float:
@@ -47,7 +38,7 @@ def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> li
 
 
 def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-    return sorted(jobs, key=lambda j: (las_queue(j.attained_gpu_s), j.submitted_at, j.id))
+    return sorted(jobs, key=lambda j: (j.las, j.submitted_at, j.id))
 
 
 def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
@@ -64,7 +55,7 @@ def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) ->
         jobs,
         key=lambda j: (
             -j.priority,
-            las_queue(j.attained_gpu_s),
+            j.las,
             j.gpus > headroom[j.team],  # = borrows(j, state)
             shares[j.team],
             j.submitted_at,

@@ -6,12 +6,21 @@ virtual cluster, and both hand it to the same cycle.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
+
+# Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
+LAS_THRESHOLDS = (3250.0, 7200.0)
+
+
+def las_queue(attained_gpu_s: float) -> int:
+    """0 for the least-served work; work moves down a queue as it receives service."""
+    return bisect_right(LAS_THRESHOLDS, attained_gpu_s)  # thresholds reached
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class PendingJob:
     attained_gpu_s: float = 0.0  # service received so far (for least-attained-service policies)
     # What the filters read of the job, derived once: jobs of one shape fit (or not) on the same nodes.
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
+    las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
 
     def __post_init__(self) -> None:
         shape = (
@@ -47,6 +57,7 @@ class PendingJob:
             self.nodes,
         )
         object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "las", las_queue(self.attained_gpu_s))
 
     @property
     def gpus_per_node(self) -> int:
@@ -66,14 +77,16 @@ class RunningAttempt:
     borrowed: bool = False  # admitted on quota lent by the team's cohort
     attained_gpu_s: float = 0.0
     stopping: bool = False  # already asked to stop
-    # Derived once (every cycle reads them for every attempt): GPUs, and as POSIX seconds its start and
-    # when its progress was last durable (its newest checkpoint, or its start).
+    # Derived once (every cycle reads them for every attempt): GPUs, as POSIX seconds its start and when
+    # its progress was last durable (its newest checkpoint, or its start), and its 2D-LAS queue.
     gpus: int = field(init=False, repr=False, compare=False)
     started_s: float = field(init=False, repr=False, compare=False)
     saved_s: float = field(init=False, repr=False, compare=False)
+    las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
 
     def __post_init__(self) -> None:
         saved = max(self.started_at, self.last_checkpoint_at or self.started_at)
+        object.__setattr__(self, "las", las_queue(self.attained_gpu_s))
         object.__setattr__(self, "gpus", self.placement.gpus)
         object.__setattr__(self, "started_s", self.started_at.timestamp())
         object.__setattr__(self, "saved_s", saved.timestamp())

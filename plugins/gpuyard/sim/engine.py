@@ -27,8 +27,8 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import LAS_THRESHOLDS, Policy
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, PendingJob, RunningAttempt
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
