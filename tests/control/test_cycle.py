@@ -216,8 +216,8 @@ def test_a_reserved_gang_holds_only_the_nodes_it_needs() -> None:
 def test_a_less_served_job_takes_gpus_of_a_more_served_team_even_within_its_quota() -> None:
     # a is at its quota, b borrows 8 GPUs of c's idle quota, the cohort is full. A new 1-GPU job of
     # a (least attained service) may take a settled attempt of any other team that has had more
-    # service, c's within its quota too (the order puts less-served work first), and it picks the one
-    # losing least unsaved progress; never a's own (a swaps its own for a higher class only).
+    # service, c's within its quota too (the order puts less-served work first), or a's own, and it
+    # picks the one losing least unsaved progress.
     quotas = {
         "a": TeamQuota(gpu_quota=8, cohort="all"),
         "b": TeamQuota(gpu_quota=8, cohort="all"),
@@ -225,7 +225,7 @@ def test_a_less_served_job_takes_gpus_of_a_more_served_team_even_within_its_quot
     }
     served = 10 * 3600.0
     attempts = [
-        replace(running("a-own", "d0n0", 8, team="a"), attained_gpu_s=served),
+        replace(running("a-own", "d0n0", 8, team="a", checkpoint_age_s=900), attained_gpu_s=served),
         replace(running("b-own", "d0n1", 8, team="b", checkpoint_age_s=900), attained_gpu_s=served),
         replace(
             running("b-borrow", "d1n0", 8, team="b", borrowed=True, checkpoint_age_s=900),
@@ -248,12 +248,15 @@ def test_a_less_served_job_takes_gpus_of_a_more_served_team_even_within_its_quot
     (eviction,) = result.evicted
     assert eviction.attempt.attempt_id == "c-own" and "least attained service" in eviction.reason
     assert result.reserved_for == {"a-new": ("east", "c", "d1")}
+    attempts[0] = replace(attempts[0], last_checkpoint_at=NOW)  # now a's own loses least
+    (eviction,) = run_cycle([new], fresh(), NOW, POLICIES["gpuyard"]).evicted
+    assert eviction.attempt.attempt_id == "a-own" and "least attained service" in eviction.reason
     # A job that has had as much service takes nothing: evictions agree with the order.
     assert run_cycle([replace(new, attained_gpu_s=served)], fresh(), NOW, POLICIES["gpuyard"]).evicted == []
     # Kueue orders by priority and age only: no attained service, and c is within its quota.
     assert run_cycle([new], fresh(), NOW, POLICIES["kueue"]).evicted == []
     # Attempts placed a minute ago are spared: the minimum run keeps rules from ping-ponging.
-    attempts[1:] = [replace(a, started_at=NOW - timedelta(seconds=60)) for a in attempts[1:]]
+    attempts[:] = [replace(a, started_at=NOW - timedelta(seconds=60)) for a in attempts]
     assert run_cycle([new], fresh(), NOW, POLICIES["gpuyard"]).evicted == []
 
 

@@ -313,16 +313,19 @@ def _may_evict(
     """
     if not victim.preemptible:
         return None
-    if admitted is None and victim.team == job.team:  # over quota and the cohort is full: the team
-        # may swap GPUs within its own usage for a higher class (Kueue's withinClusterQueue)
-        ok = policy.preempt_priority and victim.priority < job.priority
-        return f"priority within team {job.team}: {job.id} outranks it" if ok else None
-    # Another team's attempt, by priority: a job within its quota may take it, a borrowing job (or
-    # one waiting for the cohort to have room) only from a team that would still be borrowing without it.
     outranks = policy.preempt_priority and victim.priority < job.priority
+    less_served = policy.preempt_las and victim.priority <= job.priority and victim.las > job.las
+    if admitted is None and victim.team == job.team:  # over quota and the cohort is full: the team
+        # swaps GPUs within its own usage, for a higher class (Kueue's withinClusterQueue) or, under
+        # LAS, for less-served work, as it would with another team's
+        if outranks:
+            return f"priority within team {job.team}: {job.id} outranks it"
+        return f"least attained service: {job.id} has had less" if less_served else None
+    # Another team's attempt, by class: a job within its quota may take it, a borrowing job (or one
+    # waiting for the cohort to have room) only from a team that would still be borrowing without it.
     if outranks and (not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)):
         return f"priority: {job.id} outranks it"
-    if policy.preempt_las and victim.priority <= job.priority and victim.las > job.las:
+    if less_served:
         return f"least attained service: {job.id} has had less"
     if (
         policy.reclaim
