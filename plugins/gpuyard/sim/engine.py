@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -75,7 +76,6 @@ class _Job:
     pending_s: float = 0.0
     attempts: int = 0
     lost_gpu_s: float = 0.0
-    snapshot: PendingJob | None = None
 
 
 @dataclass
@@ -221,6 +221,9 @@ class Simulator:
         self.down: set[str] = set()
         self.owner: dict[tuple[str, int], str] = {}  # (node, gpu) -> attempt id: the lease table
         self.pending: dict[str, _Job] = {}
+        # What cycles see of the queue, kept as it changes: a backlog of thousands costs no rebuild.
+        self.queue: dict[str, PendingJob] = {}
+        self.queued_sizes: Counter[int] = Counter()  # GPUs asked -> pending jobs asking that many
         self.running: dict[str, _Attempt] = {}
         self.on_node: dict[str, set[str]] = {n.name: set() for n in self.fleet.nodes}
         self.usage: dict[str, int] = {}
@@ -319,9 +322,8 @@ class Simulator:
     def _handle(self, t: float, kind: int, payload: object) -> None:
         if kind == _ARRIVAL:
             assert isinstance(payload, _Job)
-            payload.pending_since_s = t
             self.arrivals_left -= 1
-            self.pending[payload.trace.id] = payload
+            self._enqueue(payload, t)
         elif kind == _FINISH:
             assert isinstance(payload, _Attempt)
             if not payload.ended and payload.finish_s <= t + 1e-9:
@@ -348,21 +350,30 @@ class Simulator:
     def _now(self, t: float) -> datetime:
         return self.start + timedelta(seconds=t)
 
-    def _pending_snapshot(self, job: _Job) -> PendingJob:
-        if job.snapshot is None:
-            job.snapshot = PendingJob(
-                id=job.trace.id,
-                team=job.trace.team,
-                gpus=job.gpus,
-                nodes=job.nodes,
-                gpu_types=(),
-                priority=self.config.priority,
-                preemptible=True,
-                submitted_at=job.trace.submitted_at,
-                checkpoint_site="sim" if job.saved_s > 0 else None,
-                attained_gpu_s=job.attained_gpu_s,
-            )
-        return job.snapshot
+    def _enqueue(self, job: _Job, t: float) -> None:
+        job.pending_since_s = t
+        self.pending[job.trace.id] = job
+        self.queue[job.trace.id] = PendingJob(
+            id=job.trace.id,
+            team=job.trace.team,
+            gpus=job.gpus,
+            nodes=job.nodes,
+            gpu_types=(),
+            priority=self.config.priority,
+            preemptible=True,
+            submitted_at=job.trace.submitted_at,
+            checkpoint_site="sim" if job.saved_s > 0 else None,
+            attained_gpu_s=job.attained_gpu_s,
+        )
+        self.queued_sizes[job.gpus] += 1
+
+    def _dequeue(self, job_id: str) -> _Job:
+        job = self.pending.pop(job_id)
+        del self.queue[job_id]
+        self.queued_sizes[job.gpus] -= 1
+        if not self.queued_sizes[job.gpus]:
+            del self.queued_sizes[job.gpus]
+        return job
 
     def _running_snapshot(self, attempt: _Attempt, t: float) -> RunningAttempt:
         ckpt = attempt.last_checkpoint_s(t)
@@ -421,7 +432,7 @@ class Simulator:
 
     def _cycle(self, t: float) -> None:
         free_now = sum(len(g) for name, g in self.free.items() if name not in self.down)
-        if not self.preempting and free_now < min(j.gpus for j in self.pending.values()):
+        if not self.preempting and free_now < min(self.queued_sizes):
             return  # nothing can start and nothing may be preempted: the cycle would only wait
         state = ClusterState(
             fleet=self.fleet,
@@ -431,15 +442,14 @@ class Simulator:
             usage=dict(self.usage),
             borrowed=dict(self.borrowed),
         )
-        pending = [self._pending_snapshot(j) for j in self.pending.values()]
-        result = run_cycle(pending, state, self._now(t), self.policy)
+        result = run_cycle(list(self.queue.values()), state, self._now(t), self.policy)
         self.totals.cycles += 1
         for eviction in result.evicted:
             attempt = self.running.get(eviction.attempt.attempt_id)
             if attempt is not None and attempt.stop_s is None:
                 self._ask_to_stop(attempt, t)
         for placed in result.placed:
-            self._start(self.pending.pop(placed.job.id), placed.placement, placed.borrowed, t)
+            self._start(self._dequeue(placed.job.id), placed.placement, placed.borrowed, t)
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -502,7 +512,6 @@ class Simulator:
         if job.first_start_s is None:
             job.first_start_s = t
         job.pending_s += t - job.pending_since_s
-        job.snapshot = None
         self.running[attempt_id] = attempt
         if self.preempting:
             self._refresh(attempt, t)
@@ -536,11 +545,6 @@ class Simulator:
         self.totals.cost += attempt.price_per_hour * held / 3600.0
         if attempt.resumed and t >= attempt.start_s + attempt.restore_s + 1e-9:
             self.totals.resumes_ok += 1
-
-    def _requeue(self, job: _Job, t: float) -> None:
-        job.snapshot = None
-        job.pending_since_s = t
-        self.pending[job.trace.id] = job
 
     def _finish(self, attempt: _Attempt, t: float) -> None:
         self._release(attempt, t)
@@ -583,7 +587,7 @@ class Simulator:
         job = attempt.job
         job.saved_s = attempt.base_saved_s + attempt.progress(attempt.stop_s)
         self._release(attempt, t)
-        self._requeue(job, t)
+        self._enqueue(job, t)
 
     def _interrupt(self, name: str, t: float) -> None:
         self.totals.interruptions += 1
@@ -600,4 +604,4 @@ class Simulator:
             self.totals.lost_gpu_s += lost * job.trace.gpus
             self.totals.attempts_killed += 1
             self._release(attempt, t)
-            self._requeue(job, t)
+            self._enqueue(job, t)
