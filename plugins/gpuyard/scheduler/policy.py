@@ -31,10 +31,10 @@ def kueue_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> l
     """Kueue's: workloads that fit their team's nominal quota before those that must borrow, then
     priority, then age. Without it, a borrower requeued by a reclaim is re-admitted ahead of the
     reclaiming workload on the GPUs it just gave back, and the two evict each other forever."""
-    return sorted(jobs, key=lambda j: (borrows(j, state), -j.priority, j.submitted_at, j.id))
+    return sorted(jobs, key=lambda j: (borrows(j, state), -j.priority, j.age))
 
 
-_AGE = attrgetter("submitted_at", "id")  # oldest first; in C, as queues run to thousands
+_AGE = attrgetter("age")  # oldest first; in C, as queues run to thousands
 
 
 def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
@@ -42,7 +42,7 @@ def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> li
 
 
 def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-    return sorted(jobs, key=lambda j: (j.las, j.submitted_at, j.id))
+    return sorted(jobs, key=lambda j: (j.las, j.age))
 
 
 def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
@@ -62,8 +62,7 @@ def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) ->
             j.las,
             j.gpus > headroom[j.team],  # = borrows(j, state)
             shares[j.team],
-            j.submitted_at,
-            j.id,
+            j.age,
         ),
     )
 

@@ -22,7 +22,7 @@ def oracle_sjf(durations_s: Mapping[str, float]) -> Policy:
     """The policy for one trace: `durations_s` maps each job id to its true run time."""
 
     def order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-        return sorted(jobs, key=lambda j: (durations_s[j.id], j.submitted_at, j.id))
+        return sorted(jobs, key=lambda j: (durations_s[j.id], j.age))
 
     return Policy(
         ORACLE_SJF,
