@@ -459,13 +459,20 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
-    # Jobs alike (shape, class, LAS queue, team, admission) that could not start, and why. Within a
-    # cycle GPUs are only taken and nodes only held, so a later one fails alike: a long queue of
-    # similar jobs costs one search, not one each.
+    # Jobs alike (same kind and admission) that could not start, and why. Within a cycle GPUs are
+    # only taken and nodes only held, so a later one fails alike: a long queue of similar jobs costs
+    # one search, not one each.
     failed: dict[tuple[object, ...], str] = {}
+    # Admission per (team, GPUs), until a placement changes the usage it reads.
+    admissions: dict[tuple[str, int], str | None] = {}
     for job in policy.order(pending, state, now):
-        admitted = admit(job, state, cohorts) if policy.quota else "nominal"
-        alike = (eligibility.key(job), job.priority, job.las, job.team, admitted)
+        admitted: str | None = "nominal"
+        if policy.quota:
+            asked = (job.team, job.gpus)
+            if asked not in admissions:
+                admissions[asked] = admit(job, state, cohorts)
+            admitted = admissions[asked]
+        alike = (job.kind, admitted)
         if alike in failed:
             result.waiting[job.id] = failed[alike]
             if not policy.backfill:
@@ -477,6 +484,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             if (cohort := state.quota(job.team).cohort) is not None:
                 cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)
+            admissions.clear()
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = None

@@ -22,16 +22,18 @@ def dominant_share(team: str, state: ClusterState) -> float:
     return state.usage.get(team, 0) / (max(quota.gpu_quota, 1) * quota.weight)
 
 
-def borrows(job: PendingJob, state: ClusterState) -> bool:
-    """Would admitting `job` now take its team over its nominal quota (borrow from the cohort)?"""
-    return state.usage.get(job.team, 0) + job.gpus > state.quota(job.team).gpu_quota
+def headroom(jobs: list[PendingJob], state: ClusterState) -> dict[str, int]:
+    """GPUs each team of `jobs` may still take within its nominal quota: a job asking more borrows
+    from the cohort. Per team, once per order, as queues run to thousands."""
+    return {team: state.quota(team).gpu_quota - state.usage.get(team, 0) for team in {j.team for j in jobs}}
 
 
 def kueue_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
     """Kueue's: workloads that fit their team's nominal quota before those that must borrow, then
     priority, then age. Without it, a borrower requeued by a reclaim is re-admitted ahead of the
     reclaiming workload on the GPUs it just gave back, and the two evict each other forever."""
-    return sorted(jobs, key=lambda j: (borrows(j, state), -j.priority, j.age))
+    room = headroom(jobs, state)
+    return sorted(jobs, key=lambda j: (j.gpus > room[j.team], -j.priority, j.age))
 
 
 _AGE = attrgetter("age")  # oldest first; in C, as queues run to thousands
@@ -52,15 +54,14 @@ def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) ->
     Attained service comes before quota: a team's nominal quota guarantees its work a place ahead of
     borrowing work that has had as much service, not ahead of less-served work (see `_may_evict`).
     """
-    teams = {j.team for j in jobs}
-    shares = {team: dominant_share(team, state) for team in teams}
-    headroom = {team: state.quota(team).gpu_quota - state.usage.get(team, 0) for team in teams}
+    room = headroom(jobs, state)
+    shares = {team: dominant_share(team, state) for team in room}
     return sorted(
         jobs,
         key=lambda j: (
             -j.priority,
             j.las,
-            j.gpus > headroom[j.team],  # = borrows(j, state)
+            j.gpus > room[j.team],  # borrows
             shares[j.team],
             j.age,
         ),

@@ -47,6 +47,8 @@ class PendingJob:
     # Oldest first, ties by id: POSIX seconds compare several times faster than aware datetimes, and
     # queues run to thousands of jobs sorted every cycle.
     age: tuple[float, str] = field(init=False, repr=False, compare=False)
+    # Everything but its age that the cycle's rules read of a job: jobs of one kind fare alike.
+    kind: tuple[object, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         shape = (
@@ -62,6 +64,7 @@ class PendingJob:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "las", las_queue(self.attained_gpu_s))
         object.__setattr__(self, "age", (self.submitted_at.timestamp(), self.id))
+        object.__setattr__(self, "kind", (self.team, shape, self.priority, self.las))
 
     @property
     def gpus_per_node(self) -> int:
