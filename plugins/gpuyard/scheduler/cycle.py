@@ -49,7 +49,9 @@ class CycleResult:
     placed: list[Placed] = field(default_factory=list)
     evicted: list[Eviction] = field(default_factory=list)
     reserved_for: dict[str, DomainKey] = field(default_factory=dict)  # job id -> domain held for it
-    waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it did not start
+    # job id -> why it did not start, for the jobs the cycle reached (it stops early when no later job
+    # can start: fifo at the first that does not fit, any policy once every kind of job failed)
+    waiting: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -465,7 +467,12 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     failed: dict[tuple[object, ...], str] = {}
     # Admission per (team, GPUs), until a placement changes the usage it reads.
     admissions: dict[tuple[str, int], str | None] = {}
-    for job in policy.order(pending, state, now):
+    ordered = policy.order(pending, state, now)
+    # Once every kind in the queue has failed since the last placement, so will every later job (same
+    # kind, same admission): the walk stops, and a backlog of thousands costs the kinds it holds.
+    kinds = len({job.kind for job in ordered})
+    failed_kinds: set[tuple[object, ...]] = set()
+    for job in ordered:
         admitted: str | None = "nominal"
         if policy.quota:
             asked = (job.team, job.gpus)
@@ -485,6 +492,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                 cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)
             admissions.clear()
+            failed_kinds.clear()
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = None
@@ -500,16 +508,19 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
+        failed_kinds.add(job.kind)
         if admitted is None:
             result.waiting[job.id] = failed[alike] = "over quota, and the cohort has no idle quota to lend"
-            continue
-        result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
-        if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
-            domains = eligibility.domains(job)
-            if domains:
-                domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
-                held |= reservation(job, domains[domain], state)
-                result.reserved_for[job.id] = domain
-        if not policy.backfill:
+        else:
+            result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
+            if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
+                domains = eligibility.domains(job)
+                if domains:
+                    domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
+                    held |= reservation(job, domains[domain], state)
+                    result.reserved_for[job.id] = domain
+            if not policy.backfill:
+                break
+        if len(failed_kinds) == kinds:
             break
     return result
