@@ -468,11 +468,15 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     # Admission per (team, GPUs), until a placement changes the usage it reads.
     admissions: dict[tuple[str, int], str | None] = {}
     ordered = policy.order(pending, state, now)
-    # Once every kind in the queue has failed since the last placement, so will every later job (same
-    # kind, same admission): the walk stops, and a backlog of thousands costs the kinds it holds.
-    kinds = len({job.kind for job in ordered})
+    # Once every kind of job left in the queue has failed since the last placement, so will every later
+    # job (same kind, same admission): the walk stops, and a backlog of thousands costs the kinds in it.
+    last = {job.kind: i for i, job in enumerate(ordered)}  # where each kind's last job is
     failed_kinds: set[tuple[object, ...]] = set()
-    for job in ordered:
+
+    def only_failed_kinds_after(i: int) -> bool:
+        return all(at <= i for kind, at in last.items() if kind not in failed_kinds)
+
+    for i, job in enumerate(ordered):
         admitted: str | None = "nominal"
         if policy.quota:
             asked = (job.team, job.gpus)
@@ -507,6 +511,8 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
+            if only_failed_kinds_after(i):
+                break
             continue
         failed_kinds.add(job.kind)
         if admitted is None:
@@ -521,6 +527,6 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                     result.reserved_for[job.id] = domain
             if not policy.backfill:
                 break
-        if len(failed_kinds) == kinds:
+        if only_failed_kinds_after(i):
             break
     return result
