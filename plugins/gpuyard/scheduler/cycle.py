@@ -7,6 +7,9 @@ applies them to its virtual cluster. Both run this same code.
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import NamedTuple
@@ -49,8 +52,8 @@ class CycleResult:
     placed: list[Placed] = field(default_factory=list)
     evicted: list[Eviction] = field(default_factory=list)
     reserved_for: dict[str, DomainKey] = field(default_factory=dict)  # job id -> domain held for it
-    # job id -> why it did not start, for the jobs the cycle reached (it stops early when no later job
-    # can start: fifo at the first that does not fit, any policy once every kind of job failed)
+    # job id -> why it did not start, for the jobs the cycle looked at (fifo stops at the first that
+    # does not fit; a job whose kind already failed in this cycle may be skipped)
     waiting: dict[str, str] = field(default_factory=dict)
 
 
@@ -455,6 +458,49 @@ def _quota_shortfall(
     return set(members), used + job.gpus - nominal
 
 
+class _KindWalk:
+    """The ordered queue, job by job, where the kind of the job just seen can be parked: its later
+    jobs are skipped until `resume` (after a placement, which changes admissions). A backlog of
+    thousands then costs a step per kind, not per job."""
+
+    def __init__(self, ordered: list[PendingJob]):
+        self._jobs: dict[tuple[object, ...], list[PendingJob]] = {}  # per kind, in queue order
+        self._places: dict[tuple[object, ...], list[int]] = {}  # their places in the queue
+        for i, job in enumerate(ordered):
+            if (jobs := self._jobs.get(job.kind)) is None:
+                jobs = self._jobs[job.kind] = []
+                self._places[job.kind] = []
+            jobs.append(job)
+            self._places[job.kind].append(i)
+        # (place in the queue, index in its kind's list, kind): places are unique, kinds never compared
+        self._next = [(places[0], 0, kind) for kind, places in self._places.items()]
+        heapq.heapify(self._next)
+        self._parked: list[tuple[object, ...]] = []
+        self._place = -1
+        self._park = False
+
+    def __iter__(self) -> Iterator[PendingJob]:
+        while self._next:
+            self._place, at, kind = heapq.heappop(self._next)
+            self._park = False
+            yield self._jobs[kind][at]
+            if self._park:
+                self._parked.append(kind)
+            elif at + 1 < len(self._jobs[kind]):
+                heapq.heappush(self._next, (self._places[kind][at + 1], at + 1, kind))
+
+    def park(self) -> None:
+        self._park = True
+
+    def resume(self) -> None:
+        for kind in self._parked:
+            places = self._places[kind]
+            at = bisect_right(places, self._place)
+            if at < len(places):
+                heapq.heappush(self._next, (places[at], at, kind))
+        self._parked.clear()
+
+
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
     eligibility = _Eligibility(state, now)
@@ -462,21 +508,13 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
     # Jobs alike (same kind and admission) that could not start, and why. Within a cycle GPUs are
-    # only taken and nodes only held, so a later one fails alike: a long queue of similar jobs costs
-    # one search, not one each.
+    # only taken and nodes only held, so a later one fails alike: its kind is parked (`_KindWalk`),
+    # and a long queue of similar jobs costs one search, not one each.
     failed: dict[tuple[object, ...], str] = {}
     # Admission per (team, GPUs), until a placement changes the usage it reads.
     admissions: dict[tuple[str, int], str | None] = {}
-    ordered = policy.order(pending, state, now)
-    # Once every kind of job left in the queue has failed since the last placement, so will every later
-    # job (same kind, same admission): the walk stops, and a backlog of thousands costs the kinds in it.
-    last = {job.kind: i for i, job in enumerate(ordered)}  # where each kind's last job is
-    failed_kinds: set[tuple[object, ...]] = set()
-
-    def only_failed_kinds_after(i: int) -> bool:
-        return all(at <= i for kind, at in last.items() if kind not in failed_kinds)
-
-    for i, job in enumerate(ordered):
+    walk = _KindWalk(policy.order(pending, state, now))
+    for job in walk:
         admitted: str | None = "nominal"
         if policy.quota:
             asked = (job.team, job.gpus)
@@ -488,6 +526,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.waiting[job.id] = failed[alike]
             if not policy.backfill:
                 break
+            walk.park()
             continue
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
@@ -496,7 +535,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                 cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)
             admissions.clear()
-            failed_kinds.clear()
+            walk.resume()  # admissions changed: parked kinds go on from here
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = None
@@ -511,22 +550,18 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
-            if only_failed_kinds_after(i):
-                break
             continue
-        failed_kinds.add(job.kind)
+        walk.park()
         if admitted is None:
             result.waiting[job.id] = failed[alike] = "over quota, and the cohort has no idle quota to lend"
-        else:
-            result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
-            if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
-                domains = eligibility.domains(job)
-                if domains:
-                    domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
-                    held |= reservation(job, domains[domain], state)
-                    result.reserved_for[job.id] = domain
-            if not policy.backfill:
-                break
-        if only_failed_kinds_after(i):
+            continue
+        result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
+        if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
+            domains = eligibility.domains(job)
+            if domains:
+                domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
+                held |= reservation(job, domains[domain], state)
+                result.reserved_for[job.id] = domain
+        if not policy.backfill:
             break
     return result
