@@ -7,9 +7,6 @@ applies them to its virtual cluster. Both run this same code.
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_right
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import NamedTuple
@@ -458,49 +455,6 @@ def _quota_shortfall(
     return set(members), used + job.gpus - nominal
 
 
-class _KindWalk:
-    """The ordered queue, job by job, where the kind of the job just seen can be parked: its later
-    jobs are skipped until `resume` (after a placement, which changes admissions). A backlog of
-    thousands then costs a step per kind, not per job."""
-
-    def __init__(self, ordered: list[PendingJob]):
-        self._jobs: dict[tuple[object, ...], list[PendingJob]] = {}  # per kind, in queue order
-        self._places: dict[tuple[object, ...], list[int]] = {}  # their places in the queue
-        for i, job in enumerate(ordered):
-            if (jobs := self._jobs.get(job.kind)) is None:
-                jobs = self._jobs[job.kind] = []
-                self._places[job.kind] = []
-            jobs.append(job)
-            self._places[job.kind].append(i)
-        # (place in the queue, index in its kind's list, kind): places are unique, kinds never compared
-        self._next = [(places[0], 0, kind) for kind, places in self._places.items()]
-        heapq.heapify(self._next)
-        self._parked: list[tuple[object, ...]] = []
-        self._place = -1
-        self._park = False
-
-    def __iter__(self) -> Iterator[PendingJob]:
-        while self._next:
-            self._place, at, kind = heapq.heappop(self._next)
-            self._park = False
-            yield self._jobs[kind][at]
-            if self._park:
-                self._parked.append(kind)
-            elif at + 1 < len(self._jobs[kind]):
-                heapq.heappush(self._next, (self._places[kind][at + 1], at + 1, kind))
-
-    def park(self) -> None:
-        self._park = True
-
-    def resume(self) -> None:
-        for kind in self._parked:
-            places = self._places[kind]
-            at = bisect_right(places, self._place)
-            if at < len(places):
-                heapq.heappush(self._next, (places[at], at, kind))
-        self._parked.clear()
-
-
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
     eligibility = _Eligibility(state, now)
@@ -508,13 +462,17 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
     # Jobs alike (same kind and admission) that could not start, and why. Within a cycle GPUs are
-    # only taken and nodes only held, so a later one fails alike: its kind is parked (`_KindWalk`),
-    # and a long queue of similar jobs costs one search, not one each.
+    # only taken and nodes only held, so a later one fails alike: a long queue of similar jobs costs
+    # one search, not one each.
     failed: dict[tuple[object, ...], str] = {}
     # Admission per (team, GPUs), until a placement changes the usage it reads.
     admissions: dict[tuple[str, int], str | None] = {}
-    walk = _KindWalk(policy.order(pending, state, now))
-    for job in walk:
+    # Kinds that failed since the last placement: their later jobs would fail alike, and are skipped
+    # (a backlog of thousands then costs a membership test per job and a search per kind).
+    parked: set[tuple[object, ...]] = set()
+    for job in policy.order(pending, state, now):
+        if job.kind in parked:
+            continue
         admitted: str | None = "nominal"
         if policy.quota:
             asked = (job.team, job.gpus)
@@ -526,7 +484,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.waiting[job.id] = failed[alike]
             if not policy.backfill:
                 break
-            walk.park()
+            parked.add(job.kind)
             continue
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
@@ -535,7 +493,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                 cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)
             admissions.clear()
-            walk.resume()  # admissions changed: parked kinds go on from here
+            parked.clear()  # admissions changed
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = None
@@ -551,7 +509,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
-        walk.park()
+        parked.add(job.kind)
         if admitted is None:
             result.waiting[job.id] = failed[alike] = "over quota, and the cohort has no idle quota to lend"
             continue
