@@ -77,7 +77,9 @@ def main() -> None:
     ours = summaries["gpuyard"]
 
     def ratio(a: float, b: float) -> float:
-        return a / b if b else float("inf")
+        if b == 0:  # an idle window: nobody waited
+            return 1.0 if a == 0 else float("inf")
+        return a / b
 
     print(
         f"RESULT avg_jct_vs_fifo={ratio(ours.avg_jct_h, summaries['fifo'].avg_jct_h):.3f} "
