@@ -101,6 +101,22 @@ def test_a_gang_is_never_split_across_domains() -> None:
     assert result.placed == [] and "gang" in result.waiting
 
 
+def test_a_backlog_of_one_kind_waits_with_its_reason_and_later_kinds_still_start() -> None:
+    # 12 free GPUs on d0n1 and d1n1, none elsewhere: a backlog of 8-GPU jobs of team a cannot start,
+    # every one of them is told why, and 1-GPU jobs queued behind them still start.
+    state = state_with(
+        running("x", "d0n0", 8, priority=5),
+        running("y", "d1n0", 8, priority=5),
+        running("z", "d0n1", 2, priority=5),
+        running("w", "d1n1", 2, priority=5),
+    )
+    backlog = [job(f"big{i}", 8, age_s=i) for i in range(200)]
+    small = [job(f"small{i}", 1, team="b", age_s=300 + i) for i in range(3)]
+    result = run_cycle(backlog + small, state, NOW, POLICIES["kueue"])
+    assert sorted(p.job.id for p in result.placed) == ["small0", "small1", "small2"]
+    assert {result.waiting[j.id] for j in backlog} == {"no domain has room for the whole gang now"}
+
+
 def test_head_gang_reservation_keeps_backfill_off_its_domain() -> None:
     # d0 has 8 GPUs busy, d1 is free: the 16-GPU gang is placed on d1. A second gang has no domain
     # and reserves the one with most free GPUs; a later small job must not take GPUs there.

@@ -49,8 +49,8 @@ class CycleResult:
     placed: list[Placed] = field(default_factory=list)
     evicted: list[Eviction] = field(default_factory=list)
     reserved_for: dict[str, DomainKey] = field(default_factory=dict)  # job id -> domain held for it
-    # job id -> why it did not start, for the jobs the cycle looked at (fifo stops at the first that
-    # does not fit; a job whose kind already failed in this cycle may be skipped)
+    # job id -> why it did not start (without backfill, the jobs after the first that does not fit
+    # are not looked at)
     waiting: dict[str, str] = field(default_factory=dict)
 
 
@@ -467,11 +467,12 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     failed: dict[tuple[object, ...], str] = {}
     # Admission per (team, GPUs), until a placement changes the usage it reads.
     admissions: dict[tuple[str, int], str | None] = {}
-    # Kinds that failed since the last placement: their later jobs would fail alike, and are skipped
-    # (a backlog of thousands then costs a membership test per job and a search per kind).
-    parked: set[tuple[object, ...]] = set()
+    # Kinds that failed since the last placement, and why: their later jobs would fail alike, and
+    # wait without a look (a backlog of thousands then costs a lookup per job and a search per kind).
+    parked: dict[tuple[object, ...], str] = {}
     for job in policy.order(pending, state, now):
-        if job.kind in parked:
+        if (why := parked.get(job.kind)) is not None:
+            result.waiting[job.id] = why
             continue
         admitted: str | None = "nominal"
         if policy.quota:
@@ -481,10 +482,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             admitted = admissions[asked]
         alike = (job.kind, admitted)
         if alike in failed:
-            result.waiting[job.id] = failed[alike]
+            result.waiting[job.id] = parked[job.kind] = failed[alike]
             if not policy.backfill:
                 break
-            parked.add(job.kind)
             continue
         placement = place(job, state, eligibility, held) if admitted is not None else None
         if placement is not None:
@@ -509,11 +509,13 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
-        parked.add(job.kind)
         if admitted is None:
-            result.waiting[job.id] = failed[alike] = "over quota, and the cohort has no idle quota to lend"
+            why = "over quota, and the cohort has no idle quota to lend"
+        else:
+            why = "no domain has room for the whole gang now"
+        result.waiting[job.id] = failed[alike] = parked[job.kind] = why
+        if admitted is None:
             continue
-        result.waiting[job.id] = failed[alike] = "no domain has room for the whole gang now"
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
             domains = eligibility.domains(job)
             if domains:
