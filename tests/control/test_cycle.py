@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
-from gpuyard.scheduler.cycle import admit, run_cycle
+from gpuyard.scheduler.cycle import NO_ROOM, admit, run_cycle
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 
@@ -114,7 +114,7 @@ def test_a_backlog_of_one_kind_waits_with_its_reason_and_later_kinds_still_start
     small = [job(f"small{i}", 1, team="b", age_s=300 + i) for i in range(3)]
     result = run_cycle(backlog + small, state, NOW, POLICIES["kueue"])
     assert sorted(p.job.id for p in result.placed) == ["small0", "small1", "small2"]
-    assert {result.waiting[j.id] for j in backlog} == {"no domain has room for the whole gang now"}
+    assert {result.waiting[j.id] for j in backlog} == {NO_ROOM}
 
 
 def test_head_gang_reservation_keeps_backfill_off_its_domain() -> None:

@@ -24,6 +24,10 @@ DomainKey = tuple[str, str, str]
 CANDIDATE_DOMAINS = 32
 
 
+# Why a job waits, when it neither starts nor finds victims.
+OVER_QUOTA = "over quota, and the cohort has no idle quota to lend"
+NO_ROOM = "no domain has room for the whole gang now"
+
 # An attempt runs at least this long before fair-share rules (reclaim, least attained service) may
 # evict it; only a higher priority class may evict it sooner. Without a quantum, a just-placed
 # attempt costs nothing to evict, and two rules can evict and re-place each other in one instant.
@@ -307,11 +311,11 @@ def _may_evict(
     Evictions must agree with the queue order, or the victim, requeued, is placed back on the GPUs it
     just gave up and the two evict each other forever. gpuyard's order is priority class, then 2D-LAS
     queue, then within-quota before borrowing: so a less-served job may take a more-served attempt of
-    any team, even one within its quota (the service a team's quota guarantees is shared by attained
-    service, as Tiresias shares the fleet), and a reclaim takes back borrowed GPUs only from work that
-    has had at least as much service as the reclaiming job. A reclaim takes back only from a team
-    that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing). Priority
-    preemption keeps Kueue's borrowWithinCohort rule: a borrowing job outranks only borrowed GPUs.
+    any team, even one within its quota (as Tiresias shares the fleet), and a reclaim takes borrowed
+    GPUs back only from work with at least as much service as the reclaiming job, and only from a
+    team that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing).
+    Priority preemption keeps Kueue's borrowWithinCohort rule: a borrowing job outranks only
+    borrowed GPUs.
     """
     if not victim.preemptible:
         return None
@@ -367,7 +371,6 @@ def _victims(
         eligibility.no_victims.add(memo)
         return None
     by_domain = eligibility.running_by_domain()
-    job_las = job.las
     guard = policy.quota and admitted != "nominal"
     stopping = eligibility.stopping_by_team() if policy.quota else {}
     members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
@@ -385,7 +388,7 @@ def _victims(
                 options.append((-1.0, attempt, "already stopping"))
             elif not (
                 (policy.preempt_priority and attempt.priority < job.priority)
-                or (candidate.settled and attempt.las > job_las)
+                or (candidate.settled and attempt.las > job.las)
                 or (candidate.settled and attempt.borrowed and admitted == "nominal")
             ):
                 continue  # no rule of _may_evict could apply: a class below, more served or a reclaim
@@ -510,12 +513,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.waiting[job.id] = "waiting for preempted attempts to stop"
             continue
         if admitted is None:
-            why = "over quota, and the cohort has no idle quota to lend"
-        else:
-            why = "no domain has room for the whole gang now"
-        result.waiting[job.id] = failed[alike] = parked[job.kind] = why
-        if admitted is None:
+            result.waiting[job.id] = failed[alike] = parked[job.kind] = OVER_QUOTA
             continue
+        result.waiting[job.id] = failed[alike] = parked[job.kind] = NO_ROOM
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
             domains = eligibility.domains(job)
             if domains:
