@@ -61,6 +61,9 @@ def test_invalid_spec_is_a_problem_with_field_paths(
     response = api.post("/v1/jobs", json=bad, headers=bearer(token))
     assert response.status_code == 422
     assert {"path": "colour", "rule": "Extra inputs are not permitted"} in response.json()["errors"]
+    nul = api.post("/v1/jobs", json={**EXAMPLE_SPEC, "command": ["echo", "a\u0000b"]}, headers=bearer(token))
+    assert nul.status_code == 422
+    assert [e["path"] for e in nul.json()["errors"]] == ["command.1"] and "NUL" in nul.text
     infeasible = api.post(
         "/v1/jobs",
         json={key: value for key, value in bad.items() if key != "colour"},
@@ -145,6 +148,13 @@ def test_quotas_are_data_edited_by_platform_admins(api: TestClient, make_token: 
     assert created.status_code == 201
     bad = api.put("/v1/teams/Bad_Name/quota", json=quota, headers=bearer(admin))
     assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "team"
+    # A quota past what any fleet (or the store's integer columns) holds is refused, field named,
+    # and the quota already accepted is kept.
+    huge = api.put("/v1/teams/a/quota", json={**quota, "gpu_quota": 10**26}, headers=bearer(admin))
+    assert huge.status_code == 422 and "gpu_quota" in huge.text
+    nul = api.put("/v1/teams/a/quota", json={**quota, "cohort": "x\u0000"}, headers=bearer(admin))
+    assert nul.status_code == 422, nul.text
+    assert api.get("/v1/teams/a", headers=bearer(member)).json()["quota"]["gpu_quota"] == 2
 
 
 def test_token_minting_rules(api: TestClient, make_token: Callable[..., str]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuyard.domain.fleet import Fleet, Node
-from gpuyard.domain.spec import JobSpec, SpecViolation
+from gpuyard.domain.spec import JobSpec, SpecViolation, Text
 
 
 class TeamQuota(BaseModel):
@@ -16,10 +16,11 @@ class TeamQuota(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_gpus_per_job: int = Field(8, ge=0)
-    allowed_gpu_types: tuple[str, ...] = Field((), description="Empty allows every type.")
-    gpu_quota: int = Field(8, ge=0)
-    cohort: str | None = None
+    # Bounded like a job's GPUs (and far below what the store's integer columns hold).
+    max_gpus_per_job: int = Field(8, ge=0, le=4096)
+    allowed_gpu_types: tuple[Text, ...] = Field((), description="Empty allows every type.")
+    gpu_quota: int = Field(8, ge=0, le=1_000_000)
+    cohort: Text | None = None
     weight: float = Field(1.0, gt=0)
 
 

@@ -43,7 +43,15 @@ def dns_label(value: str) -> str:
     return value
 
 
+def no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold it, nor can a process's argv or environment.
+    if "\x00" in value:
+        raise ValueError(f"NUL characters (\\u0000) are not allowed, got {value!r}")
+    return value
+
+
 def _url(value: str) -> str:
+    no_nul(value)
     if not _URL.match(value):
         raise ValueError(
             f"expected an fsspec URL with a scheme such as 'file:///...' or 's3://...', got {value!r}"
@@ -66,6 +74,7 @@ def _quantity(parse: Callable[[Any], object], *, allow: tuple[str, ...] = ()) ->
 
 
 Name = Annotated[StrictStr, AfterValidator(dns_label)]
+Text = Annotated[StrictStr, AfterValidator(no_nul)]  # free text that is stored and may reach a process
 Url = Annotated[StrictStr, AfterValidator(_url)]
 ByteQuantity = Annotated[str | int, PlainValidator(_quantity(parse_bytes), json_schema_input_type=str | int)]
 CpuQuantity = Annotated[
@@ -95,7 +104,7 @@ class Resources(_Value):
     """What one run needs. `gpus` is the total over all nodes and is split evenly across them."""
 
     gpus: StrictInt = Field(1, ge=0, le=4096)
-    gpu_types: tuple[StrictStr, ...] = Field(
+    gpu_types: tuple[Text, ...] = Field(
         (), description="Accepted GPU types (e.g. a100, h100, cpu); empty accepts any type."
     )
     gpu_memory: ByteQuantity | None = Field(None, description="Minimum memory per GPU, e.g. '80Gi'.")
@@ -149,8 +158,8 @@ class CheckpointPolicy(_Value):
 
 class Reproducibility(_Value):
     seed: StrictInt | None = None
-    code_version: StrictStr | None = None
-    data_snapshot: StrictStr | None = None
+    code_version: Text | None = None
+    data_snapshot: Text | None = None
 
 
 class JobSpec(_Value):
@@ -158,9 +167,9 @@ class JobSpec(_Value):
 
     name: Name
     team: Name
-    image: StrictStr = Field(min_length=1, max_length=512)
-    command: tuple[StrictStr, ...] = Field(min_length=1, max_length=256)
-    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    image: Text = Field(min_length=1, max_length=512)
+    command: tuple[Text, ...] = Field(min_length=1, max_length=256)
+    env: dict[Text, Text] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     priority: Literal["low", "normal", "high"] = "normal"
     preemptible: StrictBool = False
@@ -168,10 +177,10 @@ class JobSpec(_Value):
     checkpoint: CheckpointPolicy | None = None
     data: tuple[DataAccess, ...] = ()
     sites: tuple[Name, ...] = Field((), description="Sites the job may run at; empty allows all.")
-    tolerations: tuple[StrictStr, ...] = Field((), description="Node taints this job accepts.")
+    tolerations: tuple[Text, ...] = Field((), description="Node taints this job accepts.")
     max_runtime: Duration | None = None
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
-    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_env(self) -> JobSpec:
