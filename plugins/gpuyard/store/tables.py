@@ -96,6 +96,7 @@ jobs = Table(
     Column("checkpoint_step", BigInteger),
     Column("checkpoint_site", String(63)),
     Column("checkpoint_cost_s", Float),  # measured, for the Young/Daly interval
+    Column("first_started_at", UtcDateTime()),  # max_runtime counts from here, across attempts
     Column("created_by", String(32), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
@@ -124,6 +125,7 @@ attempts = Table(
     Column("started_at", UtcDateTime()),
     Column("ended_at", UtcDateTime()),
     Column("heartbeat_at", UtcDateTime()),
+    Column("progress_at", UtcDateTime()),  # when `step` last advanced: hang detection
     Column("progress_lost_s", Float),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),

@@ -1,0 +1,29 @@
+"""liveness: when an attempt's step last advanced (hang detection) and when a job first ran (max_runtime)
+
+Revision ID: 0003
+Revises: 0002
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+_TS = sa.DateTime(timezone=True)
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("attempts") as batch:
+        batch.add_column(sa.Column("progress_at", _TS, nullable=True))
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("first_started_at", _TS, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("first_started_at")
+    with op.batch_alter_table("attempts") as batch:
+        batch.drop_column("progress_at")
