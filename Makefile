@@ -7,12 +7,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := requirements/constraints.txt
 TORCH := torch==2.13.0
+# Debian packages the suite drives: faketime skews one process's clock in the fault tests.
+SYSTEM_PACKAGES := faketime
 
 .PHONY: install demo test test-fast lint bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
+	dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "pip==26.0.1"
 	$(BIN)/pip install -q $(TORCH)
