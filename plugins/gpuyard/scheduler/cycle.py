@@ -7,17 +7,15 @@ applies them to its virtual cluster. Both run this same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.plugins import SCORES, STATIC_FILTERS, free_gpus
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
-
-DomainKey = tuple[str, str, str]
+from gpuyard.scheduler.preemption import DomainKey, Preemption
+from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt, cohorts_of
 
 # Like kube-scheduler's percentageOfNodesToScore: stop looking once this many feasible domains
 # were found, so a cycle over thousands of nodes stays fast. Domains are visited best-fit first.
@@ -27,11 +25,7 @@ CANDIDATE_DOMAINS = 32
 # Why a job waits, when it neither starts nor finds victims.
 OVER_QUOTA = "over quota, and the cohort has no idle quota to lend"
 NO_ROOM = "no domain has room for the whole gang now"
-
-# An attempt runs at least this long before fair-share rules (reclaim, least attained service) may
-# evict it; only a higher priority class may evict it sooner. Without a quantum, a just-placed
-# attempt costs nothing to evict, and two rules can evict and re-place each other in one instant.
-MIN_RUN_S = 120.0
+STOPPING = "waiting for preempted attempts to stop"
 
 
 @dataclass(frozen=True)
@@ -58,16 +52,6 @@ class CycleResult:
     waiting: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class Cohort:
-    members: list[str]
-    nominal: int  # the sum of its members' nominal quotas
-    used: int  # GPUs its members hold; the cycle adds what it places
-
-
-Cohorts = dict[str, Cohort]
-
-
 def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) -> str | None:
     """'nominal' within the team's quota, 'borrow' on idle quota of its cohort, else None.
 
@@ -80,17 +64,6 @@ def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) 
         return None
     cohort = (cohorts if cohorts is not None else cohorts_of(state))[quota.cohort]
     return "borrow" if cohort.used + job.gpus <= cohort.nominal else None
-
-
-def cohorts_of(state: ClusterState) -> Cohorts:
-    found: Cohorts = {}
-    for team, q in state.quotas.items():
-        if q.cohort is not None:
-            cohort = found.setdefault(q.cohort, Cohort([], 0, 0))
-            cohort.members.append(team)
-            cohort.nominal += q.gpu_quota
-            cohort.used += state.usage.get(team, 0)
-    return found
 
 
 # Static filter results per (fleet, job shape): they read only node properties, the job's shape and
@@ -116,9 +89,8 @@ class _Eligibility:
     only held, so a shape that did not fit will not fit later in the same cycle.
     """
 
-    def __init__(self, state: ClusterState, now: datetime):
+    def __init__(self, state: ClusterState):
         self.state = state
-        self.now = now
         self._cache = _static_cache(state)
         self.domain_free: dict[DomainKey, int] = {
             d: state.free_in(nodes) for d, nodes in state.domains.items()
@@ -127,10 +99,6 @@ class _Eligibility:
         for domain, count in self.domain_free.items():
             self.buckets.setdefault(count, {})[domain] = None
         self.no_room: set[tuple[object, ...]] = set()
-        self.no_victims: set[tuple[object, ...]] = set()
-        self._by_domain: dict[DomainKey, list[_Candidate]] | None = None
-        self._bounds = _Bounds()
-        self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
 
     def key(self, job: PendingJob) -> tuple[object, ...]:
         return (self.state.quota(job.team).allowed_gpu_types, job.shape)
@@ -162,80 +130,6 @@ class _Eligibility:
         del self.buckets[before][domain]
         self.buckets.setdefault(after, {})[domain] = None
         self.domain_free[domain] = after
-
-    def stopping_by_team(self) -> dict[str, int]:
-        self.running_by_domain()
-        return self._stopping
-
-    def running_by_domain(self) -> dict[DomainKey, list[_Candidate]]:
-        """Running attempts per domain with what every victim search reads of them, computed once
-        per cycle; evictions update it (`mark_stopping`)."""
-        if self._by_domain is None:
-            self._by_domain = {}
-            bounds = self._bounds
-            now_s = self.now.timestamp()
-            for attempt in self.state.running:
-                p = attempt.placement
-                settled = now_s - attempt.started_s >= MIN_RUN_S
-                unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
-                candidate = _Candidate(attempt, settled, unsaved)
-                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(candidate)
-                if attempt.stopping:
-                    bounds.stopping = True
-                    self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
-                elif attempt.preemptible:
-                    bounds.lowest_priority = min(bounds.lowest_priority, attempt.priority)
-                    if settled:
-                        bounds.most_served = max(bounds.most_served, attempt.las)
-                        bounds.borrowed = bounds.borrowed or attempt.borrowed
-        return self._by_domain
-
-    def mark_stopping(self, victims: list[RunningAttempt]) -> None:
-        """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
-        by_domain = self.running_by_domain()
-        ids = {v.attempt_id for v in victims if not v.stopping}
-        if not ids:
-            return
-        for victim in victims:
-            if victim.attempt_id in ids:
-                p = victim.placement
-                candidates = by_domain[(p.site, p.cluster, p.domain)]
-                for i, c in enumerate(candidates):
-                    if c.attempt.attempt_id == victim.attempt_id:
-                        candidates[i] = c._replace(attempt=replace(c.attempt, stopping=True))
-                self._stopping[victim.team] = self._stopping.get(victim.team, 0) + victim.gpus
-        self._bounds.stopping = True  # the other bounds stay upper bounds
-        self.state.running = [
-            replace(a, stopping=True) if a.attempt_id in ids else a for a in self.state.running
-        ]
-
-    def may_find_victims(self, job: PendingJob, policy: Policy, admitted: str | None) -> bool:
-        """False when no running attempt can be a victim of `job` under any rule: a cheap test
-        before searching the domains."""
-        self.running_by_domain()
-        b = self._bounds
-        return (
-            b.stopping
-            or (policy.preempt_priority and b.lowest_priority < job.priority)
-            or (policy.preempt_las and job.las < b.most_served)
-            or (policy.reclaim and admitted == "nominal" and b.borrowed)
-        )
-
-
-class _Candidate(NamedTuple):  # a tuple: thousands are built per cycle
-    attempt: RunningAttempt
-    settled: bool  # ran at least MIN_RUN_S: fair-share rules may evict it
-    unsaved_gpu_s: float
-
-
-@dataclass
-class _Bounds:
-    """Over the running attempts: what any victim search could find at best."""
-
-    stopping: bool = False
-    lowest_priority: float = float("inf")  # among preemptible attempts
-    most_served: int = -1  # highest 2D-LAS queue among settled preemptible attempts
-    borrowed: bool = False  # a settled preemptible attempt runs on borrowed quota
 
 
 def _choose_nodes(
@@ -298,169 +192,10 @@ def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[
     return {n.name for n in emptiest[: job.nodes]}
 
 
-def _borrowing_without(victim: RunningAttempt, state: ClusterState) -> bool:
-    """Would the victim's team still be at or above its nominal quota without this attempt?"""
-    return state.usage.get(victim.team, 0) - victim.gpus >= state.quota(victim.team).gpu_quota
-
-
-def _may_evict(
-    job: PendingJob, victim: RunningAttempt, policy: Policy, admitted: str | None, state: ClusterState
-) -> str | None:
-    """Why `victim` may make room for `job`, or None.
-
-    Evictions must agree with the queue order, or the victim, requeued, is placed back on the GPUs it
-    just gave up and the two evict each other forever. gpuyard's order is priority class, then 2D-LAS
-    queue, then within-quota before borrowing: so a less-served job may take a more-served attempt of
-    any team, even one within its quota (as Tiresias shares the fleet), and a reclaim takes borrowed
-    GPUs back only from work with at least as much service as the reclaiming job, and only from a
-    team that stays at or above its quota (Kueue reclaims from ClusterQueues that are borrowing).
-    Priority preemption keeps Kueue's borrowWithinCohort rule: a borrowing job outranks only
-    borrowed GPUs.
-    """
-    if not victim.preemptible:
-        return None
-    outranks = policy.preempt_priority and victim.priority < job.priority
-    less_served = policy.preempt_las and victim.priority <= job.priority and victim.las > job.las
-    if admitted is None and victim.team == job.team:  # over quota and the cohort is full: the team
-        # swaps GPUs within its own usage, for a higher class (Kueue's withinClusterQueue) or, under
-        # LAS, for less-served work, as it would with another team's
-        if outranks:
-            return f"priority within team {job.team}: {job.id} outranks it"
-        return f"least attained service: {job.id} has had less" if less_served else None
-    # Another team's attempt, by class: a job within its quota may take it, a borrowing job (or one
-    # waiting for the cohort to have room) only from a team that would still be borrowing without it.
-    if outranks and (not policy.quota or admitted == "nominal" or _borrowing_without(victim, state)):
-        return f"priority: {job.id} outranks it"
-    if less_served:
-        return f"least attained service: {job.id} has had less"
-    if (
-        policy.reclaim
-        and admitted == "nominal"
-        and victim.borrowed
-        and (not policy.preempt_las or victim.las >= job.las)
-        and _borrowing_without(victim, state)
-    ):
-        return f"reclaim: team {job.team} needs its quota back"
-    return None
-
-
-def _victims(
-    job: PendingJob,
-    state: ClusterState,
-    now: datetime,
-    policy: Policy,
-    admitted: str | None,
-    eligibility: _Eligibility,
-    held: set[str],
-    cohorts: Cohorts,
-) -> tuple[list[str], list[tuple[RunningAttempt, str]]] | None:
-    """The nodes the gang will use and the victim set that makes room there, losing the least
-    unsaved progress.
-
-    Attempts already stopping count as free-to-come at no cost, so a job waiting on its victims
-    never asks for more. A job over quota whose cohort is full (`admitted` None) also needs its
-    victims to give back enough of the cohort's quota to be admitted once they stop.
-    """
-    best: tuple[float, list[str], list[tuple[RunningAttempt, str]]] | None = None
-    # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job; within a
-    # cycle, nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
-    memo = (eligibility.key(job), job.priority, job.las, admitted, admitted or job.team)
-    if memo in eligibility.no_victims:
-        return None
-    if not eligibility.may_find_victims(job, policy, admitted):
-        eligibility.no_victims.add(memo)
-        return None
-    by_domain = eligibility.running_by_domain()
-    guard = policy.quota and admitted != "nominal"
-    stopping = eligibility.stopping_by_team() if policy.quota else {}
-    members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
-    for domain, nodes in eligibility.domains(job).items():
-        attempts = by_domain.get(domain)
-        if not attempts:
-            continue
-        if any(n.name in held for n in nodes):
-            continue
-        names = {n.name for n in nodes}
-        options: list[tuple[float, RunningAttempt, str]] = []
-        for candidate in attempts:
-            attempt = candidate.attempt
-            if attempt.stopping:
-                options.append((-1.0, attempt, "already stopping"))
-            elif not (
-                (policy.preempt_priority and attempt.priority < job.priority)
-                or (candidate.settled and attempt.las > job.las)
-                or (candidate.settled and attempt.borrowed and admitted == "nominal")
-            ):
-                continue  # no rule of _may_evict could apply: a class below, more served or a reclaim
-            elif (why := _may_evict(job, attempt, policy, admitted, state)) is not None and (
-                why.startswith("priority") or candidate.settled
-            ):
-                options.append((candidate.unsaved_gpu_s, attempt, why))
-        options.sort(key=lambda option: option[0])
-        freed: dict[str, int] = {name: len(state.free[name]) for name in names}
-        chosen: list[tuple[RunningAttempt, str]] = []
-        loss = 0.0
-        leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
-        given = 0  # of the quota the job is short of
-        beaten = False
-        for cost, attempt, why in options:
-            fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
-            if fits and given >= need:
-                break
-            if best is not None and loss + max(cost, 0.0) >= best[0]:
-                beaten = True  # costs only grow from here: another domain loses less
-                break
-            # Reclaims, and a borrowing job's priority victims, must not take a team below its quota,
-            # not even several victims together or with its attempts already stopping: it would then
-            # be ordered first and evict its way back. (Least-attained-service victims may: the order
-            # puts less-served work before within-quota work.) A team making room from its own lower
-            # classes swaps GPUs within its quota: no guard.
-            kueue_rule = why.startswith("reclaim") or (guard and why.startswith("priority"))
-            if kueue_rule and not attempt.stopping and attempt.team != job.team:
-                team = attempt.team
-                left = state.usage.get(team, 0) - stopping.get(team, 0) - leaving.get(team, 0) - attempt.gpus
-                if left < state.quota(team).gpu_quota:
-                    continue
-                leaving[team] = leaving.get(team, 0) + attempt.gpus
-            chosen.append((attempt, why))
-            loss += max(cost, 0.0)
-            if not attempt.stopping and attempt.team in members:
-                given += attempt.gpus
-            for piece in attempt.placement.slices:
-                if piece.node in freed:
-                    freed[piece.node] += len(piece.gpu_indices)
-        room = [name for name in names if freed[name] >= job.gpus_per_node]
-        if beaten or len(room) < job.nodes or given < need or not chosen:
-            continue
-        if best is None or loss < best[0]:
-            # The gang goes where its victims are: hold those nodes first, then the emptiest.
-            touched = {piece.node for attempt, _ in chosen for piece in attempt.placement.slices}
-            room.sort(key=lambda name: (name not in touched, -freed[name], name))
-            best = (loss, room[: job.nodes], chosen)
-    if best is None:
-        eligibility.no_victims.add(memo)
-        return None
-    return best[1], best[2]
-
-
-def _quota_shortfall(
-    job: PendingJob, state: ClusterState, cohorts: Cohorts, stopping: dict[str, int]
-) -> tuple[set[str], int]:
-    """For a job not admitted: the teams whose GPUs count against the quota it is admitted on (its
-    cohort, or its team alone), and how many GPUs they must give back (beyond those already
-    stopping) before it fits."""
-    quota = state.quota(job.team)
-    if quota.cohort is None:
-        members, nominal = [job.team], quota.gpu_quota
-    else:
-        members, nominal = cohorts[quota.cohort].members, cohorts[quota.cohort].nominal
-    used = sum(state.usage.get(team, 0) - stopping.get(team, 0) for team in members)
-    return set(members), used + job.gpus - nominal
-
-
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
-    eligibility = _Eligibility(state, now)
+    eligibility = _Eligibility(state)
+    preemption = Preemption(state, now, policy)
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
@@ -501,16 +236,18 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             continue
         found = None
         if preempting:
-            found = _victims(job, state, now, policy, admitted, eligibility, held, cohorts)
+            found = preemption.victims(
+                job, admitted, eligibility.key(job), eligibility.domains(job), held, cohorts
+            )
         if found is not None:
             nodes, victims = found
             for attempt, why in victims:
                 if not attempt.stopping:
                     result.evicted.append(Eviction(attempt, job.id, why))
-            eligibility.mark_stopping([v for v, _ in victims])
+            preemption.mark_stopping([v for v, _ in victims])
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
-            result.waiting[job.id] = "waiting for preempted attempts to stop"
+            result.waiting[job.id] = STOPPING
             continue
         if admitted is None:
             result.waiting[job.id] = failed[alike] = parked[job.kind] = OVER_QUOTA

@@ -160,3 +160,26 @@ class ClusterState:
 
     def quota(self, team: str) -> TeamQuota:
         return self.quotas.get(team) or TeamQuota(gpu_quota=0)
+
+
+@dataclass
+class Cohort:
+    """Teams that lend each other idle quota (Kueue's cohort)."""
+
+    members: list[str]
+    nominal: int  # the sum of its members' nominal quotas
+    used: int  # GPUs its members hold; the cycle adds what it places
+
+
+Cohorts = dict[str, Cohort]
+
+
+def cohorts_of(state: ClusterState) -> Cohorts:
+    found: Cohorts = {}
+    for team, q in state.quotas.items():
+        if q.cohort is not None:
+            cohort = found.setdefault(q.cohort, Cohort([], 0, 0))
+            cohort.members.append(team)
+            cohort.nominal += q.gpu_quota
+            cohort.used += state.usage.get(team, 0)
+    return found

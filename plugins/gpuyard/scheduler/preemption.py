@@ -1,0 +1,319 @@
+"""Preemption: which running attempts a job that cannot fit may evict, and the victim set it takes.
+
+One table of rules (`RULES`), as Kueue keeps preemption apart from admission
+(`pkg/scheduler/preemption`). Each rule states, besides its full condition, a necessary one as two
+ranks: the victim may be taken only if `victim_rank(victim) > job_rank(job, admitted)`. The cheap
+tests of a cycle are derived from those ranks alone: the bounds (over every running attempt: can
+any rule find a victim at all?) and the prefilter (can any rule apply to this attempt?). A new rule
+is written once, in the table.
+
+Every eviction must agree with the policy's queue order: the victim, requeued, is ordered after the
+job that took its GPUs, or it would be placed back on them and the two would evict each other for
+ever. Fair-share rules spare attempts that ran less than `MIN_RUN_S`; priority rules only go up a
+class: no eviction cycle can form (`docs/scheduler.md`, "No eviction cycles").
+
+Pure, like the cycle: it reads the snapshot and returns victims; the cycle marks them stopping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import NamedTuple
+
+from gpuyard.domain.fleet import Node
+from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
+
+DomainKey = tuple[str, str, str]
+Victims = list[tuple[RunningAttempt, str]]  # each victim with why it may be taken
+
+# An attempt runs at least this long before fair-share rules (reclaim, least attained service) may
+# evict it; only a higher priority class may evict it sooner. Without a quantum, a just-placed
+# attempt costs nothing to evict, and two rules can evict and re-place each other in one instant.
+MIN_RUN_S = 120.0
+
+NEVER = float("-inf")  # the rank of an attempt a rule can never take
+
+
+def borrowing_without(victim: RunningAttempt, state: ClusterState) -> bool:
+    """Would the victim's team still be at or above its nominal quota without this attempt?"""
+    return state.usage.get(victim.team, 0) - victim.gpus >= state.quota(victim.team).gpu_quota
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When `victim` may make room for `job` (admitted 'nominal', 'borrow' or None: over quota with a
+    full cohort): the ranks, then `allows`; the first rule of the table that applies gives the reason.
+    """
+
+    reason: str  # the eviction's reason, formatted with the job's `id` and `team`
+    enabled: Callable[[Policy], bool]
+    settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
+    victim_rank: Callable[[RunningAttempt], float]
+    job_rank: Callable[[PendingJob, str | None], float]
+    allows: Callable[[PendingJob, RunningAttempt, Policy, str | None, ClusterState], bool]
+    # Victims taken by this rule must not together take another team below its nominal quota (with
+    # its attempts already stopping): it would then be ordered first and evict its way back.
+    keeps_quota: Callable[[Policy, str | None], bool]
+
+
+def _class(victim: RunningAttempt) -> float:
+    return -victim.priority
+
+
+def _job_class(job: PendingJob, admitted: str | None) -> float:
+    return -job.priority
+
+
+def _never(policy: Policy, admitted: str | None) -> bool:
+    return False
+
+
+RULES: tuple[Rule, ...] = (
+    # Over quota with a full cohort, a team swaps GPUs within its own usage for a higher class (Kueue's
+    # withinClusterQueue).
+    Rule(
+        "priority within team {team}: {id} outranks it",
+        enabled=lambda p: p.preempt_priority,
+        settled=False,
+        victim_rank=_class,
+        job_rank=_job_class,
+        allows=lambda job, victim, p, admitted, state: admitted is None and victim.team == job.team,
+        keeps_quota=_never,
+    ),
+    # By class, Kueue's borrowWithinCohort: a job within its quota may take any lower class, a
+    # borrowing job (or one waiting for the cohort to have room) only from a team still borrowing
+    # without the victim.
+    Rule(
+        "priority: {id} outranks it",
+        enabled=lambda p: p.preempt_priority,
+        settled=False,
+        victim_rank=_class,
+        job_rank=_job_class,
+        allows=lambda job, victim, p, admitted, state: (
+            not p.quota or admitted == "nominal" or borrowing_without(victim, state)
+        ),
+        keeps_quota=lambda p, admitted: p.quota and admitted != "nominal",
+    ),
+    # 2D-LAS, of any team and whatever its quota (gpuyard orders attained service before quota), and
+    # of no higher class.
+    Rule(
+        "least attained service: {id} has had less",
+        enabled=lambda p: p.preempt_las,
+        settled=True,
+        victim_rank=lambda victim: victim.las,
+        job_rank=lambda job, admitted: job.las,
+        allows=lambda job, victim, p, admitted, state: victim.priority <= job.priority,
+        keeps_quota=_never,
+    ),
+    # A team under its nominal quota takes borrowed GPUs back, from a team that stays at or above its
+    # quota (Kueue reclaims from ClusterQueues that are borrowing); under LAS policies only from work
+    # served at least as much, as the order puts less-served work first.
+    Rule(
+        "reclaim: team {team} needs its quota back",
+        enabled=lambda p: p.reclaim,
+        settled=True,
+        victim_rank=lambda victim: 1.0 if victim.borrowed else 0.0,
+        job_rank=lambda job, admitted: 0.0 if admitted == "nominal" else 1.0,
+        allows=lambda job, victim, p, admitted, state: (
+            (not p.preempt_las or victim.las >= job.las) and borrowing_without(victim, state)
+        ),
+        keeps_quota=lambda p, admitted: True,
+    ),
+)
+
+
+def _ranks(attempt: RunningAttempt, settled: bool) -> tuple[float, ...]:
+    """Each rule's rank of the attempt; NEVER where no rule could take it."""
+    if not attempt.preemptible:
+        return (NEVER,) * len(RULES)
+    return tuple(NEVER if rule.settled and not settled else rule.victim_rank(attempt) for rule in RULES)
+
+
+class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
+    attempt: RunningAttempt
+    ranks: tuple[float, ...]  # per rule (`_ranks`)
+    unsaved_gpu_s: float
+
+
+class Preemption:
+    """One cycle's victim searches. What they read of each running attempt (its ranks, its unsaved
+    progress) is computed once, on the first search; evictions update it (`mark_stopping`). Within a
+    cycle nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
+    """
+
+    def __init__(self, state: ClusterState, now: datetime, policy: Policy):
+        self.state, self.now, self.policy = state, now, policy
+        self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
+        self.no_victims: set[tuple[object, ...]] = set()
+        self._by_domain: dict[DomainKey, list[Candidate]] | None = None
+        self._best: list[float] = [NEVER] * len(RULES)  # per rule, the highest rank of any attempt
+        self._any_stopping = False
+        self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
+
+    def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
+        if self._by_domain is None:
+            self._by_domain = {}
+            now_s = self.now.timestamp()
+            for attempt in self.state.running:
+                p = attempt.placement
+                ranks = _ranks(attempt, now_s - attempt.started_s >= MIN_RUN_S)
+                unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
+                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(
+                    Candidate(attempt, ranks, unsaved)
+                )
+                if attempt.stopping:
+                    self._any_stopping = True
+                    self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
+                else:
+                    self._best = [max(best, rank) for best, rank in zip(self._best, ranks, strict=True)]
+        return self._by_domain
+
+    def stopping_by_team(self) -> dict[str, int]:
+        self.running_by_domain()
+        return self._stopping
+
+    def may_find_victims(self, job: PendingJob, admitted: str | None) -> bool:
+        """False when no running attempt can be a victim of `job` under any rule: the bounds."""
+        self.running_by_domain()
+        return self._any_stopping or any(
+            self._best[i] > RULES[i].job_rank(job, admitted) for i in self.enabled
+        )
+
+    def mark_stopping(self, victims: list[RunningAttempt]) -> None:
+        """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
+        by_domain = self.running_by_domain()
+        ids = {v.attempt_id for v in victims if not v.stopping}
+        if not ids:
+            return
+        for victim in victims:
+            if victim.attempt_id in ids:
+                p = victim.placement
+                candidates = by_domain[(p.site, p.cluster, p.domain)]
+                for i, c in enumerate(candidates):
+                    if c.attempt.attempt_id == victim.attempt_id:
+                        candidates[i] = c._replace(attempt=replace(c.attempt, stopping=True))
+                self._stopping[victim.team] = self._stopping.get(victim.team, 0) + victim.gpus
+        self._any_stopping = True  # the ranks' bounds stay upper bounds
+        self.state.running = [
+            replace(a, stopping=True) if a.attempt_id in ids else a for a in self.state.running
+        ]
+
+    def _rule(self, job: PendingJob, candidate: Candidate, admitted: str | None, floors: list[float]) -> int:
+        """The first enabled rule (its index) whose ranks and full condition let `job` take the
+        candidate, or -1."""
+        for i in self.enabled:
+            if candidate.ranks[i] > floors[i] and RULES[i].allows(
+                job, candidate.attempt, self.policy, admitted, self.state
+            ):
+                return i
+        return -1
+
+    def victims(
+        self,
+        job: PendingJob,
+        admitted: str | None,
+        shape: tuple[object, ...],
+        domains: dict[DomainKey, list[Node]],
+        held: set[str],
+        cohorts: Cohorts,
+    ) -> tuple[list[str], Victims] | None:
+        """The nodes the gang will use and the victim set that makes room there, losing the least
+        unsaved progress, among the job's eligible `domains` (none with a node `held` for another job).
+
+        Attempts already stopping count as free-to-come at no cost, so a job waiting on its victims
+        never asks for more. A job over quota whose cohort is full (`admitted` None) also needs its
+        victims to give back enough of the cohort's quota to be admitted once they stop.
+        """
+        state, policy = self.state, self.policy
+        best: tuple[float, list[str], Victims] | None = None
+        # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job.
+        memo = (shape, job.priority, job.las, admitted, admitted or job.team)
+        if memo in self.no_victims:
+            return None
+        if not self.may_find_victims(job, admitted):
+            self.no_victims.add(memo)
+            return None
+        by_domain = self.running_by_domain()
+        floors = [rule.job_rank(job, admitted) for rule in RULES]
+        keeps_quota = [rule.keeps_quota(policy, admitted) for rule in RULES]
+        stopping = self.stopping_by_team() if policy.quota else {}
+        members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
+        for domain, nodes in domains.items():
+            attempts = by_domain.get(domain)
+            if not attempts:
+                continue
+            if any(n.name in held for n in nodes):
+                continue
+            names = {n.name for n in nodes}
+            options: list[tuple[float, RunningAttempt, str, bool]] = []
+            for candidate in attempts:
+                attempt = candidate.attempt
+                if attempt.stopping:
+                    options.append((-1.0, attempt, "already stopping", False))
+                    continue
+                ranks = candidate.ranks
+                if not any(ranks[i] > floors[i] for i in self.enabled):
+                    continue  # the prefilter: no rule could apply
+                if (i := self._rule(job, candidate, admitted, floors)) >= 0:
+                    why = RULES[i].reason.format(id=job.id, team=job.team)
+                    options.append((candidate.unsaved_gpu_s, attempt, why, keeps_quota[i]))
+            options.sort(key=lambda option: option[0])
+            freed: dict[str, int] = {name: len(state.free[name]) for name in names}
+            chosen: Victims = []
+            loss = 0.0
+            leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
+            given = 0  # of the quota the job is short of
+            beaten = False
+            for cost, attempt, why, floor in options:
+                fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
+                if fits and given >= need:
+                    break
+                if best is not None and loss + max(cost, 0.0) >= best[0]:
+                    beaten = True  # costs only grow from here: another domain loses less
+                    break
+                # Several victims together, with the team's attempts already stopping, must not take a
+                # team below its quota by a rule that keeps it; a team making room from its own lower
+                # classes swaps GPUs within its quota.
+                if floor and attempt.team != job.team:
+                    team = attempt.team
+                    held_after = state.usage.get(team, 0) - stopping.get(team, 0) - leaving.get(team, 0)
+                    if held_after - attempt.gpus < state.quota(team).gpu_quota:
+                        continue
+                    leaving[team] = leaving.get(team, 0) + attempt.gpus
+                chosen.append((attempt, why))
+                loss += max(cost, 0.0)
+                if not attempt.stopping and attempt.team in members:
+                    given += attempt.gpus
+                for piece in attempt.placement.slices:
+                    if piece.node in freed:
+                        freed[piece.node] += len(piece.gpu_indices)
+            room = [name for name in names if freed[name] >= job.gpus_per_node]
+            if beaten or len(room) < job.nodes or given < need or not chosen:
+                continue
+            if best is None or loss < best[0]:
+                # The gang goes where its victims are: hold those nodes first, then the emptiest.
+                touched = {piece.node for attempt, _ in chosen for piece in attempt.placement.slices}
+                room.sort(key=lambda name: (name not in touched, -freed[name], name))
+                best = (loss, room[: job.nodes], chosen)
+        if best is None:
+            self.no_victims.add(memo)
+            return None
+        return best[1], best[2]
+
+
+def _quota_shortfall(
+    job: PendingJob, state: ClusterState, cohorts: Cohorts, stopping: dict[str, int]
+) -> tuple[set[str], int]:
+    """For a job not admitted: the teams whose GPUs count against the quota it is admitted on (its
+    cohort, or its team alone), and how many GPUs they must give back (beyond those already
+    stopping) before it fits."""
+    quota = state.quota(job.team)
+    if quota.cohort is None:
+        members, nominal = [job.team], quota.gpu_quota
+    else:
+        members, nominal = cohorts[quota.cohort].members, cohorts[quota.cohort].nominal
+    used = sum(state.usage.get(team, 0) - stopping.get(team, 0) for team in members)
+    return set(members), used + job.gpus - nominal
