@@ -6,6 +6,7 @@ files an embedded instance (`gpuyard up`) writes into its home.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -173,3 +174,84 @@ class GpuyardClient:
 
     def whoami(self) -> dict[str, Any]:
         return self._call("GET", "/v1/whoami")  # type: ignore[no-any-return]
+
+    def events(
+        self,
+        *,
+        job_id: str | None = None,
+        after: int | None = None,
+        wait_s: float = 0.0,
+        limit: int = 500,
+    ) -> dict[str, Any]:
+        """One page of the event log after cursor `after` (None: from now), oldest first.
+
+        With `wait_s`, an empty page is held up to that long for new events (a long poll). Returns
+        `{"events": [...], "cursor": N}`: pass `cursor` as the next `after` to miss and repeat nothing.
+        """
+        params = _events_params(job_id, after, wait_s, limit)
+        return self._call("GET", "/v1/events", params=params, timeout=wait_s + 30.0)  # type: ignore[no-any-return]
+
+
+def _events_params(job_id: str | None, after: int | None, wait_s: float, limit: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"wait": wait_s, "limit": limit}
+    if job_id is not None:
+        params["job"] = job_id
+    if after is not None:
+        params["after"] = after
+    return params
+
+
+class AsyncGpuyardClient:
+    """The asyncio twin of the reads a follower needs (Airflow's triggerer): jobs, cancel, events."""
+
+    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 30.0, retries: int = 3):
+        self.endpoint = endpoint
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=endpoint.url,
+            headers={"Authorization": f"Bearer {endpoint.token}"},
+            timeout=timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        # The same retry rule as GpuyardClient._call: reads are idempotent, a 503 is worth a retry.
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
+                continue
+            if response.status_code == 503 and attempt < self.retries:
+                await asyncio.sleep(0.5 * 2**attempt)
+                continue
+            if response.status_code >= 400:
+                try:
+                    problem = response.json()
+                except ValueError:
+                    problem = {"title": response.reason_phrase, "detail": response.text[:500]}
+                raise ApiError(response.status_code, problem)
+            return response.json() if response.content else None
+        raise AssertionError("unreachable")
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+
+    async def events(
+        self,
+        *,
+        job_id: str | None = None,
+        after: int | None = None,
+        wait_s: float = 0.0,
+        limit: int = 500,
+    ) -> dict[str, Any]:
+        """See GpuyardClient.events."""
+        params = _events_params(job_id, after, wait_s, limit)
+        return await self._call("GET", "/v1/events", params=params, timeout=wait_s + 30.0)  # type: ignore[no-any-return]

@@ -1,0 +1,1 @@
+"""Hooks: the `gpuyard` connection."""

@@ -1,0 +1,1 @@
+"""Triggers: GpuJobTrigger, which follows a job through its events in the triggerer."""
