@@ -135,6 +135,10 @@ class GpuyardClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
+    def preempt_attempt(self, attempt_id: str) -> dict[str, Any]:
+        """Platform admins: the attempt checkpoints and stops; its job resumes on a next attempt."""
+        return self._call("POST", f"/v1/attempts/{attempt_id}/preempt")  # type: ignore[no-any-return]
+
     def wait(
         self,
         job_id: str,

@@ -59,13 +59,18 @@ class Clock:
 
 
 class RecordingLauncher:
-    """Records launches and cancels; reports what the test tells it to."""
+    """Records launches and cancels; reports what the test tells it to, until acknowledged; sees
+    alive the attempts the test says."""
 
     def __init__(self) -> None:
         self.launched: dict[str, LaunchRequest] = {}
         self.launch_calls: list[str] = []
         self.cancelled: list[tuple[str, float]] = []
         self.pending_reports: list[WorkerReport] = []
+        self.acknowledged: list[WorkerReport] = []
+        self.running: set[str] = set()  # attempts whose workers the test says are alive
+        self.released: list[str] = []
+        self.releasable = True
 
     def launch(self, request: LaunchRequest) -> None:
         self.launch_calls.append(request.attempt_id)
@@ -75,8 +80,19 @@ class RecordingLauncher:
         self.cancelled.append((attempt_id, grace_s))
 
     def observe(self) -> list[WorkerReport]:
-        reports, self.pending_reports = self.pending_reports, []
-        return reports
+        return list(self.pending_reports)
+
+    def acknowledge(self, report: WorkerReport) -> None:
+        self.pending_reports.remove(report)
+        self.acknowledged.append(report)
+
+    def alive(self) -> dict[str, int]:
+        return {a: self.launched[a].fencing_token for a in self.running}
+
+    def release(self, attempt_id: str) -> bool:
+        self.released.append(attempt_id)
+        self.running.discard(attempt_id)
+        return self.releasable
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
         return []
@@ -172,7 +188,7 @@ def test_heartbeats_renew_with_the_right_token_only(
             json={
                 "fencing_token": request.fencing_token,
                 "step": 10,
-                "checkpoint": {"url": "file:///c/step-10", "step": 10, "cost_s": 4.0},
+                "checkpoint": {"url": "file:///tmp/gpuyard-ckpt/flights/step-10", "step": 10, "cost_s": 4.0},
             },
         )
         assert good.status_code == 200, good.text
@@ -192,7 +208,11 @@ def test_heartbeats_renew_with_the_right_token_only(
         assert api.post("/v1/attempts/nope/heartbeat", json={"fencing_token": 1}).status_code == 409
     with engine.connect() as conn:
         job = job_store.get(conn, job_id)
-        assert job is not None and job.checkpoint_url == "file:///c/step-10" and job.checkpoint_step == 10
+        assert (
+            job is not None
+            and job.checkpoint_url == "file:///tmp/gpuyard-ckpt/flights/step-10"
+            and job.checkpoint_step == 10
+        )
         attempt = attempt_store.attempt(conn, request.attempt_id)
         assert attempt is not None and attempt.step == 10
 
@@ -208,7 +228,7 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
         first.attempt_id,
         first.fencing_token,
         step=120,
-        checkpoint={"url": "file:///c/120", "step": 120, "saved_at": clock()},
+        checkpoint={"url": "file:///tmp/gpuyard-ckpt/flights/120", "step": 120, "saved_at": clock()},
         at=clock(),
         lease_ttl_s=60,
     )
@@ -218,13 +238,17 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
         lost = attempt_store.attempt(conn, first.attempt_id)
         job = job_store.get(conn, job_id)
     assert lost is not None and lost.state.value == "LOST" and "lease expired" in (lost.reason or "")
-    assert (first.attempt_id, 0) in launcher.cancelled
+    assert launcher.released == [first.attempt_id]  # stopped before its job was placed again
     assert job is not None and job.failures == 0 and job.attempt_count == 2  # requeued and placed again
     second = [r for r in launcher.launched.values() if r.attempt_id != first.attempt_id]
     assert len(second) == 1 and second[0].fencing_token > first.fencing_token
     with engine.connect() as conn:
         retry = attempt_store.attempt(conn, second[0].attempt_id)
-    assert retry is not None and retry.checkpoint_step == 120 and retry.checkpoint_url == "file:///c/120"
+    assert (
+        retry is not None
+        and retry.checkpoint_step == 120
+        and retry.checkpoint_url == "file:///tmp/gpuyard-ckpt/flights/120"
+    )
     with pytest.raises(attempt_store.StaleToken):  # the old worker, back from the dead, is refused
         attempt_store.heartbeat(
             engine,
@@ -246,12 +270,50 @@ def test_failures_use_the_budget_preemption_does_not(
         service.step()
         current = live_attempts(engine, job_id)
         assert len(current) == 1
+        if outcome == Outcome.PREEMPTED:  # a preemption is one only when the platform asked for it
+            assert attempt_store.request_stop(engine, current[0].attempt.id, at=clock(), why="evicted")
         launcher.pending_reports.append(WorkerReport(current[0].attempt.id, outcome, clock(), code, "test"))
         service.step()
         clock.advance(11)  # past the backoff
     with engine.connect() as conn:
         job = job_store.get(conn, job_id)
     assert job is not None and job.state.value == "FAILED" and job.failures == 2 and job.attempt_count == 4
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code"), [(Outcome.PREEMPTED, 75), (Outcome.LOST, 76)], ids=["exit-75", "exit-76"]
+)
+def test_a_worker_that_stops_unasked_spends_the_budget_with_backoff(
+    engine: Engine,
+    service: SchedulerService,
+    launcher: RecordingLauncher,
+    clock: Clock,
+    outcome: Outcome,
+    code: int,
+) -> None:
+    """Exit 75 ("preempted") when nobody asked it to stop, or 76 ("stale token") while its token was
+    current, is the job's own failure: the review saw `max_failures: 0` and `exit 75` run 133 attempts
+    in 15 s. Now the first such exit fails the job, and with a budget each retry waits its backoff."""
+    once = submit(engine, clock, spec(name="once", retry={"max_failures": 0}))
+    twice = submit(engine, clock, spec(name="twice", retry={"max_failures": 1, "backoff": "30s"}))
+    service.step()
+    for job_id in (once, twice):
+        (current,) = live_attempts(engine, job_id)
+        launcher.pending_reports.append(WorkerReport(current.attempt.id, outcome, clock(), code, "test"))
+    service.step()
+    assert state(engine, once) == "FAILED"
+    with engine.connect() as conn:
+        job = job_store.get(conn, twice)
+        ended = attempt_store.attempt(conn, current.attempt.id)
+    expected = "nobody asked" if code == 75 else "token was current"
+    assert ended is not None and ended.state.value == "FAILED" and expected in (ended.reason or "")
+    assert job is not None and job.state.value == "PENDING" and job.failures == 1
+    assert job.not_before == clock() + timedelta(seconds=30)
+    service.step()
+    assert live_attempts(engine, twice) == []  # not placed again within the backoff
+    clock.advance(31)
+    service.step()
+    assert len(live_attempts(engine, twice)) == 1
 
 
 def test_priority_preemption_stops_the_victim_then_places_the_job(
@@ -470,7 +532,7 @@ def test_platform_metrics_summarize_what_happened(
         first.attempt_id,
         first.fencing_token,
         step=50,
-        checkpoint={"url": "file:///c/50", "step": 50, "saved_at": clock()},
+        checkpoint={"url": "file:///tmp/gpuyard-ckpt/flights/50", "step": 50, "saved_at": clock()},
         at=clock(),
         lease_ttl_s=60,
     )

@@ -84,11 +84,14 @@ def waiting(reason: str, message: str) -> dict[str, Any]:
 def collect(
     launcher: KubernetesLauncher, until: Callable[[list[WorkerReport]], bool], timeout: float = 8.0
 ) -> list[WorkerReport]:
-    """observe() until the reports so far satisfy `until` (the watch is asynchronous)."""
+    """observe() until the reports so far satisfy `until` (the watch is asynchronous), acknowledging
+    each as the scheduler does once the store has it."""
     reports: list[WorkerReport] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        reports += launcher.observe()
+        for report in launcher.observe():
+            launcher.acknowledge(report)
+            reports.append(report)
         if until(reports):
             return reports
         time.sleep(0.05)
@@ -356,6 +359,8 @@ def test_reconcile_after_restart(
 
     with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as restarted:
         reports = restarted.reconcile({r.attempt_id: r for r in (live, vanished, half)})
+        for report in reports:
+            restarted.acknowledge(report)  # the scheduler does, once the store has them
         by_attempt = {r.attempt_id: r for r in reports}
         assert set(by_attempt) == {"att-vanished", "att-half"}
         assert by_attempt["att-vanished"].outcome is Outcome.LOST

@@ -1,7 +1,8 @@
-"""/v1/attempts/{id}/heartbeat: workers renew their leases and report progress and checkpoints.
+"""/v1/attempts: workers renew their leases and report progress and checkpoints; admins preempt.
 
 A worker proves itself with its attempt id and fencing token (both handed to it by the launcher);
-a stale token is 409 and the worker must stop, so a zombie cannot overwrite its successor.
+a stale token is 409 and the worker must stop, so a zombie cannot overwrite its successor. A worker
+may record only checkpoints under its own job's checkpoint stores.
 """
 
 from __future__ import annotations
@@ -12,10 +13,15 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.api.auth import ApiContext, context
-from gpuyard.api.problems import PROBLEM_RESPONSES, Problem
+from gpuyard.api.auth import ApiContext, context, principal, require_platform_admin
+from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.domain.retry import young_daly_interval_s
+from gpuyard.domain.states import StopReason
 from gpuyard.store import attempts as attempt_store
+from gpuyard.store.teams import Principal
+
+# Steps and checkpoint steps are stored as BIGINT.
+MAX_STEP = 2**63 - 1
 
 router = APIRouter(prefix="/v1", tags=["workers"], responses=PROBLEM_RESPONSES)
 
@@ -24,7 +30,7 @@ class CheckpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(min_length=1, max_length=2048)
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     saved_at: datetime | None = None
     cost_s: float | None = Field(None, ge=0, le=86400)
 
@@ -32,14 +38,15 @@ class CheckpointIn(BaseModel):
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    fencing_token: int
-    step: int | None = Field(None, ge=0)
+    fencing_token: int = Field(ge=0, le=MAX_STEP)
+    step: int | None = Field(None, ge=0, le=MAX_STEP)
     checkpoint: CheckpointIn | None = None
     metrics: dict[str, float] = Field(default_factory=dict, max_length=64)
 
 
 class HeartbeatOut(BaseModel):
     lease_expires_at: datetime
+    lease_seconds: float = Field(description="The lease period: a worker not renewed within it stops writing")
     action: str = Field(description="continue | checkpoint_and_stop (stale tokens get 409: stop)")
     checkpoint_interval_s: float | None = Field(
         None, description="Young/Daly interval for checkpoint interval 'auto', once the cost is measured"
@@ -61,10 +68,21 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
             checkpoint=checkpoint,
             at=now,
             lease_ttl_s=ctx.settings.lease_seconds,
+            site_stores=tuple(site.checkpoint_store for site in ctx.fleet.sites),
         )
     except attempt_store.StaleToken as error:
         raise Problem(
             409, "Stale fencing token", f"{error}; stop without writing", kind="/problems/stale-token"
+        ) from None
+    except attempt_store.CheckpointRefused as error:
+        raise Problem(
+            422,
+            "Checkpoint refused",
+            str(error),
+            kind="/problems/validation",
+            errors=[
+                {"path": "checkpoint.url", "rule": "must lie under the job's checkpoint URL or site store"}
+            ],
         ) from None
     interval = None
     policy = beat.job.spec.checkpoint
@@ -78,7 +96,10 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
     elif policy is not None:
         interval = policy.interval_seconds
     return HeartbeatOut(
-        lease_expires_at=beat.lease_expires_at, action=beat.action, checkpoint_interval_s=interval
+        lease_expires_at=beat.lease_expires_at,
+        lease_seconds=ctx.settings.lease_seconds,
+        action=beat.action,
+        checkpoint_interval_s=interval,
     )
 
 
@@ -86,3 +107,31 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
 async def heartbeat(attempt_id: str, body: HeartbeatIn, ctx: ApiContext = Depends(context)) -> HeartbeatOut:
     """Renew the attempt's leases; record step and newest durable checkpoint; say whether to go on."""
     return await run_in_threadpool(_beat, ctx, attempt_id, body)
+
+
+class PreemptOut(BaseModel):
+    attempt_id: str
+    stop_requested: str
+
+
+def _preempt(ctx: ApiContext, attempt_id: str, by: str) -> PreemptOut:
+    asked = attempt_store.request_stop(
+        ctx.engine, attempt_id, at=ctx.clock(), why=f"preempted by {by}", kind=StopReason.PREEMPT
+    )
+    with ctx.engine.connect() as conn:
+        found = attempt_store.attempt(conn, attempt_id)
+    if found is None:
+        raise not_found(f"attempt {attempt_id}")
+    if not asked and found.stop_requested is None:
+        raise Problem(409, "Attempt ended", f"attempt {attempt_id} is already {found.state.value}")
+    return PreemptOut(attempt_id=attempt_id, stop_requested=str(found.stop_requested))
+
+
+@router.post("/attempts/{attempt_id}/preempt", response_model=PreemptOut, status_code=202)
+async def preempt(
+    attempt_id: str, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
+) -> PreemptOut:
+    """Platform admins: ask a live attempt to checkpoint and stop, as an eviction would. Its workers
+    get SIGTERM from the scheduler; the job resumes from that checkpoint, its retry budget untouched."""
+    require_platform_admin(caller)
+    return await run_in_threadpool(_preempt, ctx, attempt_id, caller.token_id)

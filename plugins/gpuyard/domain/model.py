@@ -31,6 +31,7 @@ class Job:
     checkpoint_step: int | None = None
     checkpoint_site: str | None = None
     checkpoint_cost_s: float | None = None
+    first_started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Attempt:
     ended_at: datetime | None = None
     heartbeat_at: datetime | None = None
     progress_lost_s: float | None = None
+    lease_expires_at: datetime | None = None
+    progress_at: datetime | None = None
 
 
 @dataclass(frozen=True)

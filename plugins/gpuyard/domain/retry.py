@@ -3,6 +3,10 @@
 Preemption and node loss are not the job's fault: they resume from the newest checkpoint and never
 use up the failure budget. A failure of the job's own code counts, and the job fails once the
 budget is spent (or at once, for an exit code its policy does not retry).
+
+Only the platform can make an ending not the job's fault (`attribute`): a worker that exits 75
+("preempted") when nobody asked it to stop, or 76 ("stale token") while its token was current,
+has failed, and is retried with backoff within its budget like any other failure.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import math
 from dataclasses import dataclass
 
 from gpuyard.domain.spec import RetryPolicy
-from gpuyard.domain.states import AttemptState, JobState
+from gpuyard.domain.states import AttemptState, JobState, StopReason
 from gpuyard.domain.units import parse_duration
+from training.exit_codes import PREEMPTED, STALE_FENCING_TOKEN
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,32 @@ class AfterAttempt:
     reason: str
 
 
+def attribute(
+    outcome: AttemptState,
+    exit_code: int | None,
+    reason: str | None,
+    *,
+    stop: StopReason | None,
+    disrupted: bool,
+) -> tuple[AttemptState, str | None]:
+    """The outcome the store records for what a launcher observed.
+
+    `stop`: why the platform asked the attempt to stop, if it did; `disrupted`: the launcher saw the
+    platform itself stop or lose the workers (its own signal, an eviction, a node gone)."""
+    asked = stop is not None or disrupted
+    if stop in (StopReason.HANG, StopReason.MAX_RUNTIME) and outcome != AttemptState.SUCCEEDED:
+        why = "no progress within liveness.progress_timeout" if stop == StopReason.HANG else "max_runtime"
+        return AttemptState.FAILED, f"stopped: {why} ({reason})"
+    if outcome == AttemptState.PREEMPTED and not asked:
+        return AttemptState.FAILED, f"{reason}, but nobody asked it to stop (exit {PREEMPTED} is a failure)"
+    if outcome == AttemptState.LOST and exit_code == STALE_FENCING_TOKEN:
+        return (
+            AttemptState.FAILED,
+            f"{reason}, but its token was current (exit {STALE_FENCING_TOKEN} is a failure)",
+        )
+    return outcome, reason
+
+
 def after_attempt(
     policy: RetryPolicy,
     outcome: AttemptState,
@@ -31,6 +62,7 @@ def after_attempt(
     reason: str | None,
     *,
     cancel_requested: bool,
+    stop: StopReason | None = None,
 ) -> AfterAttempt:
     if cancel_requested:
         return AfterAttempt(JobState.CANCELLED, failures, 0.0, "cancelled")
@@ -41,6 +73,8 @@ def after_attempt(
     if outcome == AttemptState.CANCELLED:
         return AfterAttempt(JobState.CANCELLED, failures, 0.0, reason or "cancelled")
     count = failures + 1
+    if stop == StopReason.MAX_RUNTIME:
+        return AfterAttempt(JobState.FAILED, count, 0.0, f"{reason}; max_runtime is not retried")
     retryable = policy.retryable_exit_codes is None or exit_code in policy.retryable_exit_codes
     if not retryable:
         return AfterAttempt(JobState.FAILED, count, 0.0, f"{reason}; exit code {exit_code} is not retried")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -34,6 +35,37 @@ _URL = re.compile(r"^[a-z][a-z0-9+.-]*://.+$")
 
 PRIORITY_CLASSES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
+# Variables the launcher sets: which GPUs a worker sees (the NVIDIA container runtime exposes whatever
+# NVIDIA_VISIBLE_DEVICES names, past the device plugin's allotment), the gang's rendezvous, gpuyard's own,
+# and the worker's identity and scratch directory. A job setting one would escape its placement.
+RESERVED_ENV_PREFIXES = ("GPUYARD_", "NVIDIA_", "PET_")
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NNODES",
+        "NODE_RANK",
+        "NPROC_PER_NODE",
+        "HOME",
+        "TMPDIR",
+        "USER",
+        "LOGNAME",
+    }
+)
+# Plain `env` is shown by every read of the job: a credential belongs in `env_from_secret`.
+_CREDENTIAL_WORDS = frozenset({"PASSWORD", "PASSWD", "SECRET", "TOKEN", "CREDENTIAL", "CREDENTIALS"})
+_CREDENTIAL_PAIRS = ("API_KEY", "PRIVATE_KEY", "ACCESS_KEY")
+MAX_SECONDS = 366 * 86400.0  # a year and a day: any duration past it is a typo, and overflows timedelta
+MAX_CPU = 100_000.0
+MAX_BYTES = 2**63 - 1  # what Kubernetes quantities and the store's integers hold
+
 
 def dns_label(value: str) -> str:
     if not _NAME.match(value):
@@ -44,10 +76,30 @@ def dns_label(value: str) -> str:
 
 
 def no_nul(value: str) -> str:
-    # PostgreSQL text cannot hold it, nor can a process's argv or environment.
+    # PostgreSQL text cannot hold these, nor can a process's argv or environment.
     if "\x00" in value:
         raise ValueError(f"NUL characters (\\u0000) are not allowed, got {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"not valid Unicode (a lone surrogate), got {value!r}") from None
     return value
+
+
+def env_name(name: str, *, where: str) -> None:
+    """A variable a job may set: a valid name, not one the launcher owns."""
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"{where}: {name!r} is not a valid environment variable name")
+    if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
+        raise ValueError(
+            f"{where}: {name!r} is reserved: the launcher sets it (GPU visibility, rendezvous, identity; "
+            f"also every name starting with {', '.join(RESERVED_ENV_PREFIXES)})"
+        )
+
+
+def looks_like_credential(name: str) -> bool:
+    upper = name.upper()
+    return bool(_CREDENTIAL_WORDS & set(upper.split("_"))) or any(p in upper for p in _CREDENTIAL_PAIRS)
 
 
 def _url(value: str) -> str:
@@ -59,15 +111,20 @@ def _url(value: str) -> str:
     return value
 
 
-def _quantity(parse: Callable[[Any], object], *, allow: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """A validator that keeps the value as written (so specs round-trip) once `parse` accepts it."""
+def _quantity(
+    parse: Callable[[Any], float], maximum: float, *, allow: tuple[str, ...] = ()
+) -> Callable[[Any], Any]:
+    """A validator that keeps the value as written (so specs round-trip) once `parse` accepts it
+    and its amount is finite and at most `maximum` (1e400 parses as infinity)."""
 
     def validate(value: Any) -> Any:
         if value in allow:
             return value
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise ValueError(f"expected a string or a number, got {type(value).__name__}")
-        parse(value)
+        amount = parse(value)
+        if not math.isfinite(amount) or amount > maximum:
+            raise ValueError(f"expected at most {maximum:g}, got {value!r}")
         return value
 
     return validate
@@ -76,16 +133,22 @@ def _quantity(parse: Callable[[Any], object], *, allow: tuple[str, ...] = ()) ->
 Name = Annotated[StrictStr, AfterValidator(dns_label)]
 Text = Annotated[StrictStr, AfterValidator(no_nul)]  # free text that is stored and may reach a process
 Url = Annotated[StrictStr, AfterValidator(_url)]
-ByteQuantity = Annotated[str | int, PlainValidator(_quantity(parse_bytes), json_schema_input_type=str | int)]
+ByteQuantity = Annotated[
+    str | int, PlainValidator(_quantity(parse_bytes, MAX_BYTES), json_schema_input_type=str | int)
+]
 CpuQuantity = Annotated[
-    str | int | float, PlainValidator(_quantity(parse_cpu), json_schema_input_type=str | int | float)
+    str | int | float,
+    PlainValidator(_quantity(parse_cpu, MAX_CPU), json_schema_input_type=str | int | float),
 ]
 Duration = Annotated[
-    str | int | float, PlainValidator(_quantity(parse_duration), json_schema_input_type=str | int | float)
+    str | int | float,
+    PlainValidator(_quantity(parse_duration, MAX_SECONDS), json_schema_input_type=str | int | float),
 ]
 Interval = Annotated[
     str | int | float,
-    PlainValidator(_quantity(parse_duration, allow=("auto",)), json_schema_input_type=str | int | float),
+    PlainValidator(
+        _quantity(parse_duration, MAX_SECONDS, allow=("auto",)), json_schema_input_type=str | int | float
+    ),
 ]
 
 
@@ -137,8 +200,8 @@ class RetryPolicy(_Value):
 
     max_failures: StrictInt = Field(2, ge=0, le=100)
     backoff: Duration = Field("30s", description="Wait before retrying after a failure.")
-    retryable_exit_codes: tuple[StrictInt, ...] | None = Field(
-        None, description="Exit codes worth a retry; null retries any failure."
+    retryable_exit_codes: tuple[Annotated[StrictInt, Field(ge=-255, le=255)], ...] | None = Field(
+        None, max_length=256, description="Exit codes worth a retry; null retries any failure."
     )
 
 
@@ -156,8 +219,22 @@ class CheckpointPolicy(_Value):
         return None if self.interval == "auto" else parse_duration(self.interval)
 
 
+class Liveness(_Value):
+    """What may end a live attempt besides its lease (docs/concepts.md, "What keeps a job alive")."""
+
+    progress_timeout: Duration | None = Field(
+        None,
+        description="Stop a job whose reported step has not advanced for this long, and count it as a "
+        "failure (retried with backoff within max_failures). Only for jobs that heartbeat their step.",
+    )
+
+    @property
+    def progress_timeout_s(self) -> float | None:
+        return None if self.progress_timeout is None else parse_duration(self.progress_timeout)
+
+
 class Reproducibility(_Value):
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
     code_version: Text | None = None
     data_snapshot: Text | None = None
 
@@ -169,7 +246,15 @@ class JobSpec(_Value):
     team: Name
     image: Text = Field(min_length=1, max_length=512)
     command: tuple[Text, ...] = Field(min_length=1, max_length=256)
-    env: dict[Text, Text] = Field(default_factory=dict)
+    env: dict[Text, Text] = Field(
+        default_factory=dict, description="Plain variables, shown by every read of the job: no credentials."
+    )
+    env_from_secret: dict[Text, Name] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Variable -> name of a secret in the team's secret store; the value never leaves it "
+        "except into the workers' environment.",
+    )
     resources: Resources = Field(default_factory=Resources)
     priority: Literal["low", "normal", "high"] = "normal"
     preemptible: StrictBool = False
@@ -178,18 +263,31 @@ class JobSpec(_Value):
     data: tuple[DataAccess, ...] = ()
     sites: tuple[Name, ...] = Field((), description="Sites the job may run at; empty allows all.")
     tolerations: tuple[Text, ...] = Field((), description="Node taints this job accepts.")
-    max_runtime: Duration | None = None
+    max_runtime: Duration | None = Field(
+        None, description="Wall-clock limit counted from the job's first start, across attempts; not retried."
+    )
+    liveness: Liveness = Field(default_factory=Liveness)
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     labels: dict[Text, Text] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_env(self) -> JobSpec:
         for key in self.env:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"env: {key!r} is not a valid environment variable name")
-            if key.startswith("GPUYARD_"):
-                raise ValueError(f"env: {key!r} is reserved: GPUYARD_* variables are set by the launcher")
+            env_name(key, where="env")
+            if looks_like_credential(key):
+                raise ValueError(
+                    f"env: {key!r} looks like a credential, and env is shown by every read of the job: "
+                    "store it as a team secret and name it in env_from_secret"
+                )
+        for key in self.env_from_secret:
+            env_name(key, where="env_from_secret")
+            if key in self.env:
+                raise ValueError(f"env_from_secret: {key!r} is also set in env; set it in one place")
         return self
+
+    @property
+    def max_runtime_s(self) -> float | None:
+        return None if self.max_runtime is None else parse_duration(self.max_runtime)
 
     @property
     def priority_value(self) -> int:

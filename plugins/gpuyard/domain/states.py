@@ -51,6 +51,24 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
     **{state: frozenset() for state in (AttemptState.SUCCEEDED, *_ATTEMPT_ENDINGS)},
 }
 
+
+class StopReason(StrEnum):
+    """Why the platform asked a live attempt to stop (its `stop_requested`). The heartbeat answer is
+    `checkpoint_and_stop` for each; how the attempt's end counts depends on which (domain/retry.py)."""
+
+    PREEMPT = "preempt"  # an eviction or an admin's preemption: not the job's fault
+    CANCEL = "cancel"  # the job was cancelled
+    HANG = "hang"  # no progress within liveness.progress_timeout: a failure
+    MAX_RUNTIME = "max_runtime"  # the job ran out of its max_runtime: fails for good
+
+    @classmethod
+    def read(cls, stored: str | None) -> StopReason | None:
+        """Rows written before stop reasons had kinds say `checkpoint_and_stop`: a preemption."""
+        if stored is None:
+            return None
+        return cls(stored) if stored in cls._value2member_map_ else cls.PREEMPT
+
+
 TERMINAL_JOB_STATES = frozenset(s for s, nxt in JOB_TRANSITIONS.items() if not nxt)
 TERMINAL_ATTEMPT_STATES = frozenset(s for s, nxt in ATTEMPT_TRANSITIONS.items() if not nxt)
 

@@ -3,6 +3,13 @@
 A launcher is level-triggered: `launch` and `cancel` are idempotent per attempt, `observe`
 reports what became of the workers, and `reconcile` (after a restart) adopts the workers of live
 attempts and removes any that belong to no live attempt.
+
+Delivery is at least once: `observe` repeats a report until the scheduler `acknowledge`s it (after
+the store has it), so a store error or a restart never loses how an attempt ended. `alive` is the
+launcher's own evidence of liveness (processes exist, pods run on Ready nodes): the scheduler renews
+those attempts' leases, so a command that never heartbeats still lives as long as its workers do.
+`release` stops whatever still runs of an attempt and says whether anything might: an attempt is
+declared LOST, and its job placed again, only once nothing of it can run.
 """
 
 from __future__ import annotations
@@ -15,11 +22,9 @@ from typing import Protocol
 
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.spec import JobSpec
-
-# Worker exit codes (training/exit_codes.py defines the same numbers for the worker side).
-EXIT_SUCCEEDED = 0
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after saving a checkpoint
-EXIT_STALE_TOKEN = 76  # the control plane refused our fencing token: stopped without writing
+from training.exit_codes import PREEMPTED as EXIT_PREEMPTED
+from training.exit_codes import STALE_FENCING_TOKEN as EXIT_STALE_TOKEN
+from training.exit_codes import SUCCESS as EXIT_SUCCEEDED
 
 
 class Outcome(StrEnum):
@@ -53,6 +58,7 @@ class WorkerReport:
     at: datetime
     exit_code: int | None = None
     reason: str | None = None
+    disrupted: bool = False  # the platform stopped or lost these workers (its signal, an eviction, a node)
 
 
 def outcome_of_exit(code: int) -> tuple[Outcome, str]:
@@ -76,7 +82,20 @@ class Launcher(Protocol):
         """Ask the workers to stop (SIGTERM), and kill what still runs after `grace_s`."""
 
     def observe(self) -> list[WorkerReport]:
-        """Reports since the last call: workers running, and attempts whose workers all ended."""
+        """Every report not yet acknowledged: workers running, and attempts whose workers all ended."""
+        ...
+
+    def acknowledge(self, report: WorkerReport) -> None:
+        """The store has this report: stop repeating it (an ending also forgets the attempt)."""
+
+    def alive(self) -> Mapping[str, int]:
+        """Attempts whose workers this launcher sees alive now, with the fencing token it launched
+        them with (the scheduler renews their leases with it)."""
+        ...
+
+    def release(self, attempt_id: str) -> bool:
+        """Stop at once whatever still runs of the attempt; True when nothing of it can run any more
+        (its workers are gone, or their node is known dead)."""
         ...
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:

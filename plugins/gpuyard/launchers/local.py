@@ -3,9 +3,12 @@
 Each worker runs under `gpuyard.launchers.shim` in its own process group, with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and gpuyard's
 (GPUYARD_API_URL, GPUYARD_ATTEMPT_ID, GPUYARD_FENCING_TOKEN, GPUYARD_CHECKPOINT_URL, GPUYARD_JOB_ID).
-Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (pids), one log and
-one exit-status file per rank. That directory is what lets a restarted launcher adopt running
-workers or clean up orphans.
+Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (pids and fencing
+token), one log and one exit-status file per rank, and `ended` once the store has the attempt's
+end. That directory is what lets a restarted launcher (or another scheduler replica on this machine)
+adopt running workers, deliver an ending the store never got, or clean up orphans. Every worker
+process also carries its attempt id in its environment, a label found in /proc even when no pid
+file was written: `release` kills by that label.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuyard.clock import Clock, utcnow
@@ -68,21 +71,45 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _kill_label(attempt_id: str, *, wait_s: float) -> bool:
+    """SIGKILL every process labelled with the attempt; True once none is left (within `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = _processes_of(attempt_id)
+        if not found:
+            return True
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 @dataclass
 class _Attempt:
     directory: Path
     pids: list[int]
+    token: int
     children: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # ours, not adopted
-    reported_running: bool = False
+    running_acknowledged: bool = False
+    ending: WorkerReport | None = None  # decided once every worker ended; repeated until acknowledged
     kill_at: float | None = None  # monotonic deadline of SIGKILL after a cancel
+    asked_to_stop: bool = False  # the scheduler cancelled it: how it ends is the platform's doing
     stopping_gang: bool = False  # one worker ended badly: the others are being stopped
 
     def exit_status(self, rank: int) -> int | None:
-        path = self.directory / f"rank{rank}.exit"
+        """The worker's status from the shim's file; for a shim that is our child and could not write
+        it (a full disk), the shim's own exit code, which carries the same status."""
         try:
-            return int(path.read_text())
+            return int((self.directory / f"rank{rank}.exit").read_text())
         except (OSError, ValueError):
-            return None
+            pass
+        child = self.children.get(self.pids[rank])
+        if child is None or child.returncode is None or child.returncode < 0:
+            return None  # adopted, still running, or the shim itself was killed: no status
+        code = child.returncode
+        return -(code - 128) if code > 128 else code  # the shim exits 128 + N for a worker killed by N
 
 
 class LocalLauncher:
@@ -153,14 +180,20 @@ class LocalLauncher:
             children[process.pid] = process
         pids = list(children)
         partial = directory / "workers.tmp"
-        partial.write_text(json.dumps({"pids": pids, "job_id": request.job_id}))
+        partial.write_text(
+            json.dumps({"pids": pids, "job_id": request.job_id, "fencing_token": request.fencing_token})
+        )
         os.replace(partial, directory / "workers.json")
-        self._attempts[request.attempt_id] = _Attempt(directory, pids, children)
+        self._attempts[request.attempt_id] = _Attempt(directory, pids, request.fencing_token, children)
 
     def cancel(self, attempt_id: str, *, grace_s: float) -> None:
         tracked = self._attempts.get(attempt_id)
         if tracked is None:
             return
+        tracked.asked_to_stop = True
+        self._stop(tracked, grace_s)
+
+    def _stop(self, tracked: _Attempt, grace_s: float) -> None:
         self._signal(tracked, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         tracked.kill_at = deadline if tracked.kill_at is None else min(tracked.kill_at, deadline)
@@ -177,16 +210,44 @@ class LocalLauncher:
 
     def observe(self) -> list[WorkerReport]:
         reports = []
-        for attempt_id, tracked in list(self._attempts.items()):
-            report = self._observe_one(attempt_id, tracked)
-            if report is not None:
-                reports.append(report)
-                if report.outcome != Outcome.RUNNING:
-                    del self._attempts[attempt_id]
-                    (tracked.directory / "ended").write_text(report.outcome.value)
+        for attempt_id, tracked in self._attempts.items():
+            if tracked.ending is None:
+                tracked.ending = self._ending(attempt_id, tracked)
+            if tracked.ending is not None:
+                reports.append(tracked.ending)
+            elif not tracked.running_acknowledged and not tracked.stopping_gang:
+                reports.append(WorkerReport(attempt_id, Outcome.RUNNING, self.clock()))
         return reports
 
-    def _observe_one(self, attempt_id: str, tracked: _Attempt) -> WorkerReport | None:
+    def acknowledge(self, report: WorkerReport) -> None:
+        tracked = self._attempts.get(report.attempt_id)
+        if tracked is None:
+            return
+        if report.outcome == Outcome.RUNNING:
+            tracked.running_acknowledged = True
+            return
+        (tracked.directory / "ended").write_text(report.outcome.value)
+        del self._attempts[report.attempt_id]
+
+    def alive(self) -> dict[str, int]:
+        return {
+            attempt_id: tracked.token
+            for attempt_id, tracked in self._attempts.items()
+            if tracked.ending is None and any(_alive(pid) for pid in tracked.pids)
+        }
+
+    def release(self, attempt_id: str) -> bool:
+        tracked = self._attempts.get(attempt_id)
+        if tracked is not None:
+            tracked.asked_to_stop = True
+            self._signal(tracked, signal.SIGKILL)
+            for child in tracked.children.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=2.0)
+        return _kill_label(attempt_id, wait_s=5.0)
+
+    def _ending(self, attempt_id: str, tracked: _Attempt) -> WorkerReport | None:
+        """How the attempt ended, once every worker has; None while any runs."""
         for child in tracked.children.values():
             child.poll()  # collect exited children so they do not linger as zombies
         if tracked.kill_at is not None and time.monotonic() >= tracked.kill_at:
@@ -200,14 +261,11 @@ class LocalLauncher:
             # One worker of the gang is gone badly: the others cannot make progress alone.
             if not tracked.stopping_gang:
                 tracked.stopping_gang = True
-                self.cancel(attempt_id, grace_s=10.0)
+                self._stop(tracked, grace_s=10.0)
             return None
         if alive:
-            if not tracked.reported_running:
-                tracked.reported_running = True
-                return WorkerReport(attempt_id, Outcome.RUNNING, self.clock())
             return None
-        return self._verdict(attempt_id, statuses)
+        return replace(self._verdict(attempt_id, statuses), disrupted=tracked.asked_to_stop)
 
     def _verdict(self, attempt_id: str, statuses: list[int | None]) -> WorkerReport:
         now = self.clock()
@@ -221,10 +279,10 @@ class LocalLauncher:
                 f"worker rank {rank} vanished without an exit status (its process was killed)",
             )
         codes = [s for s in statuses if s is not None]
-        for code in codes:
+        for rank, code in enumerate(codes):
             outcome, reason = outcome_of_exit(code)
             if outcome in (Outcome.FAILED, Outcome.LOST):
-                return WorkerReport(attempt_id, outcome, now, code, f"rank {codes.index(code)} {reason}")
+                return WorkerReport(attempt_id, outcome, now, code, f"rank {rank} {reason}")
         if any(code == EXIT_PREEMPTED for code in codes):
             return WorkerReport(
                 attempt_id, Outcome.PREEMPTED, now, EXIT_PREEMPTED, outcome_of_exit(EXIT_PREEMPTED)[1]
@@ -234,6 +292,8 @@ class LocalLauncher:
     # -- after a restart ----------------------------------------------------------------------------
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
+        for attempt_id in [a for a in self._attempts if a not in live]:
+            del self._attempts[attempt_id]  # tracked while another replica led, and ended meanwhile
         for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
             attempt_id = directory.name
             if attempt_id in self._attempts or (directory / "ended").exists():
@@ -243,7 +303,8 @@ class LocalLauncher:
             except (OSError, ValueError, KeyError):
                 pids = None  # the launcher died mid-launch: launch() will clean up and start afresh
             if attempt_id in live and pids is not None:
-                self._attempts[attempt_id] = _Attempt(directory, pids)  # adopt; observe() follows it
+                token = live[attempt_id].fencing_token
+                self._attempts[attempt_id] = _Attempt(directory, pids, token)  # adopt; observe() follows it
             elif attempt_id not in live:  # an orphan: no live attempt owns these workers
                 for pid in {*(pids or ()), *_processes_of(attempt_id)}:
                     with contextlib.suppress(ProcessLookupError):
@@ -253,12 +314,18 @@ class LocalLauncher:
                 (directory / "ended").write_text("ORPHAN")
         return [
             WorkerReport(
-                attempt_id, Outcome.LOST, self.clock(), None, "no worker of this attempt exists any more"
+                attempt_id,
+                Outcome.LOST,
+                self.clock(),
+                None,
+                "no worker of this attempt is known to this launcher",
+                disrupted=True,
             )
             for attempt_id, request in live.items()
             if attempt_id not in self._attempts
             and not (self.root / attempt_id).exists()
             and request.launched_before  # one reserved but never launched is not lost: recover() launches it
+            and self.release(attempt_id)  # workers of it elsewhere on this machine (another home) are stopped
         ]
 
     def launched(self, attempt_id: str) -> bool:

@@ -4,7 +4,9 @@ adopts this process (not its child any more) still learns how the worker ended.
     python -m gpuyard.launchers.shim EXIT_FILE -- COMMAND [ARG ...]
 
 SIGTERM and SIGINT are forwarded to the worker (the preemption notice). The status is the
-worker's exit code, or minus the signal that killed it, as subprocess reports it.
+worker's exit code, or minus the signal that killed it, as subprocess reports it. The shim exits
+with the same status (128 + N for signal N), so a launcher whose child it is learns it even when
+the file cannot be written.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ def main(argv: list[str]) -> int:
             signal.signal(notice, lambda signum, _frame: worker.send_signal(signum))
         status = worker.wait()
     partial = exit_file.with_suffix(".tmp")
-    partial.write_text(str(status))
-    os.replace(partial, exit_file)  # atomic: a reader sees no file or the whole status
+    try:
+        partial.write_text(str(status))
+        os.replace(partial, exit_file)  # atomic: a reader sees no file or the whole status
+    except OSError as error:  # a full disk: our exit code still carries the status to the launcher
+        print(f"gpuyard: cannot record the exit status in {exit_file}: {error}", file=sys.stderr, flush=True)
     return status if status >= 0 else 128 - status
 
 

@@ -1,9 +1,11 @@
 """The scheduler service: the I/O edge around the pure cycle.
 
-One loop, level-triggered like a Kubernetes controller: every pass reads the store (the truth),
-runs the cycle, reserves each placement in one transaction, launches it, applies what the
-launcher observed, stops what must stop, and reaps expired leases. Bus messages only wake the
-loop early; a lost message costs a delay, never a job. Replicas elect one leader by a lease row.
+One loop, level-triggered like a Kubernetes controller: every pass applies what the launcher
+observed (acknowledging each report once the store has it), renews the leases of attempts whose
+workers the launcher sees alive, asks attempts to stop that must (cancelled, hung, out of time),
+reaps expired leases, runs the cycle, reserves and launches its placements, and signals every
+attempt asked to stop. Bus messages only wake the loop early; a lost message costs a delay, never a
+job. Replicas elect one leader by a lease row, judged by the database's clock.
 """
 
 from __future__ import annotations
@@ -17,22 +19,22 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from gpuyard.bus.base import BusUnavailable, EventBus
 from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
+from gpuyard.domain.liveness import overdue
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
-from gpuyard.domain.states import AttemptState, JobState
+from gpuyard.domain.states import AttemptState, StopReason
 from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import teams as team_store
-from gpuyard.store.tables import jobs
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,8 @@ class SchedulerService:
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.leading = False
+        self._renewed: dict[str, float] = {}  # attempt id -> monotonic time of its last launcher renewal
+        self._signalled: set[str] = set()  # attempts whose stop request this process delivered
 
     # -- one pass ----------------------------------------------------------------------------------
 
@@ -140,10 +144,9 @@ class SchedulerService:
             if attempt is not None:  # None: another replica or a cancel got there first
                 self.launch(attempt, by_id[placed.job.id])
         for eviction in result.evicted:
-            if attempt_store.request_stop(
-                self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason
-            ):
-                self.launcher.cancel(eviction.attempt.attempt_id, grace_s=self.grace_s)
+            attempt_store.request_stop(
+                self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason, kind=StopReason.PREEMPT
+            )
         return result
 
     def launch(self, attempt: Attempt, job: Job) -> None:
@@ -211,56 +214,96 @@ class SchedulerService:
         )
 
     def apply(self, reports: list[WorkerReport]) -> None:
+        """Record each report in the store, then acknowledge it to the launcher. A report the store
+        could not take is not acknowledged: the launcher repeats it next pass (at least once)."""
         for report in reports:
-            if report.outcome == Outcome.RUNNING:
-                attempt_store.mark_running(self.engine, report.attempt_id, report.at)
-            else:
-                attempt_store.finish(
-                    self.engine,
-                    report.attempt_id,
-                    _OUTCOMES[report.outcome],
-                    at=report.at,
-                    exit_code=report.exit_code,
-                    reason=report.reason,
-                )
+            try:
+                if report.outcome == Outcome.RUNNING:
+                    attempt_store.mark_running(self.engine, report.attempt_id, report.at)
+                else:
+                    attempt_store.finish(
+                        self.engine,
+                        report.attempt_id,
+                        _OUTCOMES[report.outcome],
+                        at=report.at,
+                        exit_code=report.exit_code,
+                        reason=report.reason,
+                        disrupted=report.disrupted,
+                    )
+            except Exception:
+                log.exception("attempt %s: report %s not recorded; it comes again", report.attempt_id, report)
+                continue
+            self.launcher.acknowledge(report)
 
-    def stop_cancelled(self) -> None:
-        """Jobs whose cancel was requested: ask their live attempts to checkpoint and stop."""
+    def renew(self) -> None:
+        """Renew the leases of attempts whose workers the launcher sees alive, a third of a lease
+        period apart: with the workers' own heartbeats, one of the two sources of liveness."""
+        now_s = time.monotonic()
+        alive = self.launcher.alive()
+        due = {
+            a: token
+            for a, token in alive.items()
+            if now_s - self._renewed.get(a, -1e18) >= self.lease_ttl_s / 3
+        }
+        for attempt_id in attempt_store.renew(
+            self.engine, due, at=self.clock(), lease_ttl_s=self.lease_ttl_s
+        ):
+            self._renewed[attempt_id] = now_s
+        for attempt_id in set(self._renewed) - set(alive):
+            del self._renewed[attempt_id]
+
+    def request_stops(self) -> None:
+        """Ask live attempts to stop that must: their job was cancelled, they hung, or ran out of time."""
         now = self.clock()
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
-            cancelled = {
-                row.id
-                for row in conn.execute(
-                    select(jobs.c.id).where(
-                        jobs.c.cancel_requested.is_(True),
-                        jobs.c.state.in_([JobState.SCHEDULED.value, JobState.RUNNING.value]),
-                    )
-                )
-            }
         for item in live:
-            if item.job.id in cancelled and attempt_store.request_stop(
-                self.engine, item.attempt.id, at=now, why="job cancelled"
-            ):
-                self.launcher.cancel(item.attempt.id, grace_s=self.grace_s)
+            if item.job.cancel_requested:
+                attempt_store.request_stop(
+                    self.engine, item.attempt.id, at=now, why="job cancelled", kind=StopReason.CANCEL
+                )
+            elif (limit := overdue(item.job, item.attempt, now)) is not None:
+                kind, why = limit
+                attempt_store.request_stop(self.engine, item.attempt.id, at=now, why=why, kind=kind)
+
+    def deliver_stops(self) -> None:
+        """Signal every live attempt asked to stop (by the cycle, a cancel, a limit or an admin): the
+        workers get SIGTERM and `grace_s` to checkpoint. Once per attempt per process; a new leader
+        delivers again, as a level-triggered controller would."""
+        with self.engine.connect() as conn:
+            live = attempt_store.live(conn)
+        asked = {item.attempt.id for item in live if item.attempt.stop_requested is not None}
+        for attempt_id in asked - self._signalled:
+            self.launcher.cancel(attempt_id, grace_s=self.grace_s)
+        self._signalled &= asked
+        self._signalled |= asked
 
     def reap(self) -> None:
-        """Attempts whose leases expired are LOST: their jobs go back to the queue."""
+        """Attempts whose lease passed (neither their workers nor their launcher renewed it) are LOST,
+        and their jobs go back to the queue, but only once nothing of them can run any more: two
+        attempts of one job never run at the same moment."""
         now = self.clock()
         with self.engine.connect() as conn:
             expired = attempt_store.expired(conn, now)
         for attempt_id in expired:
-            self.launcher.cancel(attempt_id, grace_s=0)
+            if not self.launcher.release(attempt_id):
+                log.warning(
+                    "attempt %s: lease expired, but its workers may still run; not replaced", attempt_id
+                )
+                continue
             attempt_store.finish(
                 self.engine,
                 attempt_id,
                 AttemptState.LOST,
                 at=now,
-                reason="lease expired: no heartbeat within the lease period",
+                reason="lease expired: neither its workers nor its launcher renewed it within the lease",
+                disrupted=True,
             )
 
     def recover(self) -> None:
         """On taking the lead: adopt or clean up workers, and launch attempts reserved but not launched."""
+        self._renewed.clear()
+        self._signalled.clear()
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
         requests = {item.attempt.id: self.launch_request(item.attempt, item.job) for item in live}
@@ -271,9 +314,11 @@ class SchedulerService:
 
     def step(self) -> None:
         self.apply(self.launcher.observe())
-        self.stop_cancelled()
+        self.renew()
+        self.request_stops()
         self.reap()
         self.schedule()
+        self.deliver_stops()
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -308,6 +353,7 @@ class SchedulerService:
                     next_pass = monotonic + interval_s
                 else:
                     self.apply(self.launcher.observe())
+                    self.renew()
             except Exception:  # the loop must outlive any one failure; the store stays the truth
                 log.exception("scheduler pass failed; retrying")
                 stop.wait(interval_s)

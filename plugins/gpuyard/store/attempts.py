@@ -1,25 +1,36 @@
 """Attempts and leases: reserve (attempt + one lease per GPU, one transaction, fencing token),
-heartbeats, checkpoint records, the end of an attempt, expiry, and leader leases."""
+heartbeats and launcher renewals, checkpoint records, the end of an attempt, expiry, and leader leases.
+
+Lock order, the same in every transaction (docs/concepts.md): the job's row, then its attempt's
+row, then the attempt's lease rows (then the fencing counter). A function that changes an attempt
+locks its job first (`_locked`), so two writers of one job queue up instead of deadlocking, and
+each re-reads under the lock the state it guards on.
+
+Every `at`/`now` given here is the database's time (store/dbclock.py) in production, so leases are
+written and reaped with one clock whatever the skew of the processes' own.
+"""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
-from gpuyard.domain.retry import after_attempt
+from gpuyard.domain.retry import after_attempt, attribute
 from gpuyard.domain.states import (
     TERMINAL_ATTEMPT_STATES,
     AttemptState,
     JobState,
     StaleState,
+    StopReason,
 )
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
@@ -27,11 +38,16 @@ from gpuyard.store.outbox import append_event
 from gpuyard.store.tables import attempts, fencing, jobs, leaders, leases
 from gpuyard.store.transitions import move_attempt, move_job
 
-LIVE = (AttemptState.CREATED.value, AttemptState.LAUNCHING.value, AttemptState.RUNNING.value)
+LIVE_STATES = (AttemptState.CREATED, AttemptState.LAUNCHING, AttemptState.RUNNING)
+LIVE = tuple(state.value for state in LIVE_STATES)
 
 
 class StaleToken(Exception):
     """The fencing token is not the attempt's, or the attempt has ended: the worker must stop."""
+
+
+class CheckpointRefused(ValueError):
+    """A heartbeat named a checkpoint outside the job's own checkpoint stores."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,7 @@ def reserve(
     """
     try:
         with engine.begin() as conn:
-            job = get(conn, job_id)
+            job = get(conn, job_id, lock=True)
             if job is None or job.state != JobState.PENDING:
                 return None
             token = next_fencing_token(conn)
@@ -93,6 +109,7 @@ def reserve(
                     borrowed=borrowed,
                     checkpoint_url=job.checkpoint_url,
                     checkpoint_step=job.checkpoint_step,
+                    lease_expires_at=expires,
                     created_at=at,
                     updated_at=at,
                 )
@@ -142,34 +159,125 @@ def live(conn: Connection) -> list[LiveAttempt]:
     return found
 
 
-def attempt(conn: Connection, attempt_id: str) -> Attempt | None:
-    row = conn.execute(select(attempts).where(attempts.c.id == attempt_id)).first()
+def attempt(conn: Connection, attempt_id: str, *, lock: bool = False) -> Attempt | None:
+    query = select(attempts).where(attempts.c.id == attempt_id)
+    row = conn.execute(query.with_for_update() if lock else query).first()
     return attempt_from_row(row) if row else None
+
+
+def _locked(conn: Connection, attempt_id: str) -> tuple[Job, Attempt] | None:
+    """The attempt and its job, both locked in the store's lock order (job first)."""
+    job_id = conn.execute(select(attempts.c.job_id).where(attempts.c.id == attempt_id)).scalar()
+    if job_id is None:
+        return None
+    job = get(conn, job_id, lock=True)
+    found = attempt(conn, attempt_id, lock=True)
+    assert job is not None and found is not None
+    return job, found
+
+
+def _extend_lease(conn: Connection, attempt_id: str, token: int, expires: datetime) -> bool:
+    """Move the attempt's lease (and its GPU leases) to `expires`, never backwards. False when the
+    attempt is not live with this token any more. Lock order: the attempt row, then its leases."""
+    renewed = conn.execute(
+        update(attempts)
+        .where(
+            attempts.c.id == attempt_id,
+            attempts.c.fencing_token == token,
+            attempts.c.state.in_(LIVE),
+            (attempts.c.lease_expires_at.is_(None)) | (attempts.c.lease_expires_at < expires),
+        )
+        .values(lease_expires_at=expires)
+    )
+    if renewed.rowcount:
+        conn.execute(
+            update(leases)
+            .where(leases.c.attempt_id == attempt_id, leases.c.fencing_token == token)
+            .values(expires_at=expires)
+        )
+    return bool(renewed.rowcount)
 
 
 def mark_launching(engine: Engine, attempt_id: str, at: datetime) -> None:
     with engine.begin() as conn:
-        move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+        locked = _locked(conn, attempt_id)
+        if locked is not None and locked[1].state == AttemptState.CREATED:
+            move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
 
 
-def _mark_running(conn: Connection, found: Attempt, at: datetime) -> None:
+def _mark_running(conn: Connection, job: Job, found: Attempt, at: datetime) -> None:
+    """CREATED/LAUNCHING -> RUNNING, and the job SCHEDULED -> RUNNING. The caller holds both locks."""
     if found.state == AttemptState.CREATED:
         move_attempt(conn, found.id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
     if found.state in (AttemptState.CREATED, AttemptState.LAUNCHING):
         move_attempt(
-            conn, found.id, AttemptState.LAUNCHING, AttemptState.RUNNING, at=at, changes={"started_at": at}
+            conn,
+            found.id,
+            AttemptState.LAUNCHING,
+            AttemptState.RUNNING,
+            at=at,
+            changes={"started_at": at, "progress_at": at},
         )
-        job = get(conn, found.job_id)
-        if job is not None and job.state == JobState.SCHEDULED:
-            move_job(conn, found.job_id, JobState.SCHEDULED, JobState.RUNNING, at=at, attempt_id=found.id)
+        if job.state == JobState.SCHEDULED:
+            first = {} if job.first_started_at else {"first_started_at": at}
+            move_job(
+                conn, job.id, JobState.SCHEDULED, JobState.RUNNING, at=at, attempt_id=found.id, changes=first
+            )
 
 
 def mark_running(engine: Engine, attempt_id: str, at: datetime) -> None:
     """The workers run (reported by the launcher or by a first heartbeat). Idempotent."""
     with engine.begin() as conn:
-        found = attempt(conn, attempt_id)
-        if found is not None and found.state not in TERMINAL_ATTEMPT_STATES:
-            _mark_running(conn, found, at)
+        locked = _locked(conn, attempt_id)
+        if locked is not None and locked[1].state not in TERMINAL_ATTEMPT_STATES:
+            _mark_running(conn, *locked, at)
+
+
+def renew(engine: Engine, tokens: Mapping[str, int], *, at: datetime, lease_ttl_s: float) -> set[str]:
+    """The launcher's renewal: it sees these attempts' workers alive. Renews the lease of each that is
+    still live with the given fencing token (a launcher renews only the attempt it launched), marks it
+    RUNNING if it was not yet, and returns the ids renewed."""
+    if not tokens:
+        return set()
+    expires = at + timedelta(seconds=lease_ttl_s)
+    with engine.begin() as conn:
+        rows = conn.execute(
+            select(attempts.c.id, attempts.c.job_id, attempts.c.state).where(
+                tuple_(attempts.c.id, attempts.c.fencing_token).in_(list(tokens.items())),
+                attempts.c.state.in_(LIVE),
+            )
+        ).all()
+        starting = {row.id: row.job_id for row in rows if row.state != AttemptState.RUNNING.value}
+        for job_id in sorted(set(starting.values())):
+            get(conn, job_id, lock=True)  # the lock order: these jobs before their attempts
+        locked = conn.execute(
+            select(attempts.c.id)
+            .where(attempts.c.id.in_([row.id for row in rows]))
+            .order_by(attempts.c.id)
+            .with_for_update()
+        ).scalars()
+        renewed = {
+            attempt_id
+            for attempt_id in locked
+            if _extend_lease(conn, attempt_id, tokens[attempt_id], expires)
+        }
+        for attempt_id, job_id in starting.items():
+            found, job = attempt(conn, attempt_id), get(conn, job_id)
+            if attempt_id in renewed and found is not None and job is not None:
+                _mark_running(conn, job, found, at)
+        return renewed
+
+
+def _checkpoint_allowed(job: Job, url: str, site_stores: tuple[str, ...]) -> bool:
+    """A worker may record only checkpoints under its job's own roots: the spec's checkpoint URL, or
+    this job's folder in a site's checkpoint store (where cross-site moves put it)."""
+    roots = [f"{store.rstrip('/')}/{job.id}" for store in site_stores]
+    if job.spec.checkpoint is not None:
+        roots.append(job.spec.checkpoint.url)
+    clean = url.rstrip("/")
+    return ".." not in clean.split("/") and any(
+        clean == root.rstrip("/") or clean.startswith(root.rstrip("/") + "/") for root in roots
+    )
 
 
 def heartbeat(
@@ -181,24 +289,29 @@ def heartbeat(
     checkpoint: dict[str, Any] | None,
     at: datetime,
     lease_ttl_s: float,
+    site_stores: tuple[str, ...] = (),
 ) -> Beat:
-    """Renew the attempt's leases and record progress, only for the attempt's own fencing token."""
+    """Renew the attempt's leases and record progress, only for the attempt's own fencing token.
+
+    Locks the job, then the attempt (the store's lock order), so a concurrent transition of either
+    waits for this beat or is seen by it: a live attempt with its own token is never refused."""
     with engine.begin() as conn:
-        found = attempt(conn, attempt_id)
-        if found is None or found.fencing_token != token or found.state in TERMINAL_ATTEMPT_STATES:
+        locked = _locked(conn, attempt_id)
+        if locked is None or locked[1].fencing_token != token or locked[1].state in TERMINAL_ATTEMPT_STATES:
             raise StaleToken(f"attempt {attempt_id}: fencing token {token} is stale or the attempt has ended")
+        job, found = locked
+        if checkpoint and not _checkpoint_allowed(job, checkpoint["url"], site_stores):
+            raise CheckpointRefused(
+                f"checkpoint.url: {checkpoint['url']!r} is outside job {job.id}'s checkpoint stores"
+            )
         expires = at + timedelta(seconds=lease_ttl_s)
-        renewed = conn.execute(
-            update(leases)
-            .where(leases.c.attempt_id == attempt_id, leases.c.fencing_token == token)
-            .values(expires_at=expires)
-        )
-        if renewed.rowcount == 0 and found.placement.get("nodes"):
-            raise StaleToken(f"attempt {attempt_id}: its leases are gone (expired and reaped)")
-        _mark_running(conn, found, at)
+        _extend_lease(conn, attempt_id, token, expires)
+        _mark_running(conn, job, found, at)
         changes: dict[str, Any] = {"heartbeat_at": at}
         if step is not None:
             changes["step"] = step
+            if found.step is None or step > found.step:
+                changes["progress_at"] = at
         if checkpoint and (found.checkpoint_step is None or checkpoint["step"] >= found.checkpoint_step):
             changes |= {
                 "checkpoint_url": checkpoint["url"],
@@ -223,34 +336,33 @@ def heartbeat(
             )
         conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(**changes))
         job = get(conn, found.job_id)
-        assert job is not None
         fresh = attempt(conn, attempt_id)
-        assert fresh is not None
+        assert job is not None and fresh is not None
         stop = fresh.stop_requested is not None or job.cancel_requested
         return Beat(expires, "checkpoint_and_stop" if stop else "continue", job, fresh)
 
 
-def request_stop(engine: Engine, attempt_id: str, *, at: datetime, why: str) -> bool:
-    """Ask a live attempt to checkpoint and stop (its next heartbeat answer says so)."""
+def request_stop(
+    engine: Engine, attempt_id: str, *, at: datetime, why: str, kind: StopReason = StopReason.PREEMPT
+) -> bool:
+    """Ask a live attempt to checkpoint and stop (its next heartbeat answer says so, and the scheduler
+    signals its workers). The first reason asked wins; False if it was asked before or has ended."""
     with engine.begin() as conn:
-        result = conn.execute(
-            update(attempts)
-            .where(
-                attempts.c.id == attempt_id, attempts.c.state.in_(LIVE), attempts.c.stop_requested.is_(None)
-            )
-            .values(stop_requested="checkpoint_and_stop", updated_at=at)
-            .returning(attempts.c.job_id)
-        )
-        job_id = result.scalar()
-        if job_id is None:
+        locked = _locked(conn, attempt_id)
+        if locked is None or locked[1].state not in LIVE_STATES or locked[1].stop_requested is not None:
             return False
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.id == attempt_id)
+            .values(stop_requested=kind.value, updated_at=at)
+        )
         append_event(
             conn,
             type="attempt.stop_requested",
-            job_id=job_id,
+            job_id=locked[0].id,
             attempt_id=attempt_id,
             at=at,
-            data={"why": why},
+            data={"why": why, "kind": kind.value},
         )
         return True
 
@@ -263,26 +375,32 @@ def finish(
     at: datetime,
     exit_code: int | None = None,
     reason: str | None = None,
+    disrupted: bool = False,
 ) -> bool:
     """End the attempt, free its leases, and move its job as the retry policy says. Idempotent:
-    returns False when the attempt had already ended."""
+    returns False when the attempt had already ended.
+
+    `disrupted`: the launcher saw the platform stop or lose the workers (its own signal, an eviction,
+    a node gone). With the attempt's `stop_requested`, it decides whether a preemption or loss is
+    not the job's fault (domain/retry.attribute)."""
     with engine.begin() as conn:
-        found = attempt(conn, attempt_id)
-        if found is None or found.state in TERMINAL_ATTEMPT_STATES:
+        locked = _locked(conn, attempt_id)
+        if locked is None or locked[1].state in TERMINAL_ATTEMPT_STATES:
             return False
+        job, found = locked
+        stop = StopReason.read(found.stop_requested)
+        outcome, reason = attribute(outcome, exit_code, reason, stop=stop, disrupted=disrupted)
         if outcome == AttemptState.SUCCEEDED and found.state != AttemptState.RUNNING:
             # It ran and ended between two observations: record the RUNNING it went through.
-            _mark_running(conn, found, at)
-            found = attempt(conn, attempt_id)
-            assert found is not None
-        job = get(conn, found.job_id)
-        assert job is not None
+            _mark_running(conn, job, found, at)
+            job, found = get(conn, job.id), attempt(conn, attempt_id)  # type: ignore[assignment]
+            assert job is not None and found is not None
         gpus = sum(len(n["gpus"]) for n in found.placement.get("nodes", []))
         started = found.started_at
         ran_s = (at - started).total_seconds() if started else 0.0
         saved_until = max(filter(None, [started, found.checkpoint_at]), default=None)
         lost_s = 0.0
-        if outcome == AttemptState.LOST and saved_until is not None:
+        if outcome in (AttemptState.LOST, AttemptState.PREEMPTED) and saved_until is not None:
             lost_s = max(0.0, (at - saved_until).total_seconds())
         move_attempt(
             conn,
@@ -299,7 +417,13 @@ def finish(
         )
         conn.execute(delete(leases).where(leases.c.attempt_id == attempt_id))
         decision = after_attempt(
-            job.spec.retry, outcome, job.failures, exit_code, reason, cancel_requested=job.cancel_requested
+            job.spec.retry,
+            outcome,
+            job.failures,
+            exit_code,
+            reason,
+            cancel_requested=job.cancel_requested or stop == StopReason.CANCEL,
+            stop=stop,
         )
         changes: dict[str, Any] = {
             "failures": decision.failures,
@@ -342,9 +466,11 @@ def pool_mtbi_s(conn: Connection, nodes: set[str], *, since: datetime, prior_s: 
 
 
 def expired(conn: Connection, now: datetime) -> list[str]:
-    """Live attempts whose leases have all expired."""
+    """Live attempts whose lease has passed: neither their workers nor their launcher renewed it."""
     rows = conn.execute(
-        select(leases.c.attempt_id).group_by(leases.c.attempt_id).having(func.max(leases.c.expires_at) < now)
+        select(attempts.c.id)
+        .where(attempts.c.state.in_(LIVE), attempts.c.lease_expires_at < now)
+        .order_by(attempts.c.lease_expires_at)
     )
     return list(rows.scalars())
 

@@ -39,6 +39,9 @@ class JobDetail:
     events: list[Event]
 
 
+MAX_SEQ = 2**63 - 1  # jobs.seq is a BIGINT
+
+
 def new_job_id() -> str:
     return f"job-{secrets.token_hex(8)}"
 
@@ -103,8 +106,11 @@ def _replay(conn: Connection, spec: JobSpec, idempotency_key: str) -> Job:
     return job_from_row(existing)
 
 
-def get(conn: Connection, job_id: str) -> Job | None:
-    row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+def get(conn: Connection, job_id: str, *, lock: bool = False) -> Job | None:
+    """The job; with `lock`, its row is locked until the transaction ends (the store's lock order:
+    a job, then its attempts, then their leases; docs/concepts.md)."""
+    query = select(jobs).where(jobs.c.id == job_id)
+    row = conn.execute(query.with_for_update() if lock else query).first()
     return job_from_row(row) if row else None
 
 
@@ -134,7 +140,8 @@ def page(
     if state is not None:
         query = query.where(jobs.c.state == state.value)
     if after_seq is not None:
-        query = query.where(jobs.c.seq < after_seq)
+        # Bounded like the column (BIGINT): a larger cursor lies past every job, as MAX_SEQ does.
+        query = query.where(jobs.c.seq < min(after_seq, MAX_SEQ))
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     more = len(rows) > limit
@@ -149,9 +156,12 @@ def count_by_state(engine: Engine) -> dict[str, int]:
 
 
 def cancel(engine: Engine, job_id: str, *, at: datetime, by: str) -> Job:
-    """A pending job is cancelled at once; a placed one is marked, and its attempt is stopped by its owner."""
+    """A pending job is cancelled at once; a placed one is marked, and its attempt is stopped by its owner.
+
+    The job's row is locked first, so a concurrent end of its attempt (which locks it too) either
+    sees the mark, or has already put the job back to PENDING, where the cancel takes effect at once."""
     with engine.begin() as conn:
-        job = get(conn, job_id)
+        job = get(conn, job_id, lock=True)
         if job is None:
             raise KeyError(job_id)
         if job.state in TERMINAL_JOB_STATES:
@@ -159,7 +169,11 @@ def cancel(engine: Engine, job_id: str, *, at: datetime, by: str) -> Job:
         if job.state == JobState.PENDING:
             move_job(conn, job_id, JobState.PENDING, JobState.CANCELLED, at=at, reason=f"cancelled by {by}")
         elif not job.cancel_requested:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=at))
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == job.state.value)
+                .values(cancel_requested=True, updated_at=at)
+            )
             append_event(conn, type="job.cancel_requested", job_id=job_id, at=at, data={"by": by})
         return get(conn, job_id)  # type: ignore[return-value]
 
@@ -185,6 +199,7 @@ def job_from_mapping(row: dict[str, Any], spec: JobSpec) -> Job:
         checkpoint_step=row.get("checkpoint_step"),
         checkpoint_site=row.get("checkpoint_site"),
         checkpoint_cost_s=row.get("checkpoint_cost_s"),
+        first_started_at=row.get("first_started_at"),
     )
 
 
@@ -215,4 +230,6 @@ def attempt_from_row(row: Any) -> Attempt:
         ended_at=row.ended_at,
         heartbeat_at=row.heartbeat_at,
         progress_lost_s=row.progress_lost_s,
+        lease_expires_at=row.lease_expires_at,
+        progress_at=row.progress_at,
     )

@@ -56,6 +56,10 @@ teams = Table(
     Column("gpu_quota", Integer, nullable=False),
     Column("cohort", String(63)),
     Column("weight", Float, nullable=False, server_default=text("1.0")),
+    # The team's admission policy (domain/admission.py); empty lists allow everything.
+    Column("allowed_registries", JSON, nullable=False, server_default=text("'[]'")),
+    Column("require_digest", Boolean, nullable=False, server_default=text("false")),
+    Column("allowed_priorities", JSON, nullable=False, server_default=text("'[]'")),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
 )
@@ -69,6 +73,8 @@ tokens = Table(
     Column("role", String(32), nullable=False),
     Column("description", String(200), nullable=False, server_default=""),
     Column("created_at", UtcDateTime(), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Column("last_used_at", UtcDateTime()),  # updated at most once a minute
     Column("revoked_at", UtcDateTime()),
 )
 
@@ -125,6 +131,9 @@ attempts = Table(
     Column("started_at", UtcDateTime()),
     Column("ended_at", UtcDateTime()),
     Column("heartbeat_at", UtcDateTime()),
+    # The attempt's lease: renewed by its workers' heartbeats and by its launcher while it sees them
+    # alive; the reaper ends the attempt LOST once it has passed. Its GPU leases carry the same expiry.
+    Column("lease_expires_at", UtcDateTime()),
     Column("progress_at", UtcDateTime()),  # when `step` last advanced: hang detection
     Column("progress_lost_s", Float),
     Column("created_at", UtcDateTime(), nullable=False),

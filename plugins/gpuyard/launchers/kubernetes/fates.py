@@ -10,7 +10,7 @@ collectives fail too, and those failures must not use up the job's failure budge
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuyard.launchers.base import EXIT_PREEMPTED, EXIT_STALE_TOKEN, Outcome, outcome_of_exit
@@ -55,6 +55,7 @@ class PodFate:
     outcome: Outcome | None
     reason: str | None = None
     exit_code: int | None = None
+    disrupted: bool = False  # the cluster stopped or lost it (eviction, preemption, node gone)
 
     @property
     def ended(self) -> bool:
@@ -98,9 +99,11 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
         code = int(terminated.get("exitCode", 1))
         if code in (0, EXIT_PREEMPTED, EXIT_STALE_TOKEN):
             outcome, reason = outcome_of_exit(code)
-            return PodFate(outcome, reason, code)
+            return PodFate(
+                outcome, f"{reason} ({lost_reason})" if lost_reason else reason, code, bool(lost_reason)
+            )
         if lost_reason:
-            return PodFate(Outcome.LOST, f"{lost_reason} (worker exited {code})", code)
+            return PodFate(Outcome.LOST, f"{lost_reason} (worker exited {code})", code, True)
         if terminated.get("reason") == "OOMKilled":
             return PodFate(Outcome.FAILED, "OOMKilled", code)
         _, reason = outcome_of_exit(code)
@@ -108,7 +111,7 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
         return PodFate(Outcome.FAILED, f"{reason} ({extra})" if extra else reason, code)
 
     if lost_reason:
-        return PodFate(Outcome.LOST, lost_reason)
+        return PodFate(Outcome.LOST, lost_reason, disrupted=True)
 
     waiting = state.get("waiting") or {}
     waiting_reason = waiting.get("reason")
@@ -126,7 +129,7 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
     if phase == "Failed":
         return PodFate(Outcome.FAILED, _detail(pod_reason or "pod failed", status.get("message")))
     if phase == "Unknown":
-        return PodFate(Outcome.LOST, "pod phase Unknown: its node stopped reporting")
+        return PodFate(Outcome.LOST, "pod phase Unknown: its node stopped reporting", disrupted=True)
     if phase == "Running":
         return PodFate(Outcome.RUNNING)
     return PENDING
@@ -140,7 +143,8 @@ def attempt_fate(fates: Mapping[int, PodFate], gang_size: int) -> PodFate:
     if ended_badly:
         rank, worst = max(ended_badly, key=lambda item: _SEVERITY[item[1].outcome])  # type: ignore[index]
         prefix = f"node rank {rank}" if gang_size > 1 else "worker"
-        return PodFate(worst.outcome, f"{prefix}: {worst.reason}", worst.exit_code)
+        disrupted = any(fate.disrupted for _, fate in ended_badly)
+        return PodFate(worst.outcome, f"{prefix}: {worst.reason}", worst.exit_code, disrupted)
     present = [fates[rank] for rank in range(gang_size) if rank in fates]
     if len(present) == gang_size and all(f.outcome is Outcome.SUCCEEDED for f in present):
         return PodFate(Outcome.SUCCEEDED, "every worker exited 0", 0)
@@ -152,7 +156,9 @@ def attempt_fate(fates: Mapping[int, PodFate], gang_size: int) -> PodFate:
 def gone_fate(last: PodFate | None, *, cancelled: bool, why: str) -> PodFate:
     """The fate of a pod that vanished from the API: what it last reported, else LOST."""
     if last is not None and last.ended:
-        return last
+        return replace(last, disrupted=last.disrupted or cancelled)
     if cancelled:
-        return PodFate(Outcome.LOST, "cancelled: pod deleted before its worker reported an exit")
-    return PodFate(Outcome.LOST, why)
+        return PodFate(
+            Outcome.LOST, "cancelled: pod deleted before its worker reported an exit", disrupted=True
+        )
+    return PodFate(Outcome.LOST, why, disrupted=True)

@@ -53,9 +53,11 @@ class _Attempt:
     key: str
     gang_size: int
     nodes: dict[int, str]
+    token: int
     seen: set[int] = field(default_factory=set)
-    reported_running: bool = False
-    finished: bool = False
+    running: bool = False  # every pod runs on a Ready node, as last observed
+    running_acknowledged: bool = False
+    ending: WorkerReport | None = None  # repeated by observe() until acknowledged
     cancelled: bool = False
 
 
@@ -86,6 +88,12 @@ def _attempt_id(obj: Mapping[str, Any]) -> str | None:
     return (_meta(obj).get("annotations") or {}).get(m.ATTEMPT_ID_ANNOTATION)
 
 
+def _ready(node: Mapping[str, Any]) -> bool:
+    """The kubelet reports the node Ready (a NotReady node's pods may be running or gone: unknown)."""
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def _ours(obj: Mapping[str, Any]) -> bool:
     """Checked on our side too, so a list that ignored the label selector cannot hand us strangers."""
     return (_meta(obj).get("labels") or {}).get(m.MANAGED_BY) == "gpuyard" and _attempt_id(obj) is not None
@@ -114,7 +122,7 @@ class KubernetesLauncher:
         self._attempts: dict[str, _Attempt] = {}
         self._pods: dict[str, dict[str, Any]] = {}  # pod name -> last seen object
         self._deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last object when it was deleted
-        self._nodes: set[str] | None = None  # None until the first node listing
+        self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -249,6 +257,7 @@ class KubernetesLauncher:
                     key=key,
                     gang_size=len(request.placement.slices),
                     nodes={rank: s.node for rank, s in enumerate(request.placement.slices)},
+                    token=request.fencing_token,
                 ),
             )
         api = self.api
@@ -308,13 +317,13 @@ class KubernetesLauncher:
     def _apply(self, event: _Event) -> None:
         if event.kind == "node":
             if event.type == "SYNC":
-                self._nodes = {_meta(node).get("name", "") for node in event.items}
+                self._nodes = {_meta(node).get("name", ""): _ready(node) for node in event.items}
             elif self._nodes is not None:
                 name = _meta(event.obj).get("name", "")
                 if event.type == "DELETED":
-                    self._nodes.discard(name)
+                    self._nodes.pop(name, None)
                 else:
-                    self._nodes.add(name)
+                    self._nodes[name] = _ready(event.obj)
             return
         if event.type == "SYNC":
             listed = {_meta(pod)["name"]: dict(pod) for pod in event.items}
@@ -346,6 +355,16 @@ class KubernetesLauncher:
             return gone_fate(last_fate, cancelled=attempt.cancelled, why=GONE_WHY)
         return None
 
+    def _on_ready_nodes(self, attempt: _Attempt) -> bool:
+        if self._nodes is None:
+            return False
+        for rank in range(attempt.gang_size):
+            pod = self._pods.get(m.pod_name(attempt.key, rank))
+            node = (_pod_node(pod) if pod is not None else None) or attempt.nodes.get(rank)
+            if node is None or not self._nodes.get(node, False):
+                return False
+        return True
+
     def observe(self) -> list[WorkerReport]:
         self.start()
         reports: list[WorkerReport] = []
@@ -357,32 +376,64 @@ class KubernetesLauncher:
                 except queue.Empty:
                     break
             for attempt in self._attempts.values():
-                if attempt.finished:
-                    continue
-                fates = {
-                    rank: fate
-                    for rank in range(attempt.gang_size)
-                    if (fate := self._rank_fate(attempt, rank)) is not None
-                }
-                fate = attempt_fate(fates, attempt.gang_size)
-                if fate.ended:
-                    attempt.finished = True
-                    assert fate.outcome is not None
-                    reports.append(
-                        WorkerReport(
-                            attempt.attempt_id, fate.outcome, self._clock(), fate.exit_code, fate.reason
-                        )
-                    )
-                    teardown += [  # the gang ended: stop every rank that has not (seen by the watch or not)
-                        m.pod_name(attempt.key, rank)
+                if attempt.ending is None:
+                    fates = {
+                        rank: fate
                         for rank in range(attempt.gang_size)
-                        if rank not in fates or not fates[rank].ended
-                    ]
-                elif fate.outcome is Outcome.RUNNING and not attempt.reported_running:
-                    attempt.reported_running = True
+                        if (fate := self._rank_fate(attempt, rank)) is not None
+                    }
+                    fate = attempt_fate(fates, attempt.gang_size)
+                    attempt.running = fate.outcome is Outcome.RUNNING and self._on_ready_nodes(attempt)
+                    if fate.ended:
+                        assert fate.outcome is not None
+                        attempt.ending = WorkerReport(
+                            attempt.attempt_id,
+                            fate.outcome,
+                            self._clock(),
+                            fate.exit_code,
+                            fate.reason,
+                            disrupted=fate.disrupted or attempt.cancelled,
+                        )
+                        # The gang ended: stop every rank that has not (seen by the watch or not).
+                        teardown += [
+                            m.pod_name(attempt.key, rank)
+                            for rank in range(attempt.gang_size)
+                            if rank not in fates or not fates[rank].ended
+                        ]
+                if attempt.ending is not None:
+                    reports.append(attempt.ending)
+                elif attempt.running and not attempt.running_acknowledged:
                     reports.append(WorkerReport(attempt.attempt_id, Outcome.RUNNING, self._clock()))
         self._delete_pods(teardown, self.config.termination_grace_s)
         return reports
+
+    def acknowledge(self, report: WorkerReport) -> None:
+        with self._lock:
+            attempt = self._attempts.get(report.attempt_id)
+            if attempt is None:
+                return
+            if report.outcome is Outcome.RUNNING:
+                attempt.running_acknowledged = True
+            else:
+                del self._attempts[report.attempt_id]
+
+    def alive(self) -> dict[str, int]:
+        """Attempts whose every pod runs (worker container not terminated) on a Ready node."""
+        with self._lock:
+            return {a.attempt_id: a.token for a in self._attempts.values() if a.running and a.ending is None}
+
+    def release(self, attempt_id: str) -> bool:
+        """Delete the attempt's objects at once; True when none of its pods remains on a Ready node
+        (a pod on a NotReady or removed node is taken as dead with its node)."""
+        self.cancel(attempt_id, grace_s=0)
+        pods = [pod for pod in self._list(self.api.list_namespaced_pod) if _attempt_id(pod) == attempt_id]
+        with self._lock:
+            nodes = self._nodes or {}
+            return all(
+                not nodes.get(_pod_node(pod) or "", False)
+                or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                for pod in pods
+            )
 
     # ----------------------------------------------------------------------------- reconcile
 
@@ -420,7 +471,11 @@ class KubernetesLauncher:
                     self._attempts.setdefault(
                         attempt_id,
                         _Attempt(
-                            attempt_id, key, gang, {r: s.node for r, s in enumerate(request.placement.slices)}
+                            attempt_id,
+                            key,
+                            gang,
+                            {r: s.node for r, s in enumerate(request.placement.slices)},
+                            request.fencing_token,
                         ),
                     )
                     for pod in by_attempt[attempt_id]:
@@ -433,9 +488,12 @@ class KubernetesLauncher:
             )
             names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id, [])]
             self._delete_attempt_objects(key, names, grace)
+            report = WorkerReport(attempt_id, Outcome.LOST, self._clock(), None, reason, disrupted=True)
             with self._lock:
-                self._attempts[attempt_id] = _Attempt(attempt_id, key, gang, {}, finished=True)
-            reports.append(WorkerReport(attempt_id, Outcome.LOST, self._clock(), None, reason))
+                self._attempts[attempt_id] = _Attempt(
+                    attempt_id, key, gang, {}, request.fencing_token, ending=report
+                )
+            reports.append(report)
         return reports
 
     # ----------------------------------------------------------------------------- logs
