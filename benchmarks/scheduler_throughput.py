@@ -5,12 +5,13 @@ fast domains of 4 nodes of one model. Queue: 10,000 pending jobs whose GPU count
 trace, from its teams, a third of them asking for one GPU model. Measures
 - decisions per second of `run_cycle` (policy gpuyard: quotas, 2D-LAS, head reservation), each
   pending job placed or told why it waits, median of 3 cycles on a fresh snapshot;
-- placements per second end to end: the cycle plus, per placement, ONE transaction inserting the
-  attempt row and one lease row per GPU with `gpuyard.store.attempts.reserve`, against a throwaway
-  database created on the server of --postgres and dropped afterwards;
+- placements per second end to end: the cycle plus the reserve of its placements with
+  `gpuyard.store.reservations.reserve_batch` (one transaction per batch of --batch gangs: the attempt
+  rows, one lease row per GPU, the jobs PENDING -> SCHEDULED), against a throwaway database created
+  on the server of --postgres and dropped afterwards;
 - peak RSS of the process.
 
-    .venv/bin/python benchmarks/scheduler_throughput.py [--nodes 5000] [--jobs 10000]
+    .venv/bin/python benchmarks/scheduler_throughput.py [--nodes 5000] [--jobs 10000] [--batch 256]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from gpuyard.domain.spec import JobSpec
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
-from gpuyard.store.attempts import reserve
+from gpuyard.store.reservations import BATCH, Reservation, reserve_batch
 from gpuyard.store.tables import jobs as jobs_table
 from gpuyard.store.tables import metadata, teams
 from sqlalchemy import create_engine, insert
@@ -97,16 +98,23 @@ def build_queue(count: int, models: list[str], rng: random.Random) -> list[Pendi
 
 
 def spec_json(job: PendingJob) -> dict[str, object]:
-    spec = {"name": "bench", "team": job.team, "image": "python:3.11-slim", "command": ["true"],
-            "resources": {"gpus": job.gpus, "nodes": job.nodes, "gpu_types": list(job.gpu_types)}}
+    spec = {
+        "name": "bench",
+        "team": job.team,
+        "image": "python:3.11-slim",
+        "command": ["true"],
+        "resources": {"gpus": job.gpus, "nodes": job.nodes, "gpu_types": list(job.gpu_types)},
+    }
     return JobSpec.model_validate(spec).model_dump(mode="json")
 
 
 def quotas_for(queue: list[PendingJob], fleet: Fleet) -> dict[str, TeamQuota]:
     demand = Counter(j.team for j in queue)
     total = sum(n.gpus for n in fleet.nodes)
-    return {t: TeamQuota(gpu_quota=max(1, total * n // len(queue)), cohort="all", max_gpus_per_job=64)
-            for t, n in demand.items()}
+    return {
+        t: TeamQuota(gpu_quota=max(1, total * n // len(queue)), cohort="all", max_gpus_per_job=64)
+        for t, n in demand.items()
+    }
 
 
 def main() -> None:
@@ -115,6 +123,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=BATCH, help="gangs per reserve transaction")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     fleet = build_fleet(args.nodes, rng)
@@ -122,10 +131,14 @@ def main() -> None:
     quotas = quotas_for(queue, fleet)
     policy = POLICIES["gpuyard"]
     now = datetime(2017, 10, 2, tzinfo=UTC)
-    print(f"fleet {len(fleet.nodes)} nodes, {sum(n.gpus for n in fleet.nodes)} GPUs, "
-          f"{len(fleet.domains())} domains, models {dict(Counter(n.gpu_type for n in fleet.nodes))}")
-    print(f"queue {len(queue)} jobs, {sum(j.gpus for j in queue)} GPUs asked, sizes "
-          f"{dict(sorted(Counter(j.gpus for j in queue).items()))}")
+    print(
+        f"fleet {len(fleet.nodes)} nodes, {sum(n.gpus for n in fleet.nodes)} GPUs, "
+        f"{len(fleet.domains())} domains, models {dict(Counter(n.gpu_type for n in fleet.nodes))}"
+    )
+    print(
+        f"queue {len(queue)} jobs, {sum(j.gpus for j in queue)} GPUs asked, sizes "
+        f"{dict(sorted(Counter(j.gpus for j in queue).items()))}"
+    )
 
     timings, result = [], None
     for _ in range(3):
@@ -137,10 +150,12 @@ def main() -> None:
     decided = len(result.placed) + len(result.waiting)
     cycle_s = statistics.median(timings)
     decisions_per_s = decided / cycle_s
-    print(f"cycle: {len(result.placed)} placed, {len(result.waiting)} waiting, "
-          f"{', '.join(f'{t:.3f}' for t in timings)} s -> {decisions_per_s:,.0f} decisions/s")
+    print(
+        f"cycle: {len(result.placed)} placed, {len(result.waiting)} waiting, "
+        f"{', '.join(f'{t:.3f}' for t in timings)} s -> {decisions_per_s:,.0f} decisions/s"
+    )
 
-    # End to end: a fresh cycle, then one reserve transaction per placement on a throwaway database.
+    # End to end: a fresh cycle, then its placements reserved in batches on a throwaway database.
     name = f"gpuyard_bench_{uuid.uuid4().hex[:8]}"
     server = args.postgres.rsplit("/", 1)[0]
     with psycopg.connect(args.postgres, autocommit=True) as admin:
@@ -150,36 +165,63 @@ def main() -> None:
         metadata.create_all(engine)
         stamp = datetime.now(UTC)
         with engine.begin() as conn:
-            conn.execute(insert(teams), [
-                {"name": t, "max_gpus_per_job": 64, "allowed_gpu_types": [], "gpu_quota": q.gpu_quota,
-                 "cohort": "all", "weight": 1.0, "created_at": stamp, "updated_at": stamp}
-                for t, q in quotas.items()
-            ])
-            conn.execute(insert(jobs_table), [
-                {"id": j.id, "team": j.team, "name": "bench", "spec": spec_json(j), "spec_hash": "0" * 64,
-                 "state": "PENDING", "priority": 0, "gpus": j.gpus, "created_by": "bench",
-                 "created_at": stamp, "updated_at": stamp}
-                for j in queue
-            ])
+            conn.execute(
+                insert(teams),
+                [
+                    {
+                        "name": t,
+                        "max_gpus_per_job": 64,
+                        "allowed_gpu_types": [],
+                        "gpu_quota": q.gpu_quota,
+                        "cohort": "all",
+                        "weight": 1.0,
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                    }
+                    for t, q in quotas.items()
+                ],
+            )
+            conn.execute(
+                insert(jobs_table),
+                [
+                    {
+                        "id": j.id,
+                        "team": j.team,
+                        "name": "bench",
+                        "spec": spec_json(j),
+                        "spec_hash": "0" * 64,
+                        "state": "PENDING",
+                        "priority": 0,
+                        "gpus": j.gpus,
+                        "created_by": "bench",
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                    }
+                    for j in queue
+                ],
+            )
         state = ClusterState.empty(fleet, quotas)
         began = time.perf_counter()
         result = run_cycle(list(queue), state, now, policy)
-        reserved = 0
-        for placed in result.placed:
-            attempt = reserve(engine, placed.job.id, placed.placement, borrowed=placed.borrowed,
-                              at=stamp, lease_ttl_s=60.0)
-            reserved += attempt is not None
+        wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
+        made = reserve_batch(engine, wanted, at=stamp, lease_ttl_s=60.0, batch=args.batch)
+        reserved = sum(attempt is not None for attempt in made)
         e2e_s = time.perf_counter() - began
     finally:
         engine.dispose()
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
     placements_per_s = reserved / e2e_s
-    print(f"end to end: {reserved} of {len(result.placed)} placements reserved in {e2e_s:.2f} s "
-          f"-> {placements_per_s:,.0f} placements/s")
+    print(
+        f"end to end: {reserved} of {len(result.placed)} placements reserved in {e2e_s:.2f} s, "
+        f"batches of {args.batch} "
+        f"-> {placements_per_s:,.0f} placements/s"
+    )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"RESULT decisions_per_s={decisions_per_s:.0f} placements_per_s={placements_per_s:.0f} "
-          f"peak_rss_mb={peak_mb:.0f}")
+    print(
+        f"RESULT decisions_per_s={decisions_per_s:.0f} placements_per_s={placements_per_s:.0f} "
+        f"peak_rss_mb={peak_mb:.0f}"
+    )
 
 
 if __name__ == "__main__":
