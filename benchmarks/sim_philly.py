@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import markdown_table, summarize
+from gpuyard.sim.metrics import markdown_table, slowdown_table, summarize, team_slowdown_table
 from gpuyard.sim.run import simulate
 from gpuyard.sim.trace import parse_time, read_trace
 
@@ -68,6 +68,18 @@ def main() -> None:
         print(f"{name}: {wall:.1f} s wall, {summaries[name].cycles} cycles", flush=True)
     print()
     print(markdown_table(list(summaries.values())))
+    print()
+    print("Slowdown (JCT / max(duration, 10 s)) per job size class:")
+    print()
+    print(slowdown_table(list(summaries.values())))
+    print()
+    print("Slowdown per team (worst / p99.9):")
+    print()
+    print(team_slowdown_table(list(summaries.values())))
+    print()
+    for summary in summaries.values():
+        if summary.preemptions:
+            print(f"{summary.policy} preemptions by rule: {summary.preemptions_by_rule}")
     print()
     if set(UPPER_BOUNDS) & set(summaries):
         print("oracle-sjf knows every job's true duration: an upper bound, not a baseline; no ratio uses it.")

@@ -39,6 +39,7 @@ class Placed:
 class Eviction:
     attempt: RunningAttempt
     for_job: str
+    rule: str  # the name of the preemption rule (preemption.RULES)
     reason: str
 
 
@@ -241,10 +242,10 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             )
         if found is not None:
             nodes, victims = found
-            for attempt, why in victims:
-                if not attempt.stopping:
-                    result.evicted.append(Eviction(attempt, job.id, why))
-            preemption.mark_stopping([v for v, _ in victims])
+            for victim in victims:
+                if not victim.attempt.stopping:
+                    result.evicted.append(Eviction(victim.attempt, job.id, victim.rule, victim.reason))
+            preemption.mark_stopping([v.attempt for v in victims])
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = STOPPING

@@ -27,7 +27,15 @@ from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
 
 DomainKey = tuple[str, str, str]
-Victims = list[tuple[RunningAttempt, str]]  # each victim with why it may be taken
+
+
+class Victim(NamedTuple):
+    attempt: RunningAttempt
+    rule: str  # the name of the rule that takes it; "" for an attempt already stopping
+    reason: str
+
+
+Victims = list[Victim]
 
 # An attempt runs at least this long before fair-share rules (reclaim, least attained service) may
 # evict it; only a higher priority class may evict it sooner. Without a quantum, a just-placed
@@ -48,6 +56,7 @@ class Rule:
     full cohort): the ranks, then `allows`; the first rule of the table that applies gives the reason.
     """
 
+    name: str
     reason: str  # the eviction's reason, formatted with the job's `id` and `team`
     enabled: Callable[[Policy], bool]
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
@@ -75,6 +84,7 @@ RULES: tuple[Rule, ...] = (
     # Over quota with a full cohort, a team swaps GPUs within its own usage for a higher class (Kueue's
     # withinClusterQueue).
     Rule(
+        "priority within team",
         "priority within team {team}: {id} outranks it",
         enabled=lambda p: p.preempt_priority,
         settled=False,
@@ -87,6 +97,7 @@ RULES: tuple[Rule, ...] = (
     # borrowing job (or one waiting for the cohort to have room) only from a team still borrowing
     # without the victim.
     Rule(
+        "priority",
         "priority: {id} outranks it",
         enabled=lambda p: p.preempt_priority,
         settled=False,
@@ -100,6 +111,7 @@ RULES: tuple[Rule, ...] = (
     # 2D-LAS, of any team and whatever its quota (gpuyard orders attained service before quota), and
     # of no higher class.
     Rule(
+        "least attained service",
         "least attained service: {id} has had less",
         enabled=lambda p: p.preempt_las,
         settled=True,
@@ -112,6 +124,7 @@ RULES: tuple[Rule, ...] = (
     # quota (Kueue reclaims from ClusterQueues that are borrowing); under LAS policies only from work
     # served at least as much, as the order puts less-served work first.
     Rule(
+        "reclaim",
         "reclaim: team {team} needs its quota back",
         enabled=lambda p: p.reclaim,
         settled=True,
@@ -248,18 +261,19 @@ class Preemption:
             if any(n.name in held for n in nodes):
                 continue
             names = {n.name for n in nodes}
-            options: list[tuple[float, RunningAttempt, str, bool]] = []
+            options: list[tuple[float, Victim, bool]] = []
             for candidate in attempts:
                 attempt = candidate.attempt
                 if attempt.stopping:
-                    options.append((-1.0, attempt, "already stopping", False))
+                    options.append((-1.0, Victim(attempt, "", "already stopping"), False))
                     continue
                 ranks = candidate.ranks
                 if not any(ranks[i] > floors[i] for i in self.enabled):
                     continue  # the prefilter: no rule could apply
                 if (i := self._rule(job, candidate, admitted, floors)) >= 0:
-                    why = RULES[i].reason.format(id=job.id, team=job.team)
-                    options.append((candidate.unsaved_gpu_s, attempt, why, keeps_quota[i]))
+                    rule = RULES[i]
+                    why = rule.reason.format(id=job.id, team=job.team)
+                    options.append((candidate.unsaved_gpu_s, Victim(attempt, rule.name, why), keeps_quota[i]))
             options.sort(key=lambda option: option[0])
             freed: dict[str, int] = {name: len(state.free[name]) for name in names}
             chosen: Victims = []
@@ -267,7 +281,8 @@ class Preemption:
             leaving: dict[str, int] = {}  # GPUs this victim set takes from each team
             given = 0  # of the quota the job is short of
             beaten = False
-            for cost, attempt, why, floor in options:
+            for cost, victim, floor in options:
+                attempt = victim.attempt
                 fits = sum(1 for name in names if freed[name] >= job.gpus_per_node) >= job.nodes
                 if fits and given >= need:
                     break
@@ -283,7 +298,7 @@ class Preemption:
                     if held_after - attempt.gpus < state.quota(team).gpu_quota:
                         continue
                     leaving[team] = leaving.get(team, 0) + attempt.gpus
-                chosen.append((attempt, why))
+                chosen.append(victim)
                 loss += max(cost, 0.0)
                 if not attempt.stopping and attempt.team in members:
                     given += attempt.gpus
@@ -295,7 +310,7 @@ class Preemption:
                 continue
             if best is None or loss < best[0]:
                 # The gang goes where its victims are: hold those nodes first, then the emptiest.
-                touched = {piece.node for attempt, _ in chosen for piece in attempt.placement.slices}
+                touched = {piece.node for victim in chosen for piece in victim.attempt.placement.slices}
                 room.sort(key=lambda name: (name not in touched, -freed[name], name))
                 best = (loss, room[: job.nodes], chosen)
         if best is None:

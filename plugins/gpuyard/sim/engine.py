@@ -153,6 +153,7 @@ class Totals:
     resumes: int = 0
     resumes_ok: int = 0
     preemptions: int = 0
+    preemptions_by_rule: dict[str, int] = field(default_factory=dict)  # preemption.RULES names
     interruptions: int = 0
     attempts_killed: int = 0
     cycles: int = 0
@@ -448,6 +449,8 @@ class Simulator:
             attempt = self.running.get(eviction.attempt.attempt_id)
             if attempt is not None and attempt.stop_s is None:
                 self._ask_to_stop(attempt, t)
+                by_rule = self.totals.preemptions_by_rule
+                by_rule[eviction.rule] = by_rule.get(eviction.rule, 0) + 1
         for placed in result.placed:
             self._start(self._dequeue(placed.job.id), placed.placement, placed.borrowed, t)
 

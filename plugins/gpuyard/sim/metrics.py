@@ -11,15 +11,47 @@ Definitions (docs/simulator.md repeats them):
   slices are leased but not kept).
 - Jain's fairness index over teams of each team's mean (duration / JCT), the share of its time a job
   spends doing its work: 1 when every team's jobs are slowed alike.
+- slowdown: JCT / max(duration, 10 s), at least 1 (Feitelson's bounded slowdown: a 2 s job that
+  waited a minute is not slowed 30 times); its worst and 99.9th percentile per job size class
+  (1 GPU, 2-8, more than 8) and per team: the tail a starvation guard bounds.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from gpuyard.sim.engine import SimResult
+from gpuyard.sim.engine import JobResult, SimResult
+
+SLOWDOWN_FLOOR_S = 10.0
+# Job size classes by the GPUs asked: (name, fewest, most).
+SIZE_CLASSES: tuple[tuple[str, int, float], ...] = (
+    ("1 GPU", 1, 1),
+    ("2-8 GPUs", 2, 8),
+    (">8 GPUs", 9, float("inf")),
+)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The slowdown tail of a group of jobs."""
+
+    jobs: int
+    worst: float
+    p999: float  # 99.9th percentile
+
+    @classmethod
+    def of(cls, slowdowns: Iterable[float]) -> Tail:
+        values = np.fromiter(slowdowns, dtype=float)
+        if not len(values):
+            return cls(0, 0.0, 0.0)
+        return cls(len(values), float(values.max()), float(np.percentile(values, 99.9)))
+
+
+def slowdown(job: JobResult) -> float:
+    return max(1.0, job.jct_s / max(job.duration_s, SLOWDOWN_FLOOR_S))
 
 
 @dataclass(frozen=True)
@@ -42,11 +74,14 @@ class Summary:
     resume_success: float
     resumes: int
     preemptions: int
+    preemptions_by_rule: dict[str, int]
     interruptions: int
     cost_usd: float
     jain: float
     makespan_h: float
     cycles: int
+    slowdown_by_size: dict[str, Tail]  # per SIZE_CLASSES name
+    slowdown_by_team: dict[str, Tail]
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -100,11 +135,19 @@ def summarize(result: SimResult) -> Summary:
         resume_success=totals.resumes_ok / totals.resumes if totals.resumes else 1.0,
         resumes=totals.resumes,
         preemptions=totals.preemptions,
+        preemptions_by_rule=dict(sorted(totals.preemptions_by_rule.items())),
         interruptions=totals.interruptions,
         cost_usd=totals.cost,
         jain=jain_index([sum(v) / len(v) for v in per_team.values()]),
         makespan_h=span / hour,
         cycles=totals.cycles,
+        slowdown_by_size={
+            name: Tail.of(slowdown(j) for j in jobs if low <= j.gpus <= high)
+            for name, low, high in SIZE_CLASSES
+        },
+        slowdown_by_team={
+            team: Tail.of(slowdown(j) for j in jobs if j.team == team) for team in sorted(per_team)
+        },
     )
 
 
@@ -134,4 +177,32 @@ def markdown_table(summaries: list[Summary]) -> str:
     rows = [
         "| " + " | ".join(fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS) + " |" for s in summaries
     ]
+    return "\n".join([head, rule, *rows])
+
+
+def _tail(tail: Tail) -> str:
+    return f"{tail.worst:,.0f} / {tail.p999:,.1f}" if tail.jobs else "-"
+
+
+def slowdown_table(summaries: list[Summary]) -> str:
+    """Worst / p99.9 slowdown per policy and job size class."""
+    head = "| policy | " + " | ".join(f"{name} worst / p99.9" for name, _, _ in SIZE_CLASSES) + " |"
+    rule = "|---|" + "|".join("---" for _ in SIZE_CLASSES) + "|"
+    rows = [
+        f"| {s.policy} | " + " | ".join(_tail(s.slowdown_by_size[name]) for name, _, _ in SIZE_CLASSES) + " |"
+        for s in summaries
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+def team_slowdown_table(summaries: list[Summary]) -> str:
+    """Worst / p99.9 slowdown per team (rows) and policy (columns), with each team's job count."""
+    teams = sorted({team for s in summaries for team in s.slowdown_by_team})
+    head = "| team | jobs | " + " | ".join(s.policy for s in summaries) + " |"
+    rule = "|---|---|" + "|".join("---" for _ in summaries) + "|"
+    rows = []
+    for team in teams:
+        jobs = max(s.slowdown_by_team[team].jobs for s in summaries if team in s.slowdown_by_team)
+        cells = [_tail(s.slowdown_by_team.get(team, Tail(0, 0.0, 0.0))) for s in summaries]
+        rows.append(f"| {team} | {jobs} | " + " | ".join(cells) + " |")
     return "\n".join([head, rule, *rows])
