@@ -27,6 +27,7 @@ from gpuyard.store.tables import attempts, leases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import OperationalError
 
 from .conftest import EXAMPLE_SPEC
 
@@ -557,3 +558,148 @@ def test_platform_metrics_summarize_what_happened(
         assert summary["fair_share_attainment"] == {"a": pytest.approx(1.0)}
         scraped = api.get("/metrics").text
         assert "gpuyard_goodput_ratio 0.75" in scraped
+
+
+def beat(engine: Engine, request: LaunchRequest, clock: Clock, step: int) -> attempt_store.Beat:
+    return attempt_store.heartbeat(
+        engine,
+        request.attempt_id,
+        request.fencing_token,
+        step=step,
+        checkpoint=None,
+        at=clock(),
+        lease_ttl_s=60,
+    )
+
+
+def test_a_plain_command_lives_on_its_launchers_renewals_alone(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """No heartbeat ever: while the launcher sees the workers alive it renews the lease, for as many
+    lease periods as the command runs; once it does not, the lease passes and the attempt is LOST."""
+    job_id = submit(engine, clock, spec())
+    service.step()
+    (request,) = launcher.launched.values()
+    launcher.running.add(request.attempt_id)
+    for _ in range(6):  # three lease periods, a pass every half period
+        clock.advance(30)
+        service.step()
+    (attempt,) = live_attempts(engine, job_id)
+    assert attempt.attempt.state.value == "RUNNING" and attempt.job.state.value == "RUNNING"
+    launcher.running.clear()  # the launcher no longer sees them (cut off, or they vanished unseen)
+    clock.advance(61)
+    service.step()
+    with engine.connect() as conn:
+        lost = attempt_store.attempt(conn, request.attempt_id)
+    assert (
+        lost is not None
+        and lost.state.value == "LOST"
+        and "neither its workers nor its launcher" in (lost.reason or "")
+    )
+
+
+def test_a_lease_that_passed_is_not_reaped_while_the_workers_may_still_run(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec())
+    service.step()
+    (request,) = launcher.launched.values()
+    launcher.releasable = False  # e.g. the pods are on a node that is still Ready but unreachable
+    clock.advance(61)
+    service.step()
+    assert launcher.released == [request.attempt_id]
+    assert [a.attempt.id for a in live_attempts(engine, job_id)] == [request.attempt_id]  # no second attempt
+    launcher.releasable = True
+    service.step()
+    assert state(engine, job_id) in ("PENDING", "SCHEDULED") and len(launcher.launched) == 2
+
+
+def test_a_hung_job_is_stopped_after_its_progress_timeout_and_retried_with_backoff(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(
+        engine,
+        clock,
+        spec(liveness={"progress_timeout": "5m"}, retry={"max_failures": 1, "backoff": "1m"}),
+    )
+    service.step()
+    (request,) = launcher.launched.values()
+    launcher.running.add(request.attempt_id)  # alive all along: the lease is not what ends it
+    for minute in range(4):  # progress for a while, then the step stays at 3
+        beat(engine, request, clock, step=minute)
+        clock.advance(60)
+    for _ in range(5):
+        assert beat(engine, request, clock, step=3).action == "continue"
+        service.step()
+        clock.advance(60)
+    assert launcher.cancelled == []  # 5 minutes without progress: not yet past the timeout
+    clock.advance(30)
+    service.step()
+    assert launcher.cancelled == [(request.attempt_id, service.grace_s)]  # SIGTERM, time to checkpoint
+    assert beat(engine, request, clock, step=3).action == "checkpoint_and_stop"
+    launcher.pending_reports.append(WorkerReport(request.attempt_id, Outcome.PREEMPTED, clock(), 75, "saved"))
+    service.step()
+    with engine.connect() as conn:
+        ended = attempt_store.attempt(conn, request.attempt_id)
+        job = job_store.get(conn, job_id)
+    assert ended is not None and ended.state.value == "FAILED" and "progress_timeout" in (ended.reason or "")
+    assert job is not None and job.state.value == "PENDING" and job.failures == 1
+    assert job.not_before == clock() + timedelta(minutes=1)
+
+
+def test_max_runtime_counts_from_the_first_start_across_attempts_and_is_not_retried(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    job_id = submit(engine, clock, spec(max_runtime="10m", preemptible=True))
+    service.step()
+    (first,) = launcher.launched.values()
+    beat(engine, first, clock, step=1)
+    for _ in range(6):
+        clock.advance(60)
+        beat(engine, first, clock, step=1)
+    assert attempt_store.request_stop(engine, first.attempt_id, at=clock(), why="evicted")
+    launcher.pending_reports.append(WorkerReport(first.attempt_id, Outcome.PREEMPTED, clock(), 75, "saved"))
+    service.step()  # preempted after 6 minutes; the next attempt starts
+    second = next(r for r in launcher.launched.values() if r.attempt_id != first.attempt_id)
+    launcher.running.add(second.attempt_id)
+    for _ in range(6):
+        clock.advance(30)
+        service.step()
+    assert (second.attempt_id, service.grace_s) not in launcher.cancelled  # 9 minutes in all
+    for _ in range(4):
+        clock.advance(30)
+        service.step()
+    assert (second.attempt_id, service.grace_s) in launcher.cancelled
+    launcher.pending_reports.append(WorkerReport(second.attempt_id, Outcome.PREEMPTED, clock(), 75, "saved"))
+    service.step()
+    with engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+    assert job is not None and job.state.value == "FAILED" and "max_runtime" in (job.reason or "")
+
+
+def test_a_report_the_store_could_not_take_comes_again(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """At least once: the review saw one store error drop a whole batch of outcomes (the attempt later
+    became LOST and a SUCCEEDED job ran again). A report is acknowledged only once the store has it."""
+    job_id = submit(engine, clock, spec())
+    service.step()
+    (request,) = launcher.launched.values()
+    done = WorkerReport(request.attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
+    launcher.pending_reports.append(done)
+    finish = attempt_store.finish
+    failures = iter([OperationalError("UPDATE attempts", {}, Exception("connection reset"))])
+
+    def flaky(*args: Any, **kwargs: Any) -> bool:
+        if (error := next(failures, None)) is not None:
+            raise error
+        return finish(*args, **kwargs)
+
+    attempt_store.finish = flaky  # type: ignore[assignment]
+    try:
+        service.step()
+        assert launcher.acknowledged == [] and launcher.pending_reports == [done]
+        service.step()
+    finally:
+        attempt_store.finish = finish  # type: ignore[assignment]
+    assert launcher.acknowledged == [done] and state(engine, job_id) == "SUCCEEDED"

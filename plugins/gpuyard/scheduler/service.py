@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
@@ -105,7 +105,7 @@ class SchedulerService:
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.leading = False
-        self._renewed: dict[str, float] = {}  # attempt id -> monotonic time of its last launcher renewal
+        self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
 
     # -- one pass ----------------------------------------------------------------------------------
@@ -238,17 +238,16 @@ class SchedulerService:
     def renew(self) -> None:
         """Renew the leases of attempts whose workers the launcher sees alive, a third of a lease
         period apart: with the workers' own heartbeats, one of the two sources of liveness."""
-        now_s = time.monotonic()
+        now = self.clock()
         alive = self.launcher.alive()
+        every = timedelta(seconds=self.lease_ttl_s / 3)
         due = {
             a: token
             for a, token in alive.items()
-            if now_s - self._renewed.get(a, -1e18) >= self.lease_ttl_s / 3
+            if a not in self._renewed or now - self._renewed[a] >= every
         }
-        for attempt_id in attempt_store.renew(
-            self.engine, due, at=self.clock(), lease_ttl_s=self.lease_ttl_s
-        ):
-            self._renewed[attempt_id] = now_s
+        for attempt_id in attempt_store.renew(self.engine, due, at=now, lease_ttl_s=self.lease_ttl_s):
+            self._renewed[attempt_id] = now
         for attempt_id in set(self._renewed) - set(alive):
             del self._renewed[attempt_id]
 
