@@ -1,4 +1,8 @@
-"""Prometheus metrics of the control plane. Gauges over stored state are computed at scrape time."""
+"""Prometheus metrics of the control plane. Gauges over stored state are computed at scrape time.
+
+`/metrics` answers without a token, so it carries platform-wide figures only: no series is labelled by
+team (per-team figures are in `/v1/metrics/summary`, scoped to the caller).
+"""
 
 from __future__ import annotations
 
@@ -22,9 +26,7 @@ http_latency = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
     registry=registry,
 )
-jobs_submitted = Counter(
-    "gpuyard_jobs_submitted", "Jobs accepted (new, not replays)", ["team"], registry=registry
-)
+jobs_submitted = Counter("gpuyard_jobs_submitted", "Jobs accepted (new, not replays)", registry=registry)
 events_published = Counter("gpuyard_outbox_events_published", "Outbox events published", registry=registry)
 
 
@@ -46,7 +48,7 @@ class JobStateCollector(Collector):
 
 
 class PlatformCollector(Collector):
-    """The platform summary (goodput, waits, cost, ...) as gauges, computed when scraped."""
+    """The platform summary (goodput, waits, cost, ...) as gauges; `summary` may answer from a cache."""
 
     def __init__(self, summary: Callable[[], Any]):
         self.summary = summary
@@ -75,9 +77,3 @@ class PlatformCollector(Collector):
         ):
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
-        fair = GaugeMetricFamily(
-            "gpuyard_fair_share_attainment_ratio", "Used share / entitled share per team", labels=["team"]
-        )
-        for team, value in sorted(s.fair_share_attainment.items()):
-            fair.add_metric([team], value)
-        yield fair

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.domain.tokens import TokenPolicy
 
 
 class SettingsError(ValueError):
@@ -65,6 +66,7 @@ class Settings(BaseSettings):
     default_quota: TeamQuota = Field(default_factory=TeamQuota)
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    tokens: TokenPolicy = Field(default_factory=TokenPolicy, description="API token lifetimes.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)

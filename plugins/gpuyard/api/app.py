@@ -1,4 +1,5 @@
-"""Builds the FastAPI application: routers, error handlers, body limit and request metrics."""
+"""Builds the FastAPI application: routers, error handlers, input guards (body size, NUL in the URL),
+request metrics, and the collectors behind /metrics (platform-wide, computed at most every 30 s)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from gpuyard.api import routes_admin, routes_attempts, routes_fleet, routes_heal
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
+from gpuyard.api.url_guard import RefuseNulInUrl
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.spec import SpecRejected, field_path
 from gpuyard.domain.states import IllegalTransition, StaleState
+from gpuyard.secrets.files import home_store
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
 from gpuyard.store.submitter import submitter_for
@@ -49,6 +52,7 @@ def create_app(
         fleet=fleet or settings.fleet(),
         clock=clock,
         logs=logs,
+        secrets=home_store(settings.home) if settings.launcher == "local" else None,
     )
 
     @asynccontextmanager
@@ -78,6 +82,7 @@ def create_app(
     _register_collectors(app.state.context)
     app.add_middleware(_RequestMetrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RefuseNulInUrl)
     return app
 
 
@@ -91,7 +96,9 @@ def _register_collectors(ctx: ApiContext) -> None:
     _registered.clear()
     for collector in (
         metrics.JobStateCollector(lambda: job_store.count_by_state(ctx.engine)),
-        metrics.PlatformCollector(lambda: routes_fleet.platform_summary(ctx, hours=24.0)),
+        metrics.PlatformCollector(
+            lambda: ctx.scrape_summary.get("platform", lambda _: routes_fleet.platform_summary(ctx, 24.0))
+        ),
     ):
         metrics.registry.register(collector)
         _registered.append(collector)

@@ -1,4 +1,8 @@
-"""Bearer-token authentication and the role rules."""
+"""Bearer-token authentication and the role rules.
+
+A token is resolved through the context's TokenCache (half a second) and checked against its expiry
+on every request, so neither a revoked nor an expired token outlives the cache by more than that.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from gpuyard.store import teams as team_store
 from gpuyard.store.teams import Principal, Role
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+MAX_TOKEN_LENGTH = 128  # ours are 63 characters; anything longer is not one of them
 
 
 async def context(request: Request) -> ApiContext:
@@ -18,20 +23,25 @@ async def context(request: Request) -> ApiContext:
 
 
 async def principal(request: Request) -> Principal:
-    """FastAPI dependency: the caller, or 401. Cached briefly; the database is read on a miss only."""
+    """FastAPI dependency: the caller, or 401. The database is read on a cache miss only."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
     ctx: ApiContext = request.app.state.context
+    found = None
+    if len(token) <= MAX_TOKEN_LENGTH:
 
-    def load(value: str) -> Principal | None:
-        with ctx.engine.connect() as conn:
-            return team_store.authenticate(conn, value)
+        def load(value: str) -> Principal | None:
+            with ctx.engine.begin() as conn:  # a transaction: it may record the token's last use
+                return team_store.authenticate(conn, value, ctx.clock())
 
-    found = await ctx.principals.get_async(token.strip(), load)
-    if found is None:
-        raise Problem(401, "Unauthorized", "the bearer token is unknown or revoked", headers=_CHALLENGE)
+        found = await ctx.principals.resolve_async(token, load)
+    if found is None or found.expires_at <= ctx.clock():
+        raise Problem(
+            401, "Unauthorized", "the bearer token is unknown, revoked or expired", headers=_CHALLENGE
+        )
     return found
 
 

@@ -1,4 +1,10 @@
-"""What the API's handlers share: settings, the engine, the fleet, the clock, and short-lived caches."""
+"""What the API's handlers share: settings, the engine, the fleet, the clock, and short-lived caches.
+
+Every cache is bounded and evicts its least recently used entries when full (never all of them).
+Tokens are cached for half a second, so a revocation or an expiry reaches every API replica within
+one second; unknown tokens have a cache of their own, so a flood of bogus tokens evicts only bogus
+tokens. Teams (quota and admission policy) are cached for five seconds.
+"""
 
 from __future__ import annotations
 
@@ -8,43 +14,51 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from cachetools import TTLCache
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.clock import Clock
 from gpuyard.domain.fleet import Fleet
+from gpuyard.secrets.files import FileSecretStore
 from gpuyard.settings import Settings
 from gpuyard.store.submitter import Submitter
+from gpuyard.store.teams import Principal
 
 K = TypeVar("K")
 V = TypeVar("V")
 
+TOKEN_TTL_S = 0.5
+_MISSING = object()
+
 
 class TtlCache(Generic[K, V]):
-    """A small thread-safe cache: tokens and quotas are read on every submit but change rarely."""
+    """A small thread-safe LRU cache whose entries expire after `ttl_s` (injected `timer`)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 10_000):
-        self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._entries: dict[K, tuple[float, V]] = {}
+    def __init__(self, ttl_s: float, max_entries: int = 10_000, timer: Callable[[], float] = time.monotonic):
+        self._entries: TTLCache[K, V] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
 
     def peek(self, key: K) -> tuple[bool, V | None]:
         """(found, value) without loading."""
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > time.monotonic():
-            return True, entry[1]
-        return False, None
+        with self._lock:
+            value = self._entries.get(key, _MISSING)
+        return (False, None) if value is _MISSING else (True, value)  # type: ignore[return-value]
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._entries[key] = value
 
     def get(self, key: K, load: Callable[[K], V]) -> V:
         found, value = self.peek(key)
         if found:
             return value  # type: ignore[return-value]
-        now = time.monotonic()
         value = load(key)
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()
-            self._entries[key] = (now + self.ttl_s, value)
+        self.put(key, value)
         return value
 
     async def get_async(self, key: K, load: Callable[[K], V]) -> V:
@@ -63,6 +77,47 @@ class TtlCache(Generic[K, V]):
             self._entries.clear()
 
 
+class TokenCache:
+    """Bearer token -> Principal, with known and unknown tokens kept apart (see the module docstring)."""
+
+    def __init__(
+        self,
+        ttl_s: float = TOKEN_TTL_S,
+        max_known: int = 10_000,
+        max_unknown: int = 4_096,
+        timer: Callable[[], float] = time.monotonic,
+    ):
+        self.known: TtlCache[str, Principal] = TtlCache(ttl_s, max_known, timer)
+        self.unknown: TtlCache[str, None] = TtlCache(ttl_s, max_unknown, timer)
+
+    def peek(self, token: str) -> tuple[bool, Principal | None]:
+        found, principal = self.known.peek(token)
+        if found:
+            return True, principal
+        return self.unknown.peek(token)[0], None
+
+    def resolve(self, token: str, load: Callable[[str], Principal | None]) -> Principal | None:
+        found, principal = self.peek(token)
+        if found:
+            return principal
+        principal = load(token)
+        if principal is None:
+            self.unknown.put(token, None)
+        else:
+            self.known.put(token, principal)
+        return principal
+
+    async def resolve_async(self, token: str, load: Callable[[str], Principal | None]) -> Principal | None:
+        found, principal = self.peek(token)
+        if found:
+            return principal
+        return await run_in_threadpool(self.resolve, token, load)
+
+    def clear(self) -> None:
+        self.known.clear()
+        self.unknown.clear()
+
+
 @dataclass
 class ApiContext:
     settings: Settings
@@ -71,9 +126,11 @@ class ApiContext:
     fleet: Fleet
     clock: Clock
     logs: Callable[[str, bool], Iterator[str]] | None = None  # (attempt id, follow) -> lines
-    # Revocations and quota edits reach other API replicas within these TTLs.
-    principals: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
-    quotas: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))
+    secrets: FileSecretStore | None = None  # None: the teams' secrets are Kubernetes Secrets
+    principals: TokenCache = field(default_factory=TokenCache)
+    teams: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))  # name -> store.teams.Team
     # check_feasible by (resources, sites), all it reads: the fleet is fixed for this process, and
     # walking thousands of nodes would cost milliseconds per submit.
     feasibility: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=float("inf")))
+    # The platform summary behind /metrics: computed at most once per period, however often scraped.
+    scrape_summary: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=30.0, max_entries=1))

@@ -1,13 +1,18 @@
-"""/v1/fleet (nodes, free and leased GPUs), /v1/jobs/{id}/logs (workers' output), /v1/metrics/summary."""
+"""/v1/fleet (nodes, free and leased GPUs), /v1/jobs/{id}/logs (workers' output), /v1/metrics/summary.
+
+Scoped to the caller: a member sees how many GPUs of each node are free, but which ones are leased
+only for its own team's attempts, and a summary of its own team's jobs; platform admins see all.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import timedelta
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from sqlalchemy import Connection
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
@@ -27,7 +32,7 @@ class NodeOut(BaseModel):
     domain: str
     gpu_type: str
     gpus: int
-    leased_gpus: list[int]
+    leased_gpus: list[int] = Field(description="GPUs leased by the caller's team (every team's for admins).")
     free_gpus: int
     gpu_memory_gb: float
     price_per_gpu_hour: float
@@ -37,9 +42,10 @@ class NodeOut(BaseModel):
 
 @router.get("/fleet", response_model=list[NodeOut])
 def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)) -> list[NodeOut]:
-    """Every node with its GPUs, and which of them are leased now."""
+    """Every node with its GPUs: how many are free, and which are leased by the caller's team."""
     with ctx.engine.connect() as conn:
         leased = attempt_store.leased_gpus(conn)
+        visible = leased if caller.is_platform_admin else _team_leases(conn, caller.team)
     return [
         NodeOut(
             name=n.name,
@@ -48,7 +54,7 @@ def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(princi
             domain=n.domain,
             gpu_type=n.gpu_type,
             gpus=n.gpus,
-            leased_gpus=sorted(leased.get(n.name, ())),
+            leased_gpus=sorted(visible.get(n.name, ())),
             free_gpus=n.gpus - len(leased.get(n.name, ())),
             gpu_memory_gb=n.gpu_memory_gb,
             price_per_gpu_hour=n.price_per_gpu_hour,
@@ -59,11 +65,20 @@ def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(princi
     ]
 
 
+def _team_leases(conn: Connection, team: str) -> dict[str, set[int]]:
+    held: dict[str, set[int]] = {}
+    for item in attempt_store.live(conn):
+        if item.job.team == team:
+            for piece in item.attempt.placement.get("nodes", []):
+                held.setdefault(piece["node"], set()).update(piece["gpus"])
+    return held
+
+
 @router.get(
     "/jobs/{job_id}/logs", response_class=StreamingResponse, responses={200: {"content": {"text/plain": {}}}}
 )
 def logs(
-    job_id: str,
+    job_id: str = Path(max_length=64),
     ctx: ApiContext = Depends(context),
     caller: Principal = Depends(principal),
     attempt: int | None = Query(None, ge=1, le=100_000, description="Attempt number; default the newest."),
@@ -95,14 +110,15 @@ def logs(
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
 
 
-def platform_summary(ctx: ApiContext, hours: float) -> Summary:
+def platform_summary(ctx: ApiContext, hours: float, teams: Collection[str] | None = None) -> Summary:
+    """The summary of the last `hours`; with `teams`, of those teams' jobs only."""
     now = ctx.clock()
     since = now - timedelta(hours=hours)
     with ctx.engine.connect() as conn:
         attempt_records, job_records = attempt_store.metric_records(conn, since)
         quotas = team_store.list_teams(conn)
     prices = {n.name: float(n.price_per_gpu_hour) for n in ctx.fleet.nodes}
-    return summarize(attempt_records, job_records, quotas, prices, now, since)
+    return summarize(attempt_records, job_records, quotas, prices, now, since, teams)
 
 
 @router.get("/metrics/summary", response_model=Summary)
@@ -111,5 +127,6 @@ def metrics_summary(
     caller: Principal = Depends(principal),
     hours: float = Query(24.0 * 7, gt=0, le=24.0 * 366, description="Window: the last this many hours."),
 ) -> Summary:
-    """Goodput, queue wait, resumes, cost, lost progress and fair-share attainment, from recorded events."""
-    return platform_summary(ctx, hours)
+    """Goodput, queue wait, resumes, cost, lost progress and fair-share attainment, from recorded events:
+    of the caller's team, or of the whole platform for platform admins."""
+    return platform_summary(ctx, hours, None if caller.is_platform_admin else {caller.team})

@@ -1,32 +1,39 @@
-"""/v1/jobs: submit (idempotent, transactional outbox), list, show, cancel."""
+"""/v1/jobs: submit (idempotent, transactional outbox), list, show, cancel.
+
+A submit is admitted before it is stored: the caller's team, its quota, its admission policy
+(registries, digests, priority classes), the secrets it names, and whether the fleet could ever run it.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from gpuyard import metrics
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.api.schemas import JobDetailOut, JobOut, JobPage
-from gpuyard.domain.feasibility import TeamQuota, check_feasible, check_quota
-from gpuyard.domain.spec import JobSpec, SpecRejected
+from gpuyard.domain.admission import check_admission
+from gpuyard.domain.feasibility import check_feasible, check_quota
+from gpuyard.domain.spec import JobSpec, SpecRejected, SpecViolation
 from gpuyard.domain.states import JobState
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
-from gpuyard.store.teams import Principal
+from gpuyard.store.teams import Principal, Team
 
 router = APIRouter(prefix="/v1", tags=["jobs"], responses=PROBLEM_RESPONSES)
 
+JobId = Path(max_length=64)
 
-async def _quota(ctx: ApiContext, team: str) -> TeamQuota | None:
-    def load(name: str) -> TeamQuota | None:
+
+async def _team(ctx: ApiContext, name: str) -> Team | None:
+    def load(key: str) -> Team | None:
         with ctx.engine.connect() as conn:
-            return team_store.get_quota(conn, name)
+            return team_store.get_team(conn, key)
 
-    return await ctx.quotas.get_async(team, load)  # type: ignore[no-any-return]
+    return await ctx.teams.get_async(name, load)  # type: ignore[no-any-return]
 
 
 def _idempotency_key(value: str | None) -> str | None:
@@ -40,15 +47,32 @@ async def _admit(ctx: ApiContext, caller: Principal, spec: JobSpec) -> None:
         raise Problem(
             403, "Forbidden", f"a token of team {caller.team} cannot submit jobs for team {spec.team}"
         )
-    quota = await _quota(ctx, spec.team)
-    if quota is None:
+    team = await _team(ctx, spec.team)
+    if team is None:
         raise SpecRejected.one("team", f"no team named {spec.team!r}; a platform admin creates it")
     infeasible = ctx.feasibility.get(
         (spec.resources, spec.sites), lambda _: tuple(check_feasible(spec, ctx.fleet))
     )
-    violations = [*check_quota(spec, quota), *infeasible]
+    violations = [
+        *check_quota(spec, team.quota),
+        *check_admission(spec, team.policy, require_digest=ctx.settings.profile == "production"),
+        *_missing_secrets(ctx, spec),
+        *infeasible,
+    ]
     if violations:
         raise SpecRejected(violations)
+
+
+def _missing_secrets(ctx: ApiContext, spec: JobSpec) -> list[SpecViolation]:
+    """Secrets the spec names that its team's store lacks (known here only for the file store)."""
+    if not spec.env_from_secret or ctx.secrets is None:
+        return []
+    held = set(ctx.secrets.names(spec.team))
+    return [
+        SpecViolation(path=f"env_from_secret.{var}", rule=f"team {spec.team} has no secret named {name!r}")
+        for var, name in spec.env_from_secret.items()
+        if name not in held
+    ]
 
 
 _IDEMPOTENCY_KEY_PARAMETER = {
@@ -78,7 +102,7 @@ async def submit_job(spec: JobSpec, request: Request, caller: Principal = Depend
         spec, idempotency_key=key, created_by=caller.token_id, at=ctx.clock()
     )
     if created:
-        metrics.jobs_submitted.labels(spec.team).inc()
+        metrics.jobs_submitted.inc()
     return Response(
         JobOut.of(job).model_dump_json(), status_code=201 if created else 200, media_type="application/json"
     )
@@ -93,7 +117,7 @@ def _decode_cursor(cursor: str) -> int:
         value = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise SpecRejected.one("cursor", "not a cursor this API handed out (use next_cursor)") from None
-    if value < 0:
+    if not 0 <= value <= job_store.MAX_SEQ:
         raise SpecRejected.one("cursor", "not a cursor this API handed out (use next_cursor)")
     return value
 
@@ -126,7 +150,7 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobDetailOut)
 def show_job(
-    job_id: str, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
+    job_id: str = JobId, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
 ) -> JobDetailOut:
     """The job with its attempts and its events. Another team's job answers 404, like a missing one."""
     detail = job_store.detail(ctx.engine, job_id)
@@ -137,7 +161,7 @@ def show_job(
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
 def cancel_job(
-    job_id: str, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
+    job_id: str = JobId, ctx: ApiContext = Depends(context), caller: Principal = Depends(principal)
 ) -> JobOut:
     """A pending job is cancelled at once; a placed one is stopped by its launcher, then CANCELLED."""
     with ctx.engine.connect() as conn:

@@ -1,16 +1,22 @@
-"""Response bodies of the API."""
+"""Request and response bodies of the API (besides the JobSpec itself).
+
+What a response carries is scoped to what its caller may know: an attempt's fencing token (with its
+id, the worker's credential for heartbeats) and a secret's value are never in one.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from gpuyard.domain.admission import AdmissionPolicy
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.model import Attempt, Event, Job
-from gpuyard.domain.spec import JobSpec
+from gpuyard.domain.spec import JobSpec, Name, Text
 from gpuyard.store.jobs import JobDetail
+from gpuyard.store.teams import Role, TokenInfo
 
 
 class JobOut(BaseModel):
@@ -49,7 +55,6 @@ class AttemptOut(BaseModel):
     id: str
     number: int
     state: str
-    fencing_token: int
     placement: dict[str, Any]
     created_at: datetime
     updated_at: datetime
@@ -65,7 +70,6 @@ class AttemptOut(BaseModel):
             id=attempt.id,
             number=attempt.number,
             state=attempt.state.value,
-            fencing_token=attempt.fencing_token,
             placement=attempt.placement,
             created_at=attempt.created_at,
             updated_at=attempt.updated_at,
@@ -110,16 +114,62 @@ class JobPage(BaseModel):
 class TeamOut(BaseModel):
     name: str
     quota: TeamQuota
+    policy: AdmissionPolicy
 
 
 class TokenIn(BaseModel):
-    team: str
-    role: str = "member"
-    description: str = ""
+    model_config = ConfigDict(extra="forbid")
+
+    team: Name
+    role: Role = Role.MEMBER
+    description: Text = Field("", max_length=200)
+    expires_at: AwareDatetime | None = Field(
+        None, description="When the token stops working; default and maximum are the platform's."
+    )
 
 
 class TokenOut(BaseModel):
+    """A new token: the only time its secret is shown."""
+
     id: str
     team: str
     role: str
+    expires_at: datetime
     token: str
+
+
+class TokenInfoOut(BaseModel):
+    id: str
+    team: str
+    role: str
+    description: str
+    created_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, info: TokenInfo) -> TokenInfoOut:
+        return cls(
+            id=info.id,
+            team=info.team,
+            role=info.role.value,
+            description=info.description,
+            created_at=info.created_at,
+            expires_at=info.expires_at,
+            last_used_at=info.last_used_at,
+            revoked_at=info.revoked_at,
+        )
+
+
+class SecretIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: Text = Field(min_length=1, max_length=65_536)
+
+
+class SecretOut(BaseModel):
+    """A secret as listed: its name only; values are written, never read, through the API."""
+
+    team: str
+    name: str

@@ -1,22 +1,26 @@
-"""`gpuyard`: run the control plane (up, api, relay), manage tokens, submit and follow jobs."""
+"""`gpuyard`: run the control plane (up, api, relay), administer tokens, teams and secrets, run jobs."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import uvicorn
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from gpuyard.bus.factory import make_bus
-from gpuyard.client import ApiError, GpuyardClient, NotConfigured, resolve_endpoint
+from gpuyard.cli.admin_client import AdminClient
+from gpuyard.cli.yaml_input import DocumentError, load_document
+from gpuyard.client import ApiError, NotConfigured, resolve_endpoint
 from gpuyard.clock import utcnow
+from gpuyard.domain.tokens import TokenLifetimeError
+from gpuyard.domain.units import parse_duration
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.sim.cli import sim
 from gpuyard.store import teams as team_store
@@ -25,6 +29,10 @@ from training.planner_cli import plan
 app = typer.Typer(help="gpuyard: a GPU training platform's control plane.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
+team_app = typer.Typer(help="Teams: quotas and admission policies.", no_args_is_help=True)
+app.add_typer(team_app, name="team")
+secret_app = typer.Typer(help="A team's secrets, which jobs name in env_from_secret.", no_args_is_help=True)
+app.add_typer(secret_app, name="secret")
 # The planner lives with the worker runtime (training/); it is pure arithmetic, no torch import.
 app.command("plan")(plan)
 # The trace simulator drives the scheduler's own cycle with a virtual clock.
@@ -52,6 +60,8 @@ def _settings(home: Path | None, **overrides: Any) -> Settings:
     except SettingsError as error:
         _fail(str(error))
     settings.home.mkdir(parents=True, exist_ok=True)
+    if settings.home.stat().st_uid == os.geteuid():
+        settings.home.chmod(0o700)  # the store, the admin token, the secrets: the control plane's only
     return settings
 
 
@@ -60,9 +70,9 @@ def _fail(message: str, code: int = 1) -> Any:
     raise typer.Exit(code)
 
 
-def _client(home: Path | None, url: str | None, token: str | None) -> GpuyardClient:
+def _client(home: Path | None, url: str | None, token: str | None) -> AdminClient:
     try:
-        return GpuyardClient(resolve_endpoint(url, token, home))
+        return AdminClient(resolve_endpoint(url, token, home))
     except NotConfigured as error:
         return _fail(str(error))
 
@@ -247,6 +257,9 @@ def token_create(
     team: Annotated[str, typer.Option(help="Team of the token; created with the default quota if new.")],
     role: Annotated[str, typer.Option(help="member, team-admin or platform-admin.")] = "member",
     description: Annotated[str, typer.Option(help="What the token is for.")] = "",
+    expires_in: Annotated[
+        str | None, typer.Option(help="Lifetime, e.g. 30d [default: the platform's, settings.tokens].")
+    ] = None,
     home: Home = None,
     as_json: AsJson = False,
 ) -> None:
@@ -257,20 +270,250 @@ def token_create(
     try:
         parsed_role = team_store.Role(role)
         dns_label(team)
-    except ValueError as error:
-        _fail(f"--role/--team: {error}", code=2)
+        if len(description) > 200 or "\x00" in description:
+            raise ValueError("--description: at most 200 characters, no NUL")
+        lifetime = timedelta(seconds=parse_duration(expires_in)) if expires_in else None
+    except (ValueError, OverflowError) as error:
+        _fail(f"--role/--team/--description/--expires-in: {error}", code=2)
     settings = _settings(home)
+    now = utcnow()
+    try:
+        expires_at = settings.tokens.expiry(now, now + lifetime if lifetime else None)
+    except TokenLifetimeError as error:
+        _fail(f"--expires-in: {error}", code=2)
     engine = open_store(settings)
     with engine.begin() as conn:
-        created = team_store.ensure_team(conn, team, settings.default_quota, utcnow())
-        token = team_store.create_token(conn, team, parsed_role, utcnow(), description)
+        created = team_store.ensure_team(conn, team, settings.default_quota, now)
+        token = team_store.create_token(conn, team, parsed_role, now, description, expires_at=expires_at)
     if as_json:
-        _print_json({"team": team, "role": role, "token": token, "team_created": created})
+        _print_json(
+            {
+                "team": team,
+                "role": role,
+                "token": token,
+                "expires_at": expires_at.isoformat(),
+                "team_created": created,
+            }
+        )
         return
     if created:
         err.print(f"created team {team} with the default quota {settings.default_quota.model_dump()}")
-    err.print("token (shown once, store it now):")
+    err.print(f"token (shown once, store it now), valid until {expires_at:%Y-%m-%d %H:%M} UTC:")
     sys.stdout.write(token + "\n")
+
+
+@token_app.command("list")
+def token_list(
+    team: Annotated[str | None, typer.Option(help="This team's [default: yours; admins: all].")] = None,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """List tokens (never their secrets): role, expiry, last use, revocation."""
+    with _client(home, url, token) as client:
+        found = _call(client.tokens, team)
+    if as_json:
+        _print_json(found)
+        return
+    table = Table("ID", "TEAM", "ROLE", "DESCRIPTION", "CREATED", "EXPIRES", "LAST USED", "REVOKED")
+    for t in found:
+        table.add_row(
+            t["id"],
+            t["team"],
+            t["role"],
+            t["description"],
+            *(_when(t[k]) for k in ("created_at", "expires_at", "last_used_at", "revoked_at")),
+        )
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="Token ID (the part after 'gy_', as `token list` shows).")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Revoke a token: refused at once by the API process that answers, by every other within a second."""
+    with _client(home, url, token) as client:
+        _call(client.revoke_token, token_id)
+    out.print(f"token {token_id} revoked")
+
+
+def _when(value: str | None) -> str:
+    return (value or "-")[:16].replace("T", " ")
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _show_teams(teams: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        _print_json(teams)
+    else:
+        out.print(_team_table(teams))
+
+
+def _team_table(teams: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "TEAM", "GPU QUOTA", "MAX/JOB", "GPU TYPES", "COHORT", "WEIGHT", "REGISTRIES", "DIGEST", "PRIORITIES"
+    )
+    for t in teams:
+        q, p = t["quota"], t["policy"]
+        table.add_row(
+            t["name"],
+            str(q["gpu_quota"]),
+            str(q["max_gpus_per_job"]),
+            ",".join(q["allowed_gpu_types"]) or "any",
+            q["cohort"] or "-",
+            f"{q['weight']:g}",
+            ",".join(p["allowed_registries"]) or "any",
+            "required" if p["require_digest"] else "-",
+            ",".join(p["allowed_priorities"]) or "any",
+        )
+    return table
+
+
+@team_app.command("list")
+def team_list(home: Home = None, url: Url = None, token: Token = None, as_json: AsJson = False) -> None:
+    """Teams you may see (yours; every team for platform admins) with quota and admission policy."""
+    with _client(home, url, token) as client:
+        found = _call(client.teams)
+    _show_teams(found, as_json)
+
+
+@team_app.command("show")
+def team_show(
+    name: Annotated[str, typer.Argument(help="Team name.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """One team's quota and admission policy."""
+    with _client(home, url, token) as client:
+        found = _call(client.team, name)
+    _show_teams([found], as_json)
+
+
+@team_app.command("quota")
+def team_quota(
+    name: Annotated[str, typer.Argument(help="Team name; created if new.")],
+    gpu_quota: Annotated[int | None, typer.Option(help="Nominal concurrent GPUs.")] = None,
+    max_gpus_per_job: Annotated[int | None, typer.Option(help="Largest job, in GPUs.")] = None,
+    gpu_types: Annotated[
+        str | None, typer.Option(help="Allowed GPU types, comma-separated; '' = any.")
+    ] = None,
+    cohort: Annotated[
+        str | None, typer.Option(help="Cohort that lends and borrows quota; '' = none.")
+    ] = None,
+    weight: Annotated[float | None, typer.Option(help="Fair-share weight (0 < w <= 1000).")] = None,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Set a team's quota (platform admins); options not given keep their current value."""
+    with _client(home, url, token) as client:
+        try:
+            current = client.team(name)["quota"]
+        except ApiError as error:
+            if error.status != 404:
+                _fail(str(error))
+            current = {}
+        given = {
+            "gpu_quota": gpu_quota,
+            "max_gpus_per_job": max_gpus_per_job,
+            "allowed_gpu_types": _csv(gpu_types),
+            "weight": weight,
+        }
+        quota = {**current, **{k: v for k, v in given.items() if v is not None}}
+        if cohort is not None:
+            quota["cohort"] = cohort or None  # '' leaves the cohort
+        found = _call(client.set_quota, name, quota)
+    _show_teams([found], as_json)
+
+
+@team_app.command("policy")
+def team_policy(
+    name: Annotated[str, typer.Argument(help="Team name.")],
+    registries: Annotated[
+        str | None, typer.Option(help="Allowed registries, e.g. 'ghcr.io/acme,docker.io/library'; '' = any.")
+    ] = None,
+    require_digest: Annotated[
+        bool | None, typer.Option("--require-digest/--no-require-digest", help="Images pinned by digest.")
+    ] = None,
+    priorities: Annotated[
+        str | None, typer.Option(help="Allowed priority classes, e.g. 'low,normal'.")
+    ] = None,
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Set a team's admission policy (platform admins); options not given keep their current value."""
+    with _client(home, url, token) as client:
+        current = _call(client.team, name)["policy"]
+        given = {
+            "allowed_registries": _csv(registries),
+            "require_digest": require_digest,
+            "allowed_priorities": _csv(priorities),
+        }
+        policy = {**current, **{k: v for k, v in given.items() if v is not None}}
+        found = _call(client.set_policy, name, policy)
+    _show_teams([found], as_json)
+
+
+@secret_app.command("set")
+def secret_set(
+    name: Annotated[str, typer.Argument(help="Secret name (a DNS label), as jobs name it.")],
+    team: Annotated[str, typer.Option(help="The secret's team.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Create or replace a secret; its value is read from standard input, never from the command line."""
+    if sys.stdin.isatty():
+        err.print(f"value of {team}/{name} (then Enter):")
+    value = sys.stdin.readline().rstrip("\n") if sys.stdin.isatty() else sys.stdin.read()
+    if not value:
+        _fail("no value on standard input", code=2)
+    with _client(home, url, token) as client:
+        _call(client.put_secret, team, name, value)
+    out.print(f"secret {team}/{name} stored; jobs read it with env_from_secret: {{VARIABLE: {name}}}")
+
+
+@secret_app.command("list")
+def secret_list(
+    team: Annotated[str, typer.Option(help="The team.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """The names of a team's secrets (values are never shown)."""
+    with _client(home, url, token) as client:
+        found = _call(client.secrets, team)
+    if as_json:
+        _print_json(found)
+    else:
+        out.print("\n".join(s["name"] for s in found) or f"team {team} has no secrets")
+
+
+@secret_app.command("delete")
+def secret_delete(
+    name: Annotated[str, typer.Argument(help="Secret name.")],
+    team: Annotated[str, typer.Option(help="The secret's team.")],
+    home: Home = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Delete a secret; jobs that name it are refused at submit, and fail to launch if already queued."""
+    with _client(home, url, token) as client:
+        _call(client.delete_secret, team, name)
+    out.print(f"secret {team}/{name} deleted")
 
 
 @app.command()
@@ -287,9 +530,9 @@ def submit(
 ) -> None:
     """Submit a job."""
     try:
-        spec = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as error:
-        _fail(f"{file}: not valid YAML: {error}", code=2)
+        spec = load_document(file)
+    except DocumentError as error:
+        _fail(str(error), code=2)
     with _client(home, url, token) as client:
         job = _call(client.submit, spec, idempotency_key=idempotency_key)
         if not as_json:

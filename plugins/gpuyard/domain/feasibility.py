@@ -20,8 +20,9 @@ class TeamQuota(BaseModel):
     max_gpus_per_job: int = Field(8, ge=0, le=4096)
     allowed_gpu_types: tuple[Text, ...] = Field((), description="Empty allows every type.")
     gpu_quota: int = Field(8, ge=0, le=1_000_000)
-    cohort: Text | None = None
-    weight: float = Field(1.0, gt=0)
+    cohort: Text | None = Field(None, max_length=63)  # the store's column
+    # Finite and bounded: an infinite weight made every fair-share figure NaN (a 500 for everyone).
+    weight: float = Field(1.0, gt=0, le=1000, allow_inf_nan=False)
 
 
 def check_quota(spec: JobSpec, quota: TeamQuota) -> list[SpecViolation]:

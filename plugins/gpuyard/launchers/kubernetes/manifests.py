@@ -159,6 +159,19 @@ def build_service(request: LaunchRequest, config: KubernetesConfig, owner: Manif
     }
 
 
+def team_secret_name(team: str) -> str:
+    """The Secret holding a team's secrets, one key per secret name (`env_from_secret` values)."""
+    return f"gpuyard-team-{team}"
+
+
+def team_pull_secret_name(team: str) -> str:
+    """The team's own image pull Secret (type kubernetes.io/dockerconfigjson), for its private registry.
+
+    Every pod refers to its team's; one that does not exist is skipped by the kubelet (with a warning
+    event), so a team without a private registry needs none."""
+    return f"gpuyard-pull-{team}"
+
+
 def _secret_ref_env(name: str, ref: str) -> dict[str, Any]:
     secret, sep, key = ref.partition("/")
     if not sep or not secret or not key:
@@ -167,7 +180,8 @@ def _secret_ref_env(name: str, ref: str) -> dict[str, Any]:
 
 
 def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> list[dict[str, Any]]:
-    """The job's variables, torchrun's rendezvous variables and gpuyard's; secrets only by reference."""
+    """The job's variables, torchrun's rendezvous variables and gpuyard's; secrets only by reference:
+    the platform's (config.secret_env) and the job's team's (`env_from_secret`, from its team's Secret)."""
     key = attempt_key(request.attempt_id)
     placement = request.placement
     nproc = max(len(placement.slices[rank].gpu_indices), 1)
@@ -195,6 +209,11 @@ def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> l
     token_ref = {"secretKeyRef": {"name": key, "key": FENCING_TOKEN_KEY}}
     env.append({"name": "GPUYARD_FENCING_TOKEN", "valueFrom": token_ref})
     env.extend(_secret_ref_env(name, ref) for name, ref in sorted(config.secret_env.items()))
+    team_secrets = team_secret_name(request.spec.team)  # the job's team's only: never another team's
+    env.extend(
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": team_secrets, "key": secret}}}
+        for var, secret in sorted(request.spec.env_from_secret.items())
+    )
     return env
 
 
@@ -290,8 +309,9 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    if config.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
+    # The platform's pull secrets (registries every team may use), then the team's own.
+    pull_secrets = (*config.image_pull_secrets, team_pull_secret_name(request.spec.team))
+    spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
