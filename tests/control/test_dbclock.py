@@ -1,0 +1,60 @@
+"""The database's clock: a process whose own clock is skewed still tells the database's time, so the
+leases it writes and the ones it reaps agree with every other process (the review's 60 s of skew
+reaped healthy attempts, and 30 s stole leadership every pass)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from gpuyard.store.db import make_engine
+from gpuyard.store.dbclock import DatabaseClock
+from sqlalchemy import func, select
+
+pytestmark = pytest.mark.postgres
+
+TELL = """
+import json, sys
+from datetime import UTC, datetime
+from gpuyard.store.db import make_engine
+from gpuyard.store.dbclock import DatabaseClock
+clock = DatabaseClock(make_engine(sys.argv[1], pool_size=1))
+print(json.dumps({"own": datetime.now(UTC).timestamp(), "database": clock().timestamp()}))
+"""
+
+
+def database_now(url: str) -> float:
+    engine = make_engine(url, pool_size=1)
+    with engine.connect() as conn:
+        now: datetime = conn.execute(select(func.clock_timestamp())).scalar_one()
+    engine.dispose()
+    return now.timestamp()
+
+
+@pytest.mark.parametrize("skew", ["+60s", "-30s"])
+def test_a_process_with_a_skewed_clock_tells_the_databases_time(postgres_url: str, skew: str) -> None:
+    told = subprocess.run(
+        ["faketime", "-f", skew, sys.executable, "-c", TELL, postgres_url],
+        env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(told.stdout)
+    reference = database_now(postgres_url)
+    assert abs(seen["own"] - reference - float(skew.rstrip("s"))) < 5  # its own clock is skewed
+    assert abs(seen["database"] - reference) < 1.0  # its database clock is not
+
+
+def test_the_database_clock_counts_on_between_syncs_with_the_monotonic_clock(postgres_url: str) -> None:
+    ticks = iter([100.0] * 4 + [160.0] * 2)  # the first call syncs: check, send, receive, read
+    engine = make_engine(postgres_url, pool_size=1)
+    clock = DatabaseClock(engine, resync_s=3600, monotonic=lambda: next(ticks))
+    first = clock()
+    assert abs(first.timestamp() - datetime.now(UTC).timestamp()) < 1.0
+    assert (clock() - first).total_seconds() == pytest.approx(60.0)  # no resync: counted on
+    engine.dispose()
