@@ -3,6 +3,10 @@
 Publishing happens while the batch is locked and before the mark commits, so a relay killed in
 between leaves the rows unpublished and they are published again: at-least-once, never lost.
 Replicas run side by side: `FOR UPDATE SKIP LOCKED` gives each a different batch.
+
+The loop outlives every failure: an unreachable or refusing bus (READONLY, OOM), a database that is
+down, times out or deadlocks, or a bug in one batch only delay publishing, with a capped backoff;
+the outbox keeps the events meanwhile (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import logging
 import threading
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpuyard import metrics
 from gpuyard.bus.base import BusUnavailable, EventBus, Message
@@ -42,8 +46,11 @@ class Relay:
         while not stop.is_set():
             try:
                 published = self.run_once()
-            except (BusUnavailable, OperationalError) as error:
-                log.warning("relay: %s; retrying in %.1fs", str(error).splitlines()[0], backoff)
+            except Exception as error:
+                if isinstance(error, BusUnavailable | SQLAlchemyError):  # expected in an outage
+                    log.warning("relay: %s; retrying in %.1fs", str(error).splitlines()[0], backoff)
+                else:
+                    log.exception("relay: publishing failed; retrying in %.1fs", backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, max_backoff_s)
                 continue

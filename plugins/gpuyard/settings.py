@@ -15,10 +15,12 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpuyard.bus import redis_streams
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.domain.tokens import TokenPolicy
+from gpuyard.store.db import DbBounds
 
 
 class SettingsError(ValueError):
@@ -71,6 +73,21 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
     db_pool_size: int = Field(16, ge=1)
+    # Bounds on waiting (docs/faults.md: what each component does when they fire).
+    db_statement_timeout_seconds: float = Field(
+        DbBounds.statement_timeout_s,
+        ge=1,
+        description="PostgreSQL cancels a statement running longer; the client gives up 5 s after.",
+    )
+    db_idle_in_transaction_seconds: float = Field(
+        DbBounds.idle_in_transaction_s, ge=1, description="A session idle inside a transaction is ended."
+    )
+    db_keepalive_seconds: float = Field(
+        DbBounds.keepalive_s, ge=1, description="TCP keepalive: an idle connection is probed after this."
+    )
+    bus_timeout_seconds: float = Field(
+        redis_streams.TIMEOUT_S, gt=0, description="Longest wait for Redis: connecting and each command."
+    )
     lease_seconds: float = Field(60.0, ge=1, description="Lease period: a worker silent this long is LOST.")
     grace_seconds: float = Field(30.0, ge=0, description="Time a worker has to checkpoint when told to stop.")
     scheduler_policy: str = Field("gpuyard", description="fifo, fifo-backfill, kueue, tiresias or gpuyard.")
@@ -117,6 +134,13 @@ class Settings(BaseSettings):
         if self.fleet_file is not None and not self.fleet_file.exists():
             raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
         return self
+
+    def db_bounds(self) -> DbBounds:
+        return DbBounds(
+            statement_timeout_s=self.db_statement_timeout_seconds,
+            idle_in_transaction_s=self.db_idle_in_transaction_seconds,
+            keepalive_s=self.db_keepalive_seconds,
+        )
 
     @property
     def is_sqlite(self) -> bool:

@@ -1,4 +1,5 @@
-"""One contract, two buses: the in-process bus must behave like Redis Streams (at-least-once)."""
+"""One contract, two buses: the in-process bus must behave like Redis Streams (at-least-once);
+and the Redis bus's bounds: every call ends within its timeout, every refusal is BusUnavailable."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from gpuyard.bus.base import EventBus, Message
+import redis
+from faults.proxy import FaultProxy
+from gpuyard.bus.base import BusUnavailable, EventBus, Message
 from gpuyard.bus.memory import MemoryBus
 from gpuyard.bus.redis_streams import RedisStreamsBus
+from servers import RedisServer
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -117,3 +121,49 @@ def test_memory_bus_drops_what_every_group_acked() -> None:
         bus.ack(group, [d.id for d in got])
     assert len(bus._log) == 2  # the first two are gone, the rest still owed
     assert [d.message.event_seq for d in bus.read("a", "c", block_s=0)] == [3, 4]
+
+
+# -- Redis only: every call bounded, every refusal a BusUnavailable (docs/faults.md) ------------------
+
+
+def test_a_black_holed_redis_fails_each_call_within_the_bus_timeout(throwaway_redis: RedisServer) -> None:
+    proxy = FaultProxy("127.0.0.1", throwaway_redis.port).start()
+    bus = RedisStreamsBus(f"redis://127.0.0.1:{proxy.port}/0", stream="s", timeout_s=1.0)
+    bus.ensure_group("g")
+    proxy.set("blackhole")
+    for call in (
+        lambda: bus.publish(messages(1)),
+        lambda: bus.read("g", "c", block_s=0.5),
+        lambda: bus.ack("g", ["0-1"]),
+    ):
+        started = time.monotonic()
+        with pytest.raises(BusUnavailable, match="Timeout"):
+            call()
+        assert time.monotonic() - started < 2.5  # one timeout: no hidden retries behind it
+    proxy.heal()  # what the black hole held is delivered now: the timed-out publish may land too
+    bus.ensure_group("after")
+    bus.publish(messages(1, start=2))
+    assert {d.message.event_seq for d in bus.read("after", "c", block_s=0.5)} in ({2}, {1, 2})
+    bus.close()
+    proxy.stop()
+
+
+def test_a_redis_that_refuses_writes_is_unavailable(throwaway_redis: RedisServer) -> None:
+    bus = RedisStreamsBus(throwaway_redis.url, stream="s", timeout_s=1.0)
+    admin = redis.Redis.from_url(throwaway_redis.url)
+    admin.execute_command("REPLICAOF", "127.0.0.1", "1")
+    try:
+        with pytest.raises(BusUnavailable, match="ReadOnlyError"):
+            bus.publish(messages(1))
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+        admin.close()
+        bus.close()
+
+
+def test_a_read_must_block_less_than_the_bus_timeout(redis_url: str) -> None:
+    bus = RedisStreamsBus(redis_url, stream="s", timeout_s=1.0)
+    with pytest.raises(ValueError, match="block_s"):
+        bus.read("g", "c", block_s=1.0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RedisStreamsBus(redis_url, timeout_s=0)

@@ -164,6 +164,47 @@ def test_redis_restart_while_submitting_loses_nothing(engine: Engine, throwaway_
             thread.join()
 
 
+REFUSALS = {
+    # A replica refuses writes (a failover pointed the relay at one); a full Redis refuses them too.
+    "ReadOnlyError": (["REPLICAOF", "127.0.0.1", "1"], ["REPLICAOF", "NO", "ONE"]),
+    "OutOfMemoryError": (["CONFIG", "SET", "maxmemory", "1"], ["CONFIG", "SET", "maxmemory", "0"]),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_relay_outlives_a_redis_that_refuses_writes(
+    engine: Engine, throwaway_redis: RedisServer, refusal: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refuse, accept = REFUSALS[refusal]
+    admin = redis.Redis.from_url(throwaway_redis.url)
+    stream = f"gpuyard:test:{uuid.uuid4().hex[:8]}"
+    stop = threading.Event()
+    relay = threading.Thread(
+        target=Relay(engine, RedisStreamsBus(throwaway_redis.url, stream=stream), batch_size=25).run,
+        args=(stop,),
+        kwargs={"poll_s": 0.02, "max_backoff_s": 0.2},
+    )
+    relay.start()
+    try:
+        submit_jobs(engine, 10)
+        wait_until(lambda: unpublished(engine) == 0, what="events before the refusal")
+        admin.execute_command(*refuse)
+        submit_jobs(engine, 10)
+        wait_until(
+            lambda: any(refusal in r.getMessage() for r in caplog.records), what=f"the relay to see {refusal}"
+        )
+        assert relay.is_alive()
+        assert unpublished(engine) == 10  # the outbox holds them
+        admin.execute_command(*accept)
+        wait_until(lambda: unpublished(engine) == 0, what="the relay to publish after the refusal")
+        assert set(stream_seqs(throwaway_redis.url, stream)) == all_seqs(engine)
+    finally:
+        stop.set()
+        relay.join()
+        admin.close()
+
+
 def test_relay_rejects_the_in_process_bus_as_a_separate_process(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", "relay", "--home", str(tmp_path)],

@@ -11,5 +11,7 @@ from gpuyard.settings import Settings
 def make_bus(settings: Settings) -> EventBus:
     if settings.bus == "redis":
         assert settings.redis_url  # guaranteed by Settings validation
-        return RedisStreamsBus(settings.redis_url, stream=settings.redis_stream)
+        return RedisStreamsBus(
+            settings.redis_url, stream=settings.redis_stream, timeout_s=settings.bus_timeout_seconds
+        )
     return MemoryBus()

@@ -1,28 +1,52 @@
-"""Redis Streams bus: consumer groups, acks, and XAUTOCLAIM to reclaim a dead consumer's messages."""
+"""Redis Streams bus: consumer groups, acks, and XAUTOCLAIM to reclaim a dead consumer's messages.
+
+Every call is bounded (docs/faults.md): connecting and each command wait at most `timeout_s`, a
+blocking read included (it must block for less), and a failed command is retried once, at once,
+only when its connection was broken (a pooled connection that a Redis restart closed); callers
+retry later themselves. Any Redis error, including a refused write (READONLY on a
+replica, OOM under `maxmemory`), is `BusUnavailable`: the outbox keeps the events meanwhile.
+"""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
+from redis.retry import Retry
 
 from gpuyard.bus.base import BusUnavailable, Delivery, Message
 
 STREAM = "gpuyard:events"
 # Messages are hints (the database is the truth), so an approximate cap only bounds memory.
 MAX_LENGTH = 1_000_000
+TIMEOUT_S = 5.0
 
 
 class RedisStreamsBus:
-    def __init__(self, url: str, stream: str = STREAM):
+    def __init__(self, url: str, stream: str = STREAM, *, timeout_s: float = TIMEOUT_S):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+        self.timeout_s, self.stream = timeout_s, stream
+        keepalive = max(1, round(timeout_s))
         self._redis = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=2, socket_timeout=10, health_check_interval=5
+            url,
+            decode_responses=True,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_keepalive=True,
+            socket_keepalive_options={
+                socket.TCP_KEEPIDLE: keepalive,
+                socket.TCP_KEEPINTVL: max(1, keepalive // 3),
+                socket.TCP_KEEPCNT: 3,
+            },
+            health_check_interval=max(1, round(timeout_s)),
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
-        self.stream = stream
-        self._groups: set[str] = set()
 
     def publish(self, messages: Sequence[Message]) -> None:
         with _unavailable_as_error():
@@ -38,9 +62,10 @@ class RedisStreamsBus:
             except ResponseError as error:
                 if "BUSYGROUP" not in str(error):
                     raise
-        self._groups.add(group)
 
     def read(self, group: str, consumer: str, *, count: int = 100, block_s: float = 1.0) -> list[Delivery]:
+        if block_s >= self.timeout_s:
+            raise ValueError(f"block_s: a read must block less than the bus timeout ({self.timeout_s:g}s)")
         reply = self._with_group(
             group,
             lambda: self._redis.xreadgroup(
@@ -87,8 +112,8 @@ class RedisStreamsBus:
 def _unavailable_as_error() -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as error:
-        raise BusUnavailable(f"Redis is unreachable: {error}") from error
+    except redis.RedisError as error:
+        raise BusUnavailable(f"Redis: {type(error).__name__}: {error}") from error
 
 
 def _deliveries(entries: Any) -> list[Delivery]:
