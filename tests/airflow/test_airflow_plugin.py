@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import PYTHON, ROOT, run_python
+from airflow_harness import PYTHON, ROOT, run_python
 
 LOAD = """
 import json, sys

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard import __version__, metrics
-from gpuyard.api import routes_admin, routes_attempts, routes_fleet, routes_health, routes_jobs
+from gpuyard.api import routes_admin, routes_attempts, routes_events, routes_fleet, routes_health, routes_jobs
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
@@ -76,6 +76,7 @@ def create_app(
         routes_attempts.router,
         routes_admin.router,
         routes_health.router,
+        routes_events.router,
     ):
         app.include_router(router)
     _install_error_handlers(app)

@@ -1,0 +1,117 @@
+"""Followers: many jobs followed through ONE long poll on `/v1/events`, in one event loop.
+
+A triggerer process may follow a thousand training jobs. Each trigger asks a `Followers` hub (one
+per endpoint and event loop) to `follow(job_id, cursor)`; the hub keeps a single long poll open on
+the event log and hands each job's events to its follower, so the API sees one waiting request
+however many jobs are followed, and a state change reaches its follower within one poll.
+
+A follower never misses or repeats an event: it registers with the hub before it reads its own
+job's backlog above `cursor`, and reads that backlog up to at least the hub's position at
+registration, so whatever the hub dispatched before the follower existed is in the backlog and
+whatever came after is in its queue; seqs at or below what it has seen are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import httpx
+
+from gpuyard.client import ApiError, AsyncGpuyardClient, Endpoint
+
+log = logging.getLogger(__name__)
+
+WAIT_S = 20.0  # the long poll's hold; the API answers as soon as an event arrives
+PAGE = 1000
+RETRY_S = (0.5, 1.0, 2.0, 5.0)
+
+
+class Followers:
+    """The shared long poll of one endpoint in one event loop, and the jobs followed through it."""
+
+    _hubs: ClassVar[dict[tuple[int, str, str], Followers]] = {}
+
+    def __init__(self, endpoint: Endpoint, key: tuple[int, str, str]) -> None:
+        self.key = key
+        self.client = AsyncGpuyardClient(endpoint)
+        self.cursor: int | None = None  # how far the shared poll has dispatched
+        self._queues: dict[str, set[asyncio.Queue[list[dict[str, Any]] | BaseException]]] = {}
+        self._pump: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, endpoint: Endpoint) -> Followers:
+        key = (id(asyncio.get_running_loop()), endpoint.url, endpoint.token)
+        if key not in cls._hubs:
+            cls._hubs[key] = cls(endpoint, key)
+        return cls._hubs[key]
+
+    async def follow(self, job_id: str, cursor: int) -> AsyncIterator[list[dict[str, Any]]]:
+        """Batches of `job_id`'s events above `cursor`, oldest first, each event exactly once; an
+        empty batch marks the end of the backlog (the follower may then read the job's state)."""
+        queue: asyncio.Queue[list[dict[str, Any]] | BaseException] = asyncio.Queue()
+        self._queues.setdefault(job_id, set()).add(queue)
+        if self._pump is None or self._pump.done():
+            self.cursor = cursor  # the poll starts where its first follower stands
+            self._pump = asyncio.create_task(self._run(), name="gpuyard-followers")
+        joined_at = self.cursor if self.cursor is not None else cursor
+        try:
+            seen = cursor
+            while True:  # the backlog, up to at least where the poll stood when we joined
+                page = await self.client.events(job_id=job_id, after=seen, limit=PAGE)
+                fresh = [e for e in page["events"] if e["seq"] > seen]
+                seen = max(seen, page["cursor"])
+                if fresh:
+                    yield fresh
+                if seen >= joined_at and len(page["events"]) < PAGE:
+                    break
+            yield []
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                fresh = [e for e in item if e["seq"] > seen]
+                if fresh:
+                    seen = fresh[-1]["seq"]
+                    yield fresh
+        finally:
+            self._queues[job_id].discard(queue)
+            if not self._queues[job_id]:
+                del self._queues[job_id]
+            if not self._queues:
+                await self._close()
+
+    async def _close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+        if self._hubs.get(self.key) is self:
+            del self._hubs[self.key]
+        await self.client.aclose()
+
+    async def _run(self) -> None:
+        failures = 0
+        while self._queues:
+            try:
+                page = await self.client.events(after=self.cursor, wait_s=WAIT_S, limit=PAGE)
+            except (httpx.TransportError, ApiError) as error:
+                if isinstance(error, ApiError) and error.status not in (429, 502, 503, 504):
+                    # Refused (a revoked token, a bad cursor): every follower fails with the reason.
+                    for queues in self._queues.values():
+                        for queue in queues:
+                            queue.put_nowait(error)
+                    return
+                delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                failures += 1
+                log.warning("gpuyard events: %s; retrying in %.1fs", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            by_job: dict[str, list[dict[str, Any]]] = {}
+            for event in page["events"]:
+                by_job.setdefault(event["job_id"], []).append(event)
+            for job_id, batch in by_job.items():
+                for queue in self._queues.get(job_id, ()):
+                    queue.put_nowait(batch)
+            self.cursor = page["cursor"]
