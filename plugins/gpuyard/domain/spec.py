@@ -24,6 +24,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -86,13 +88,13 @@ def no_nul(value: str) -> str:
     return value
 
 
-def env_name(name: str, *, where: str) -> None:
+def env_name(name: str) -> None:
     """A variable a job may set: a valid name, not one the launcher owns."""
     if not _ENV_NAME.match(name):
-        raise ValueError(f"{where}: {name!r} is not a valid environment variable name")
+        raise ValueError(f"{name!r} is not a valid environment variable name")
     if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
         raise ValueError(
-            f"{where}: {name!r} is reserved: the launcher sets it (GPU visibility, rendezvous, identity; "
+            f"{name!r} is reserved: the launcher sets it (GPU visibility, rendezvous, identity; "
             f"also every name starting with {', '.join(RESERVED_ENV_PREFIXES)})"
         )
 
@@ -270,20 +272,26 @@ class JobSpec(_Value):
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     labels: dict[Text, Text] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _check_env(self) -> JobSpec:
-        for key in self.env:
-            env_name(key, where="env")
+    @field_validator("env")
+    @classmethod
+    def _plain_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            env_name(key)
             if looks_like_credential(key):
                 raise ValueError(
-                    f"env: {key!r} looks like a credential, and env is shown by every read of the job: "
+                    f"{key!r} looks like a credential, and env is shown by every read of the job: "
                     "store it as a team secret and name it in env_from_secret"
                 )
-        for key in self.env_from_secret:
-            env_name(key, where="env_from_secret")
-            if key in self.env:
-                raise ValueError(f"env_from_secret: {key!r} is also set in env; set it in one place")
-        return self
+        return env
+
+    @field_validator("env_from_secret")
+    @classmethod
+    def _secret_env(cls, refs: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        for key in refs:
+            env_name(key)
+            if key in info.data.get("env", {}):
+                raise ValueError(f"{key!r} is also set in env; set it in one place")
+        return refs
 
     @property
     def max_runtime_s(self) -> float | None:

@@ -71,6 +71,7 @@ class TokenInfo:
 
 
 TOKEN_PREFIX = "gy"
+_ID_HEX, _SECRET_CHARS = 16, 43  # secrets.token_hex(8), secrets.token_urlsafe(32)
 
 
 def _hash(secret: str) -> str:
@@ -198,8 +199,8 @@ def authenticate(conn: Connection, token: str, now: datetime | None = None) -> P
     now = now or utcnow()
     prefix, _, rest = token.partition("_")
     token_id, _, secret = rest.partition("_")
-    if prefix != TOKEN_PREFIX or not token_id or not secret:
-        return None
+    if prefix != TOKEN_PREFIX or len(token_id) != _ID_HEX or len(secret) != _SECRET_CHARS:
+        return None  # not the shape of a token this store makes: no read
     row = conn.execute(select(tokens).where(tokens.c.id == token_id)).first()
     if row is None or row.revoked_at is not None or row.expires_at <= now:
         return None
