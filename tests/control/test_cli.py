@@ -155,3 +155,73 @@ def test_contradictory_settings_fail_naming_the_setting(tmp_path: Path) -> None:
     result = gpuyard(tmp_path, "token", "create", "--team", "a", check=False)
     assert result.returncode == 1
     assert "database_url" in result.stderr and "PostgreSQL" in result.stderr
+
+
+def test_tokens_are_listed_and_revoked_and_their_lifetime_is_bounded(home: Path) -> None:
+    admin = gpuyard(home, "token", "create", "--team", "c", "--role", "team-admin").stdout.strip()
+    member = json.loads(
+        gpuyard(home, "token", "create", "--team", "c", "--expires-in", "7d", "--json").stdout
+    )
+    listed = json.loads(gpuyard(home, "token", "list", "--token", admin, "--json").stdout)
+    assert {t["id"] for t in listed} == {admin.split("_")[1], member["token"].split("_")[1]}
+    assert member["token"].split("_", 2)[2] not in json.dumps(listed)  # no secret is ever listed
+    assert "c" in gpuyard(home, "token", "list", "--token", admin).stdout
+    gpuyard(home, "token", "revoke", member["token"].split("_")[1], "--token", admin)
+    refused = gpuyard(home, "jobs", "--token", member["token"], check=False)
+    assert refused.returncode == 1 and "revoked" in refused.stderr
+    too_long = gpuyard(home, "token", "create", "--team", "c", "--expires-in", "400d", check=False)
+    assert too_long.returncode == 2 and "at most 365 days" in too_long.stderr
+
+
+def test_team_quota_policy_and_secrets_from_the_cli(home: Path, tmp_path: Path) -> None:
+    gpuyard(home, "team", "quota", "d", "--gpu-quota", "2", "--max-gpus-per-job", "1")
+    gpuyard(home, "team", "policy", "d", "--registries", "ghcr.io/acme", "--priorities", "low")
+    shown = json.loads(gpuyard(home, "team", "show", "d", "--json").stdout)[0]
+    assert shown["quota"]["gpu_quota"] == 2 and shown["quota"]["max_gpus_per_job"] == 1
+    assert shown["policy"]["allowed_registries"] == ["ghcr.io/acme"]
+    assert "ghcr.io/acme" in gpuyard(home, "team", "list").stdout
+    member = gpuyard(home, "token", "create", "--team", "d").stdout.strip()
+    spec = json.loads(write_job(tmp_path / "j.json", "tagged", "print(1)").read_text())
+    (tmp_path / "d.json").write_text(json.dumps({**spec, "team": "d"}))
+    refused = gpuyard(home, "submit", str(tmp_path / "d.json"), "--token", member, check=False)
+    assert refused.returncode == 2 and "may use images from ['ghcr.io/acme']" in refused.stderr
+    team_admin = gpuyard(home, "token", "create", "--team", "d", "--role", "team-admin").stdout.strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuyard.cli",
+            "secret",
+            "set",
+            "db-password",
+            "--team",
+            "d",
+            "--token",
+            team_admin,
+            "--home",
+            str(home),
+        ],
+        input="hunter2\n",
+        text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    names = json.loads(gpuyard(home, "secret", "list", "--team", "d", "--token", member, "--json").stdout)
+    assert names == [{"team": "d", "name": "db-password"}]
+    denied = gpuyard(home, "secret", "delete", "db-password", "--team", "d", "--token", member, check=False)
+    assert denied.returncode == 1 and "team-admin" in denied.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(home: Path, tmp_path: Path) -> None:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")  # under 500 bytes; 9^9 strings once expanded
+    refused = gpuyard(home, "submit", str(bomb), check=False)
+    assert refused.returncode == 2 and "aliases (*name) are not allowed" in refused.stderr
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: " + "x" * (1 << 20) + "\n")
+    too_big = gpuyard(home, "submit", str(huge), check=False)
+    assert too_big.returncode == 2 and "over the limit" in too_big.stderr
