@@ -2,7 +2,7 @@
 
 Layout under the checkpoint root (any fsspec URL):
 
-    step-000000120/
+    step-000000120-t42/   (t42: the fencing token of the attempt that wrote it; none outside gpuyard)
         state/            DCP files: model and optimizer, sharded by the ranks that saved them
         rng/rank-N.pt     each rank's RNG states
         trainer.pt        LR scheduler state, step, data position, metrics (rank 0)
@@ -10,6 +10,11 @@ Layout under the checkpoint root (any fsspec URL):
 
 A checkpoint without a manifest (or whose checksums do not match) is incomplete and never read. DCP stores
 tensors by their fully qualified names, so a checkpoint saved by N ranks loads on M ranks, DDP or FSDP.
+
+Storage is fenced like the leases: each attempt writes only folders named with its own fencing token, and
+its retention never touches a folder of a newer token. A zombie (an attempt whose lease passed, still
+running somewhere) can therefore neither mix its files into its successor's step nor delete them. On a
+local filesystem every file and folder is fsynced before the manifest, and the manifest before its rename.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import random
 import re
 import threading
@@ -34,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from fsspec.implementations.local import LocalFileSystem
 from torch import nn
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
@@ -45,7 +52,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"step-(\d+)$")
+_STEP_DIR = re.compile(r"step-(\d+)(?:-t(\d+))?$")
+_OWN: Any = object()  # "this store's own token" as a default argument
 
 
 class CheckpointError(RuntimeError):
@@ -77,6 +85,8 @@ class Manifest:
     """mlflow_run_id, job_id, attempt_id: what ties attempts of one run together."""
     cost_s: float = 0.0
     format_version: int = FORMAT_VERSION
+    writer_token: int | None = None
+    """The fencing token of the attempt that wrote it (part of its folder's name)."""
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -85,6 +95,19 @@ class Manifest:
             got = raw.get("format_version")
             raise CheckpointError(f"manifest format_version: expected {FORMAT_VERSION}, got {got}")
         return cls(**raw)
+
+
+def _fsync(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
+    """Make files (and folders: their entries) durable on a local filesystem; object stores are durable
+    once a write returns."""
+    if not isinstance(fs, LocalFileSystem):
+        return
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def _sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -96,32 +119,44 @@ def _sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 class CheckpointStore:
-    """The checkpoint root: lists complete checkpoints, writes manifests, applies retention."""
+    """The checkpoint root: lists complete checkpoints, writes manifests, applies retention.
 
-    def __init__(self, url: str) -> None:
+    `token`: the fencing token of the attempt writing through this store (None outside gpuyard); it names
+    the folders this store writes, and bounds what its retention may delete."""
+
+    def __init__(self, url: str, token: int | None = None) -> None:
         self.url = url.rstrip("/")
+        self.token = token
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
 
-    def step_url(self, step: int) -> str:
-        return f"{self.url}/step-{step:09d}"
+    def folder(self, step: int, token: int | None = _OWN) -> str:
+        token = self.token if token is _OWN else token
+        return f"step-{step:09d}" + (f"-t{token}" if token is not None else "")
 
-    def step_path(self, step: int) -> str:
+    def step_url(self, step: int, token: int | None = _OWN) -> str:
+        return f"{self.url}/{self.folder(step, token)}"
+
+    def step_path(self, step: int, token: int | None = _OWN) -> str:
         """The step's folder as a path of `self.fs` (no protocol)."""
-        return f"{self.root}/step-{step:09d}"
+        return f"{self.root}/{self.folder(step, token)}"
 
-    def steps(self) -> list[int]:
-        """Steps that have a folder, complete or not, oldest first."""
+    def entries(self) -> list[tuple[int, int | None]]:
+        """(step, writer token) of every step folder, complete or not, oldest first."""
         if not self.fs.exists(self.root):
             return []
         found = []
         for entry in self.fs.ls(self.root, detail=False):
             m = _STEP_DIR.search(entry.rstrip("/"))
             if m:
-                found.append(int(m.group(1)))
-        return sorted(found)
+                found.append((int(m.group(1)), int(m.group(2)) if m.group(2) else None))
+        return sorted(found, key=lambda e: (e[0], -1 if e[1] is None else e[1]))
 
-    def read_manifest(self, step: int) -> Manifest | None:
-        path = f"{self.step_path(step)}/{MANIFEST}"
+    def steps(self) -> list[int]:
+        """Steps that have a folder, complete or not, oldest first."""
+        return sorted({step for step, _ in self.entries()})
+
+    def read_manifest(self, step: int, token: int | None = _OWN) -> Manifest | None:
+        path = f"{self.step_path(step, token)}/{MANIFEST}"
         if not self.fs.exists(path):
             return None
         with self.fs.open(path, "r") as fh:
@@ -129,19 +164,23 @@ class CheckpointStore:
 
     def complete(self) -> list[Manifest]:
         manifests = []
-        for step in self.steps():
+        for step, token in self.entries():
             try:
-                m = self.read_manifest(step)
+                m = self.read_manifest(step, token)
             except (CheckpointError, ValueError, TypeError) as exc:
-                log.warning("checkpoint step %d: unreadable manifest (%s), skipped", step, exc)
+                log.warning("checkpoint %s: unreadable manifest (%s), skipped", self.folder(step, token), exc)
                 continue
             if m is not None:
                 manifests.append(m)
         return manifests
 
+    def _may_delete(self, token: int | None) -> bool:
+        """A folder of this writer or of an older one: never a successor's (a newer token)."""
+        return token is None or (self.token is not None and token <= self.token)
+
     def verify(self, manifest: Manifest, checksums: bool = True) -> str | None:
         """None when every file the manifest lists is there with its size (and sha256); else the reason."""
-        base = self.step_path(manifest.step)
+        base = self.step_path(manifest.step, manifest.writer_token)
         for rel, info in manifest.files.items():
             path = f"{base}/{rel}"
             if not self.fs.exists(path):
@@ -150,7 +189,7 @@ class CheckpointStore:
             if size != info["size"]:
                 return f"{rel} has {size} bytes, manifest says {info['size']}"
         if checksums:
-            actual = self.describe(manifest.step, list(manifest.files))
+            actual = self.describe(manifest.step, list(manifest.files), manifest.writer_token)
             for rel, info in manifest.files.items():
                 if actual[rel]["sha256"] != info["sha256"]:
                     return f"{rel} does not match its sha256"
@@ -165,6 +204,24 @@ class CheckpointStore:
             log.warning("checkpoint step %d is damaged (%s); trying an older one", manifest.step, problem)
         return None
 
+    def recorded(self, url: str | None, verify_checksums: bool = True) -> Manifest | None:
+        """The checkpoint at `url` (the one the control plane recorded as the job's newest durable), if it
+        is a complete, intact folder of this root; None otherwise."""
+        if not url or url.rstrip("/").rsplit("/", 1)[0] != self.url:
+            return None
+        m = _STEP_DIR.search(url.rstrip("/"))
+        if m is None:
+            return None
+        try:
+            manifest = self.read_manifest(int(m.group(1)), int(m.group(2)) if m.group(2) else None)
+        except (CheckpointError, ValueError, TypeError):
+            return None
+        if manifest is None or (problem := self.verify(manifest, verify_checksums)) is not None:
+            log.warning("recorded checkpoint %s is not usable (%s)", url, "no manifest" if manifest is None
+                        else problem)
+            return None
+        return manifest
+
     def clear_incomplete(self, step: int) -> None:
         """Remove what an earlier, interrupted attempt left in the step's folder (no manifest), so the new
         save's manifest lists only its own files."""
@@ -173,6 +230,7 @@ class CheckpointStore:
             self.fs.rm(path, recursive=True)
 
     def relative_files(self, step: int) -> list[str]:
+        """This writer's files of the step's folder."""
         base = self.step_path(step)
         rels = []
         for path in sorted(self.fs.find(base)):
@@ -181,9 +239,9 @@ class CheckpointStore:
                 rels.append(rel)
         return rels
 
-    def describe(self, step: int, rels: list[str]) -> dict[str, dict[str, Any]]:
+    def describe(self, step: int, rels: list[str], token: int | None = _OWN) -> dict[str, dict[str, Any]]:
         """Size and sha256 of some files of a step's folder (hashed in parallel threads)."""
-        base = self.step_path(step)
+        base = self.step_path(step, token)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
             digests = list(pool.map(lambda rel: _sha256(self.fs, f"{base}/{rel}"), rels))
         return {rel: {"size": self.fs.size(f"{base}/{rel}"), "sha256": digest}
@@ -200,32 +258,39 @@ class CheckpointStore:
                  **{r: known[r] for r in rels if r in known}}
         files = dict(sorted(files.items()))
         manifest = Manifest(step=step, world_size=world_size, saved_at=datetime.now(UTC).isoformat(),
-                            files=files, metrics=metrics, run=run, cost_s=cost_s)
+                            files=files, metrics=metrics, run=run, cost_s=cost_s, writer_token=self.token)
+        folders = sorted({f"{base}/{rel}".rsplit("/", 1)[0] for rel in files} | {base})
+        _fsync(self.fs, [f"{base}/{rel}" for rel in files] + folders)
         tmp = f"{base}/{MANIFEST}.tmp"
         self.fs.makedirs(base, exist_ok=True)
         with self.fs.open(tmp, "w") as fh:
             fh.write(json.dumps(asdict(manifest), indent=1, sort_keys=True))
+        _fsync(self.fs, [tmp])
         self.fs.mv(tmp, f"{base}/{MANIFEST}")
+        _fsync(self.fs, [base, self.root])
         return manifest
 
     def apply_retention(self, keep_last: int, best_metric: str | None, best_mode: str,
                         newest: int) -> list[int]:
         """Delete complete checkpoints beyond the newest `keep_last` and the best by `best_metric`, and
-        abandoned incomplete ones older than `newest`. Returns the steps deleted."""
-        complete = self.complete()
-        keep = {m.step for m in complete[-keep_last:]} | {newest}
-        scored = [m for m in complete if best_metric and best_metric in m.metrics]
+        abandoned incomplete ones older than `newest`, among this writer's folders and older writers'
+        (never a newer token's: a successor's steps, complete or being written). Returns the steps deleted."""
+        ours = [m for m in self.complete() if self._may_delete(m.writer_token)]
+        keep = {(m.step, m.writer_token) for m in ours[-keep_last:]} | {(newest, self.token)}
+        scored = [m for m in ours if best_metric and best_metric in m.metrics]
         if scored:
             pick = min if best_mode == "min" else max
-            keep.add(pick(scored, key=lambda m: m.metrics[best_metric]).step)
-        complete_steps = {m.step for m in complete}
-        doomed = [s for s in self.steps() if s not in keep and (s in complete_steps or s < newest)]
-        for step in doomed:
+            best = pick(scored, key=lambda m: m.metrics[best_metric])
+            keep.add((best.step, best.writer_token))
+        complete = {(m.step, m.writer_token) for m in ours}
+        doomed = [(step, token) for step, token in self.entries() if self._may_delete(token)
+                  and (step, token) not in keep and ((step, token) in complete or step < newest)]
+        for step, token in doomed:
             # Remove the manifest first so a concurrent reader never sees a complete-looking partial folder.
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(f"{self.step_path(step)}/{MANIFEST}")
-            self.fs.rm(self.step_path(step), recursive=True)
-        return doomed
+                self.fs.rm(f"{self.step_path(step, token)}/{MANIFEST}")
+            self.fs.rm(self.step_path(step, token), recursive=True)
+        return [step for step, _ in doomed]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -396,11 +461,12 @@ class Checkpointer:
         self.wait()
         self._pool.shutdown(wait=True)
 
-    def find_latest(self, verify_checksums: bool = True) -> Manifest | None:
-        """Rank 0 picks the newest intact checkpoint and tells every rank (a collective)."""
+    def find_latest(self, verify_checksums: bool = True, recorded: str | None = None) -> Manifest | None:
+        """Rank 0 picks the checkpoint to resume from and tells every rank (a collective): the one the
+        control plane recorded (`recorded`, its URL) when it is intact, else the newest intact one."""
         box: list[Any] = [None]
         if self.rank == 0:
-            found = self.store.latest(verify_checksums)
+            found = self.store.recorded(recorded, verify_checksums) or self.store.latest(verify_checksums)
             box[0] = asdict(found) if found is not None else None
         if self.group is not None and self.world_size > 1:
             dist.broadcast_object_list(box, src=0, group=self.group)
@@ -408,12 +474,12 @@ class Checkpointer:
 
     def restore(self, manifest: Manifest, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored:
         """Load model and optimizer (resharded to this world), this rank's RNG, and the trainer state."""
-        step_url = self.store.step_url(manifest.step)
+        step_url = self.store.step_url(manifest.step, manifest.writer_token)
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optim": osd}
         dcp.load(state, storage_reader=FsspecReader(f"{step_url}/state"), process_group=self.group)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        base = self.store.step_path(manifest.step)
+        base = self.store.step_path(manifest.step, manifest.writer_token)
         trainer = _read_torch(self.store.fs, f"{base}/trainer.pt")
         rng_path = f"{base}/rng/rank-{self.rank}.pt"
         rng_restored = self.store.fs.exists(rng_path)

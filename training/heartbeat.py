@@ -4,12 +4,15 @@ Contract with the control plane:
 
     POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
     {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...}}
-    200 -> {"lease_expires_at": iso8601, "action": "continue" | "checkpoint_and_stop" | "stop",
-            "checkpoint_interval_s": float | null}
+    200 -> {"lease_expires_at": iso8601, "lease_seconds": float, "action": "continue" | "checkpoint_and_stop"
+            | "stop", "checkpoint_interval_s": float | null}
     409 -> the fencing token is stale: treated as "stop" (exit without writing anything).
 
 Network errors and 5xx are retried with backoff while training goes on: if the control plane is really
-gone, the lease expires and it requeues the job; the worker does not guess.
+gone, the lease expires and it requeues the job; the worker does not guess. But once `lease_seconds`
+have passed since the last beat that was answered (counted from when it was sent, on the monotonic clock),
+the worker's lease may have passed too and a successor may own the job: it writes no checkpoint until a
+beat is answered again (`HeartbeatAgent.lease_lapsed`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class HeartbeatAnswer:
     action: Action
     lease_expires_at: datetime | None = None
     checkpoint_interval_s: float | None = None
+    lease_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,13 @@ class LauncherEnv:
     fencing_token: str | None
     checkpoint_url: str | None
     job_id: str | None
+    resume_url: str | None = None  # the job's newest durable checkpoint, as the control plane recorded it
 
     @classmethod
     def read(cls, env: Mapping[str, str] = os.environ) -> LauncherEnv:
         return cls(env.get("GPUYARD_API_URL") or None, env.get("GPUYARD_ATTEMPT_ID") or None,
                    env.get("GPUYARD_FENCING_TOKEN") or None, env.get("GPUYARD_CHECKPOINT_URL") or None,
-                   env.get("GPUYARD_JOB_ID") or None)
+                   env.get("GPUYARD_JOB_ID") or None, env.get("GPUYARD_RESUME_URL") or None)
 
     @property
     def managed(self) -> bool:
@@ -69,6 +74,8 @@ class LauncherEnv:
     def check(self) -> None:
         if self.managed and not (self.attempt_id and self.fencing_token):
             raise ValueError("GPUYARD_API_URL is set but GPUYARD_ATTEMPT_ID or GPUYARD_FENCING_TOKEN is not")
+        if self.fencing_token is not None and not self.fencing_token.isdigit():
+            raise ValueError(f"GPUYARD_FENCING_TOKEN: expected an integer, got {self.fencing_token!r}")
 
 
 class HeartbeatError(RuntimeError):
@@ -134,10 +141,12 @@ def parse_answer(raw: Any) -> HeartbeatAnswer:
         ) from None
     expires = raw.get("lease_expires_at")
     interval = raw.get("checkpoint_interval_s")
+    lease = raw.get("lease_seconds")
     return HeartbeatAnswer(
         action,
         datetime.fromisoformat(expires) if expires else None,
         float(interval) if interval is not None else None,
+        float(lease) if lease is not None else None,
     )
 
 
@@ -146,8 +155,11 @@ class HeartbeatAgent:
     severe action heard and the latest checkpoint interval. The training loop polls it between steps."""
 
     def __init__(self, client: HeartbeatClient, interval_s: float,
-                 progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]]) -> None:
+                 progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.client = client
+        self.monotonic = monotonic
+        self._lease_until: float | None = None  # monotonic time the last answered beat's lease lasts to
         self.interval_s = interval_s
         self.progress = progress
         self._action = Action.CONTINUE
@@ -170,6 +182,7 @@ class HeartbeatAgent:
 
     def beat_now(self) -> HeartbeatAnswer | None:
         step, checkpoint, metrics = self.progress()
+        sent = self.monotonic()
         try:
             answer = self.client.beat(step, checkpoint, metrics)
         except HeartbeatError as exc:
@@ -181,7 +194,15 @@ class HeartbeatAgent:
                 self._action = max(self._action, answer.action)
                 if answer.checkpoint_interval_s is not None:
                     self._interval = answer.checkpoint_interval_s
+                if answer.lease_seconds is not None:
+                    self._lease_until = sent + answer.lease_seconds
         return answer
+
+    @property
+    def lease_lapsed(self) -> bool:
+        """No beat answered within the lease period: stop writing (a successor may own the job)."""
+        with self._lock:
+            return self._lease_until is not None and self.monotonic() > self._lease_until
 
     @property
     def action(self) -> Action:

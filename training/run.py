@@ -115,12 +115,13 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
-    store = CheckpointStore(cfg.checkpoint_url())
+    # Fenced like the leases: this attempt writes only folders named with its own token (checkpoint.py).
+    store = CheckpointStore(cfg.checkpoint_url(), int(env.fencing_token) if env.fencing_token else None)
     ckpt = Checkpointer(store, world.rank, world.world_size, world.checkpoint_group,
                         async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last,
                         best_metric=cfg.checkpoint.keep_best_metric, best_mode=cfg.checkpoint.best_mode)
     step, run_id = 0, None
-    manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums)
+    manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums, recorded=env.resume_url)
     if manifest is not None:
         restored = ckpt.restore(manifest, model, optimizer)
         scheduler.load_state_dict(restored.trainer["scheduler"])
@@ -129,7 +130,8 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
         if not restored.rng_restored:
             torch.manual_seed(cfg.seed + 7919 * (world.rank + 1) + step)
         events.write("resume", step=step, world_size=world.world_size, saved_world_size=manifest.world_size)
-        log.info("resumed from %s (saved by %d ranks)", store.step_url(step), manifest.world_size)
+        log.info("resumed from %s (saved by %d ranks)", store.step_url(step, manifest.writer_token),
+                 manifest.world_size)
     else:
         torch.manual_seed(cfg.seed + 7919 * (world.rank + 1))  # per-rank stream (dropout)
 
@@ -179,6 +181,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
                 time.sleep(cfg.train.step_sleep_s)
             step += 1
             due = leader and schedule.due(step)
+            if due and agent is not None and agent.lease_lapsed:
+                # Our lease may have passed and a successor own the job: no periodic checkpoint until a
+                # beat is answered again. (A preemption's last save still goes to our own fenced folder.)
+                log.warning("step %d: no heartbeat answered within the lease: checkpoint skipped", step)
+                due = False
             action = local_action(preemption, agent)
             decision = decide(distributed.all_sum(
                 [loss.item() * len(idx), float(len(idx)), *votes(action), float(due)], world.device))

@@ -18,7 +18,7 @@ from training.model import MLPClassifier
 def fake_checkpoint(
     store: CheckpointStore, step: int, metrics: dict[str, float] | None = None, complete: bool = True
 ) -> None:
-    base = Path(store.root) / f"step-{step:09d}"
+    base = Path(store.step_path(step))
     (base / "state").mkdir(parents=True)
     (base / "state" / "__0_0.distcp").write_bytes(bytes([step % 256]) * 100)
     (base / "trainer.pt").write_bytes(b"x")
@@ -60,6 +60,51 @@ def test_retention_keeps_newest_and_best_and_drops_abandoned(tmp_path: Path) -> 
     assert sorted(deleted) == [10, 30, 45]
     assert store.steps() == [20, 40, 50]
     assert [m.step for m in store.complete()] == [20, 40, 50]
+
+
+def test_a_zombie_writer_can_neither_mix_into_nor_delete_its_successors_steps(tmp_path: Path) -> None:
+    """The review's zombie: an attempt whose lease passed kept checkpointing, and its retention deleted
+    its successor's newer, incomplete steps. Folders are fenced by the writer's token now."""
+    zombie, successor = (
+        CheckpointStore(tmp_path.as_uri(), token=5),
+        CheckpointStore(tmp_path.as_uri(), token=6),
+    )
+    fake_checkpoint(zombie, 300)
+    fake_checkpoint(successor, 400, complete=False)  # resumed from 300, now writing 400
+    fake_checkpoint(zombie, 400, complete=False)  # the same step, written side by side
+    zombie.clear_incomplete(400)  # what the zombie's next save of step 400 starts with
+    fake_checkpoint(zombie, 400)
+    fake_checkpoint(zombie, 500)
+    zombie.apply_retention(keep_last=1, best_metric=None, best_mode="min", newest=500)
+    assert (6 and Path(successor.step_path(400)).exists()) and not (
+        Path(successor.step_path(400)) / MANIFEST
+    ).exists()
+    fake_checkpoint_files = sorted(p.name for p in (Path(successor.step_path(400)) / "state").iterdir())
+    assert fake_checkpoint_files == ["__0_0.distcp"]  # its own files only, none of the zombie's
+    successor.finalize(400, 1, {}, {}, 0.1)
+    successor.apply_retention(keep_last=1, best_metric=None, best_mode="min", newest=400)
+    # the successor may clean up what older writers left (here the oldest, beyond keep_last)
+    assert successor.entries() == [(400, 6), (500, 5)]
+    latest = successor.latest()
+    assert latest is not None and (latest.step, latest.writer_token) == (500, 5)
+
+
+def test_a_retry_resumes_from_the_checkpoint_the_control_plane_recorded(tmp_path: Path) -> None:
+    """A zombie's step 500 is complete on disk, but the store recorded the successor's 400 (a zombie's
+    heartbeat is refused): the next attempt resumes from 400, and from the newest only without a record."""
+    zombie, successor = (
+        CheckpointStore(tmp_path.as_uri(), token=5),
+        CheckpointStore(tmp_path.as_uri(), token=6),
+    )
+    fake_checkpoint(successor, 400)
+    fake_checkpoint(zombie, 500)
+    retry = CheckpointStore(tmp_path.as_uri(), token=7)
+    recorded = retry.recorded(successor.step_url(400))
+    assert recorded is not None and (recorded.step, recorded.writer_token) == (400, 6)
+    assert retry.recorded(tmp_path.parent.as_uri() + "/elsewhere/step-000000400-t6") is None  # not this root
+    assert retry.recorded(retry.step_url(450)) is None  # no such checkpoint: fall back to the newest
+    newest = retry.latest()
+    assert newest is not None and newest.step == 500
 
 
 def test_manifest_records_run_identity(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
     assert answer.checkpoint_interval_s == 42.0 and answer.lease_expires_at is not None
     assert plane.beats == [
         {
-            "fencing_token": "tok-1",
+            "fencing_token": "41",
             "step": 12,
             "metrics": {"train_loss": 0.5},
             "checkpoint": {
@@ -54,7 +54,7 @@ def test_checkpoint_and_stop_is_passed_on() -> None:
 
 def test_stale_fencing_token_means_stop() -> None:
     with ControlPlane(lambda n, body: lease()) as plane:
-        answer = client(plane, token="tok-0").beat(3, None)
+        answer = client(plane, token="40").beat(3, None)
     assert answer is not None and answer.action == Action.STOP
     assert plane.beats == []
 
@@ -99,3 +99,19 @@ def test_launcher_env_standalone_and_managed() -> None:
     assert env.managed
     with pytest.raises(ValueError, match="FENCING_TOKEN"):
         env.check()
+
+
+def test_the_agent_knows_when_no_beat_was_answered_within_the_lease() -> None:
+    """The worker's own rule: lease_seconds after the last answered beat was sent, stop writing."""
+    now = [100.0]
+    with ControlPlane(lambda n, body: (200, {**lease("continue")[1], "lease_seconds": 10.0})) as plane:
+        agent = HeartbeatAgent(client(plane), 3600, lambda: (1, None, {}), monotonic=lambda: now[0])
+        assert not agent.lease_lapsed  # no answer yet: nothing known, nothing to stop
+        assert agent.beat_now() is not None
+        now[0] = 109.0
+        assert not agent.lease_lapsed
+        now[0] = 110.5
+        assert agent.lease_lapsed
+        agent.beat_now()  # answered again: writing may go on
+        assert not agent.lease_lapsed
+        agent.client.close()

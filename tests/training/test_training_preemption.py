@@ -67,7 +67,7 @@ def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_pa
         heartbeat={"interval_s": 0.2},
     )
     with ControlPlane(lambda n, body: lease()) as plane:
-        env = {**plane.env(), "GPUYARD_FENCING_TOKEN": "stale"}
+        env = {**plane.env(), "GPUYARD_FENCING_TOKEN": "40"}  # not the attempt's (41): stale
         workers = launch(cfg, 1, work, env=env)
         assert workers.wait(120) == [exit_codes.STALE_FENCING_TOKEN], workers.output()
     assert plane.beats == []  # every beat was refused

@@ -165,7 +165,7 @@ class ControlPlane:
         self,
         answer: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any]]],
         attempt_id: str = "att-1",
-        fencing_token: str = "tok-1",
+        fencing_token: str = "41",  # the launcher hands workers an integer
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

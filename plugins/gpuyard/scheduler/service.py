@@ -39,6 +39,7 @@ from gpuyard.store import teams as team_store
 log = logging.getLogger(__name__)
 
 GROUP = "scheduler"
+RESUME_URL = "GPUYARD_RESUME_URL"  # where a retry resumes: the checkpoint the store recorded
 _OUTCOMES = {
     Outcome.SUCCEEDED: AttemptState.SUCCEEDED,
     Outcome.FAILED: AttemptState.FAILED,
@@ -195,13 +196,15 @@ class SchedulerService:
                 "sha256": transfer.sha256,
             },
         )
-        return replace(request, checkpoint_url=root)
+        return replace(request, checkpoint_url=root, env={**request.env, RESUME_URL: f"{root}/{step_dir}"})
 
     def launch_request(self, attempt: Attempt, job: Job) -> LaunchRequest:
         # Resume where the newest checkpoint is; before any, the spec's checkpoint root.
         checkpoint = job.spec.checkpoint.url if job.spec.checkpoint else None
+        env: dict[str, str] = {}
         if job.checkpoint_url and job.spec.checkpoint:
             checkpoint = job.checkpoint_url.rstrip("/").rsplit("/", 1)[0]
+            env[RESUME_URL] = job.checkpoint_url  # the newest durable one by the store, not by a listing
         return LaunchRequest(
             attempt_id=attempt.id,
             job_id=job.id,
@@ -211,6 +214,7 @@ class SchedulerService:
             placement=Placement.from_json(attempt.placement),
             api_url=self.api_url(),
             checkpoint_url=checkpoint,
+            env=env,
         )
 
     def apply(self, reports: list[WorkerReport]) -> None:
