@@ -1,0 +1,227 @@
+"""One fault campaign: start PostgreSQL, Redis, their fault links and the control plane; submit a
+stream of jobs while faults strike at random moments; heal everything; wait for quiescence (every
+job final, no attempt live, no worker process left); check the invariants over the whole history;
+tear everything down. Everything it runs is its own: it never touches the machine's servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine
+from gpuyard.store.tables import jobs
+from servers import free_port
+from sqlalchemy import Engine, func, select
+
+from . import workload
+from .backends import Postgres, Redis
+from .cluster import Cluster, labelled
+from .faults import Injector, Target
+from .history import FINAL_JOB_STATES, History, JournalCollector, read_exits, read_store
+from .invariants import Violation, check
+from .proxy import FaultProxy
+
+STREAM = "gpuyard:events"  # the settings' default: the relay publishes there
+
+
+@dataclass(frozen=True)
+class Campaign:
+    seed: int
+    fault_s: float = 75.0  # how long faults strike while jobs arrive
+    rate_per_s: float = 0.4  # job arrivals
+    lease_s: float = 10.0
+    quiesce_s: float = 120.0  # the longest wait for every job to end once the faults stop
+
+
+@dataclass
+class Report:
+    campaign: Campaign
+    run: Path
+    injected: Counter[str] = field(default_factory=Counter)
+    jobs: Counter[str] = field(default_factory=Counter)
+    attempts: Counter[str] = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    fault_log: list[str] = field(default_factory=list)
+    restarts: Counter[str] = field(default_factory=Counter)
+    quiesced_s: float | None = None
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.rejected
+
+    def render(self) -> str:
+        c = self.campaign
+        settled = (
+            f"quiescent {self.quiesced_s:.0f}s after" if self.quiesced_s is not None else "NOT quiescent"
+        )
+        lines = [
+            f"fault campaign seed {c.seed}: {c.fault_s:g}s of faults, {self.wall_s:.0f}s in all, "
+            f"{settled} the faults stopped; run directory {self.run}",
+            f"  faults injected ({sum(self.injected.values())}): {_counts(self.injected)}",
+            f"  components restarted: {_counts(self.restarts) or 'none'}",
+            f"  jobs ({sum(self.jobs.values())}): {_counts(self.jobs)}",
+            f"  attempts ({sum(self.attempts.values())}): {_counts(self.attempts)}",
+            f"  invariant violations: {len(self.violations)}",
+            *(f"    {v}" for v in self.violations),
+            *(f"  refused submission: {r}" for r in self.rejected),
+            f"  replay: python -m tests.faults.run --seed {c.seed} --campaigns 1 "
+            f"--fault-seconds {c.fault_s:g}",
+        ]
+        return "\n".join(lines)
+
+
+def _counts(found: Counter[str]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(found.items()))
+
+
+def _make_token(engine: Engine) -> str:
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, workload.TEAM, TeamQuota(gpu_quota=64, max_gpus_per_job=4), utcnow())
+        return team_store.create_token(conn, workload.TEAM, team_store.Role.MEMBER, utcnow(), "fault suite")
+
+
+def _open_jobs(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(~jobs.c.state.in_(FINAL_JOB_STATES))).scalar_one())
+
+
+def _quiet(engine: Engine, run: Path) -> bool:
+    """Every job final (so no attempt live), and no worker process of this run alive."""
+    return _open_jobs(engine) == 0 and not labelled("FAULTS_RUN", run.name)
+
+
+def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = print) -> Report:
+    started = time.monotonic()
+    run = work / f"seed-{campaign.seed}"
+    run.mkdir(parents=True)
+    os.chmod(run, 0o755)
+    report = Report(campaign, run)
+    echo(f"fault campaign seed {campaign.seed}: starting PostgreSQL, Redis and the control plane in {run}")
+    postgres = Postgres().start()
+    (run / "redis").mkdir()
+    redis_server = Redis(run / "redis").start()
+    links = [
+        FaultProxy("127.0.0.1", postgres.port, name="PostgreSQL link").start(),
+        FaultProxy("127.0.0.1", redis_server.port, name="Redis link").start(),
+    ]
+    journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
+    engine = make_engine(postgres.url(), pool_size=4)
+    cluster = Cluster(
+        run,
+        database_url=postgres.url(links[0].port),
+        redis_url=f"redis://127.0.0.1:{links[1].port}/0",
+        api_port=free_port(),
+        lease_s=campaign.lease_s,
+    )
+    stop = threading.Event()
+    try:
+        cluster.start()
+        token = _make_token(engine)
+        plans = workload.plan(
+            campaign.seed,
+            duration_s=campaign.fault_s,
+            rate_per_s=campaign.rate_per_s,
+            run=run,
+            lease_s=campaign.lease_s,
+        )
+        began = time.monotonic()
+        faults_end = began + campaign.fault_s
+        client = workload.Client(cluster.api_url, token, plans, give_up_at=faults_end + campaign.quiesce_s)
+        target = Target(cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM)
+        injector = Injector(target, campaign.seed, until=faults_end, echo=echo)
+        threads = [
+            threading.Thread(target=client.run, args=(began, stop), name="workload", daemon=True),
+            threading.Thread(target=injector.run, args=(stop,), name="faults", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        echo(f"  {len(plans)} jobs planned over {campaign.fault_s:g}s; faults strike until then")
+        _supervise_while(cluster, report, lambda: any(t.is_alive() for t in threads), echo, engine)
+
+        # Heal: every link passes, every clock is true, every component runs; then let it settle.
+        for link in links:
+            link.heal()
+        for name in cluster.components:
+            cluster.skew(name, 0)
+        healed = time.monotonic()
+        client.wait()
+        deadline, next_progress = healed + campaign.quiesce_s, healed + 10
+        echo("  faults stopped, everything healed: waiting for every job to end")
+        while not _quiet(engine, run) and time.monotonic() < deadline:
+            report.restarts.update(cluster.supervise())
+            if time.monotonic() >= next_progress:
+                next_progress += 10
+                echo(f"  ... {_open_jobs(engine)} jobs not final")
+            time.sleep(0.5)
+        if _quiet(engine, run):
+            report.quiesced_s = time.monotonic() - healed
+        job_rows, attempts, events = read_store(engine)
+        history = History(
+            jobs=job_rows,
+            attempts=attempts,
+            events=events,
+            journal=list(journal.records),
+            exits=read_exits(cluster.home / "attempts"),
+            submissions=list(client.submissions.values()),
+            cancels=list(client.cancels),
+            kills=dict(target.kills),
+            leftovers=labelled("FAULTS_RUN", run.name),
+            lease_s=campaign.lease_s,
+        )
+        (run / "history.json").write_text(
+            json.dumps(
+                {"jobs": job_rows, "attempts": attempts, "events": events},
+                default=lambda o: asdict(o) if is_dataclass(o) else str(o),
+                indent=1,
+            )
+        )
+        report.violations = check(history)
+        report.rejected = list(client.rejected)
+        report.injected = injector.injected
+        report.fault_log = injector.log
+        report.jobs = Counter(job.state for job in job_rows.values())
+        report.attempts = Counter(attempt.state for attempt in attempts.values())
+    finally:
+        stop.set()
+        cluster.stop()
+        for pids in labelled("FAULTS_RUN", run.name).values():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        journal.close()
+        for link in links:
+            link.stop()
+        engine.dispose()
+        redis_server.stop()
+        postgres.stop()
+        (run / "faults.log").write_text("\n".join(report.fault_log) + "\n")
+    report.wall_s = time.monotonic() - started
+    return report
+
+
+def _supervise_while(
+    cluster: Cluster, report: Report, busy: Callable[[], bool], echo: Callable[[str], None], engine: Engine
+) -> None:
+    """Restart what the faults killed, as an orchestrator would; show progress every 10 s."""
+    next_progress = time.monotonic() + 10
+    while busy():
+        report.restarts.update(cluster.supervise())
+        if time.monotonic() >= next_progress:
+            next_progress += 10
+            with contextlib.suppress(Exception):  # the database may be away just now
+                echo(f"  ... {_open_jobs(engine)} jobs not final")
+        time.sleep(0.5)

@@ -1,0 +1,295 @@
+"""The faults a campaign injects, one small function each, and the seeded schedule that runs them.
+
+A fault acts at once (a SIGKILL, a restart, a FLUSHALL, copies on the bus) or for a while (a slow,
+black-holed or cut link; a skewed clock; a full disk), healing itself before it returns. Each returns
+what it did, or None when it found nothing to act on (no attempt running, say). Faults run one after
+another; the moments, kinds, durations and choices all come from the seed, so a failing seed replays
+the same schedule (the processes' own interleaving is the machine's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import resource
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from gpuyard.store.tables import attempts
+from sqlalchemy import Engine, select
+
+from .backends import Postgres, Redis
+from .cluster import Cluster
+from .history import JournalCollector
+from .proxy import FaultProxy
+
+SKEW_LIMIT_S = 20.0  # the clock skew the platform is documented to tolerate (docs/faults.md): 20 s here
+
+
+@dataclass
+class Target:
+    """Everything a fault may act on."""
+
+    cluster: Cluster
+    postgres: Postgres
+    redis: Redis
+    postgres_link: FaultProxy
+    redis_link: FaultProxy
+    engine: Engine  # direct to PostgreSQL, not through the link: the suite's own view
+    journal: JournalCollector
+    run: Path
+    stream: str
+    kills: dict[str, float] = field(default_factory=dict)  # attempt -> when the suite killed its workers
+
+
+Fault = Callable[[Target, random.Random], str | None]
+
+
+def _running_attempts(target: Target) -> list[str]:
+    with target.engine.connect() as conn:
+        return sorted(conn.execute(select(attempts.c.id).where(attempts.c.state == "RUNNING")).scalars())
+
+
+def _worker_groups(target: Target, attempt_id: str) -> list[int]:
+    """The process groups of an attempt's workers (each shim leads one)."""
+    try:
+        listing = json.loads((target.cluster.home / "attempts" / attempt_id / "workers.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [int(pid) for pid in listing["pids"]]
+
+
+def _kill_attempt(target: Target, attempt_id: str) -> bool:
+    """SIGKILL every process of the attempt's workers, shims included: the node lost them."""
+    groups = _worker_groups(target, attempt_id)
+    target.kills.setdefault(attempt_id, time.monotonic())
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    return bool(groups)
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def kill_api_worker(target: Target, rng: random.Random) -> str | None:
+    workers = target.cluster.api_workers()
+    if not workers:
+        return None
+    pid = rng.choice(sorted(workers))
+    os.kill(pid, signal.SIGKILL)
+    return f"API worker {pid}"
+
+
+def kill_relay(target: Target, rng: random.Random) -> str | None:
+    pid = target.cluster.kill("relay")
+    return None if pid is None else f"relay {pid}"
+
+
+def kill_leader(target: Target, rng: random.Random) -> str | None:
+    leader = target.cluster.leader(target.engine)
+    if leader is None:
+        return None
+    return f"{leader} (leading) {target.cluster.kill(leader)}"
+
+
+def kill_worker(target: Target, rng: random.Random) -> str | None:
+    running = _running_attempts(target)
+    if not running:
+        return None
+    attempt_id = rng.choice(running)
+    return f"workers of {attempt_id}" if _kill_attempt(target, attempt_id) else None
+
+
+def kill_mid_checkpoint(target: Target, rng: random.Random) -> str | None:
+    """Hold a running attempt's next save half-written (tests/faults/worker.py), then SIGKILL it."""
+    running = _running_attempts(target)
+    if not running:
+        return None
+    attempt_id = rng.choice(running)
+    hold = target.run / "hold" / attempt_id
+    hold.parent.mkdir(exist_ok=True)
+    hold.touch()
+    try:
+        half = target.journal.wait_for(lambda r: r.attempt == attempt_id and r.e == "half_written", 6.0)
+        if half is None:
+            return None  # it saved nothing meanwhile (it ended, or it does not checkpoint)
+        _kill_attempt(target, attempt_id)
+        return f"workers of {attempt_id} half way through writing step {half.data['step']}"
+    finally:
+        hold.unlink(missing_ok=True)
+
+
+def full_disk(target: Target, rng: random.Random) -> str | None:
+    """A running attempt's processes (shim and worker) can write no byte more, for a while."""
+    running = _running_attempts(target)
+    if not running:
+        return None
+    attempt_id = rng.choice(running)
+    pids = [pid for group in _worker_groups(target, attempt_id) for pid in _group(group)]
+    limited = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+            limited.append(pid)
+    if not limited:
+        return None
+    duration = rng.uniform(2.0, 6.0)
+    time.sleep(duration)
+    for pid in limited:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    return f"disk of {attempt_id} full for {duration:.1f}s"
+
+
+def _group(pgid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[2]) == pgid:
+                    found.append(int(entry.name))
+    return found
+
+
+# -- servers ---------------------------------------------------------------------------------------
+
+
+def restart_postgres(target: Target, rng: random.Random) -> str | None:
+    crash = rng.random() < 0.5
+    target.postgres.restart(crash=crash)
+    return "PostgreSQL " + ("crashed and restarted" if crash else "restarted")
+
+
+def restart_redis(target: Target, rng: random.Random) -> str | None:
+    target.redis.restart()
+    return "Redis restarted (empty)"
+
+
+def flush_redis(target: Target, rng: random.Random) -> str | None:
+    target.redis.flushall()
+    return "Redis FLUSHALL"
+
+
+def duplicate_bus_messages(target: Target, rng: random.Random) -> str | None:
+    """Publish copies of recent messages again, shuffled: duplicated and reordered deliveries."""
+    client = redis.Redis(port=target.redis.port, decode_responses=True, socket_timeout=5)
+    try:
+        recent = client.xrevrange(target.stream, count=50)
+        if not recent:
+            return None
+        copies = [fields for _, fields in rng.sample(recent, min(len(recent), rng.randint(5, 30)))]
+        copies = copies * rng.randint(1, 3)
+        rng.shuffle(copies)
+        for fields in copies:
+            client.xadd(target.stream, fields)  # type: ignore[arg-type]
+    finally:
+        client.close()
+    return f"{len(copies)} copies of bus messages, reordered"
+
+
+def _degrade(link: FaultProxy, rng: random.Random, mode: str, seconds: tuple[float, float]) -> str:
+    duration = rng.uniform(*seconds)
+    delay = rng.uniform(0.05, 0.4) if mode == "delay" else 0.0
+    link.set(mode, delay_s=delay)  # type: ignore[arg-type]
+    time.sleep(duration)
+    link.heal()
+    return f"{link.name}: {mode}{f' {delay * 1000:.0f} ms' if delay else ''} for {duration:.1f}s"
+
+
+def delay_postgres(target: Target, rng: random.Random) -> str:
+    return _degrade(target.postgres_link, rng, "delay", (3, 8))
+
+
+def blackhole_postgres(target: Target, rng: random.Random) -> str:
+    return _degrade(target.postgres_link, rng, "blackhole", (2, 18))
+
+
+def cut_postgres(target: Target, rng: random.Random) -> str:
+    return _degrade(target.postgres_link, rng, "cut", (1, 6))
+
+
+def delay_redis(target: Target, rng: random.Random) -> str:
+    return _degrade(target.redis_link, rng, "delay", (3, 8))
+
+
+def blackhole_redis(target: Target, rng: random.Random) -> str:
+    return _degrade(target.redis_link, rng, "blackhole", (2, 12))
+
+
+def cut_redis(target: Target, rng: random.Random) -> str:
+    return _degrade(target.redis_link, rng, "cut", (1, 6))
+
+
+def skew_clock(target: Target, rng: random.Random) -> str:
+    name = rng.choice(sorted(target.cluster.components))
+    offset = rng.choice([-1, 1]) * rng.uniform(5, SKEW_LIMIT_S)
+    duration = rng.uniform(5, 15)
+    target.cluster.skew(name, offset)
+    time.sleep(duration)
+    target.cluster.skew(name, 0)
+    return f"{name}'s clock {offset:+.0f}s for {duration:.1f}s"
+
+
+FAULTS: dict[str, tuple[float, Fault]] = {  # kind -> (relative frequency, fault)
+    "kill-api-worker": (2, kill_api_worker),
+    "kill-relay": (1, kill_relay),
+    "kill-leader": (1.5, kill_leader),
+    "kill-worker": (2, kill_worker),
+    "kill-mid-checkpoint": (1.5, kill_mid_checkpoint),
+    "full-disk": (1, full_disk),
+    "restart-postgres": (0.7, restart_postgres),
+    "restart-redis": (0.7, restart_redis),
+    "flush-redis": (0.7, flush_redis),
+    "duplicate-bus-messages": (1, duplicate_bus_messages),
+    "delay-postgres": (0.7, delay_postgres),
+    "blackhole-postgres": (0.7, blackhole_postgres),
+    "cut-postgres": (0.7, cut_postgres),
+    "delay-redis": (0.5, delay_redis),
+    "blackhole-redis": (0.5, blackhole_redis),
+    "cut-redis": (0.5, cut_redis),
+    "skew-clock": (1, skew_clock),
+}
+
+
+class Injector:
+    """Runs faults at random moments until `until` (monotonic); counts what it injected."""
+
+    def __init__(
+        self,
+        target: Target,
+        seed: int,
+        *,
+        until: float,
+        echo: Callable[[str], None],
+        gap_s: tuple[float, float] = (1.0, 4.0),
+    ):
+        self.target, self.until, self.echo, self.gap_s = target, until, echo, gap_s
+        self.rng = random.Random(f"faults-{seed}")
+        self.injected: Counter[str] = Counter()
+        self.log: list[str] = []
+
+    def run(self, stop: threading.Event) -> None:
+        kinds, weights = list(FAULTS), [weight for weight, _ in FAULTS.values()]
+        while not stop.wait(self.rng.uniform(*self.gap_s)) and time.monotonic() < self.until:
+            kind = self.rng.choices(kinds, weights=weights)[0]
+            started = time.monotonic()
+            try:
+                done = FAULTS[kind][1](self.target, self.rng)
+            except Exception as error:  # a fault that could not be injected is reported, not fatal
+                done = f"could not inject: {error!r}"
+            else:
+                if done is None:
+                    continue
+                self.injected[kind] += 1
+            line = f"{started:10.1f} {kind}: {done}"  # the monotonic clock, as the journal and the logs
+            self.log.append(line)
+            self.echo(f"  {line}")

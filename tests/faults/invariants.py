@@ -1,0 +1,362 @@
+"""The promises the control plane keeps whatever fails, checked over a whole campaign's history.
+
+Pure: every check reads a `History` (tests/faults/history.py) and returns its violations. Orders
+come from the store's event log (`seq`, one total order the database gave), never from timestamps
+that processes with skewed clocks wrote; the workers' times are the machine's monotonic clock.
+
+An attempt is live from the event that reserved it (`job.scheduled` naming it) to the event of its
+end (`attempt.<succeeded|failed|preempted|lost|cancelled>`); its leases live exactly as long (they
+are written and deleted in those transactions).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .history import FINAL_JOB_STATES, TERMINAL_ATTEMPT_EVENTS, AttemptRow, History, Record
+
+LIVE_ATTEMPT_STATES = {"CREATED", "LAUNCHING", "RUNNING"}
+# How late the platform may notice an end: a lease period, half of one for a new leader to take over
+# (the leader lease), and a few scheduler passes.
+DETECTION_SLACK_S = 5.0
+MEASURE_SLACK_S = 1.0  # a heartbeat's or an observation's own delay
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    job_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.job_id or '-'}: {self.detail}"
+
+
+Interval = tuple[int, float]  # (seq it began, seq it ended or infinity)
+
+
+def live_intervals(history: History) -> dict[str, Interval]:
+    """Each attempt's life in the event log's order."""
+    began: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    for event in history.events:
+        if event.attempt_id is None:
+            continue
+        if event.type == "job.scheduled":
+            began.setdefault(event.attempt_id, event.seq)
+        elif event.type in TERMINAL_ATTEMPT_EVENTS:
+            ended.setdefault(event.attempt_id, event.seq)
+    for event in history.events:  # an attempt reserved without its event would still be counted
+        if event.attempt_id in history.attempts:
+            began.setdefault(event.attempt_id, event.seq)
+    return {a: (began[a], ended.get(a, math.inf)) for a in history.attempts if a in began}
+
+
+def _overlaps(intervals: Iterable[tuple[str, Interval]]) -> list[tuple[str, str]]:
+    """Pairs of ids whose intervals overlap (sweep by start)."""
+    found, open_until, holder = [], -math.inf, ""
+    for name, (start, end) in sorted(intervals, key=lambda item: item[1]):
+        if start < open_until:
+            found.append((holder, name))
+        if end > open_until:
+            open_until, holder = end, name
+    return found
+
+
+def _records(history: History) -> dict[str, list[Record]]:
+    """Rank 0's journal by attempt (rank 0 resumes and saves), in time order."""
+    by_attempt: dict[str, list[Record]] = defaultdict(list)
+    for record in sorted(history.journal, key=lambda r: r.t):
+        if record.rank == 0:
+            by_attempt[record.attempt].append(record)
+    return by_attempt
+
+
+def _attempts_of(history: History) -> dict[str, list[AttemptRow]]:
+    by_job: dict[str, list[AttemptRow]] = defaultdict(list)
+    for attempt in history.attempts.values():
+        by_job[attempt.job_id].append(attempt)
+    return {job: sorted(found, key=lambda a: a.number) for job, found in by_job.items()}
+
+
+# -- the invariants --------------------------------------------------------------------------------
+
+
+def accepted_submissions_exist(history: History) -> list[Violation]:
+    found = []
+    for submission in history.submissions:
+        if submission.accepted and submission.job_id not in history.jobs:
+            found.append(
+                Violation(
+                    "accepted submission exists", submission.job_id, f"key {submission.key}: not stored"
+                )
+            )
+        if len(submission.ids) > 1:
+            found.append(
+                Violation(
+                    "accepted submission exists",
+                    None,
+                    f"key {submission.key} answered {sorted(submission.ids)}",
+                )
+            )
+    return found
+
+
+def every_job_final(history: History) -> list[Violation]:
+    found = [
+        Violation("every job final", job.id, f"{job.state} after quiescence ({job.reason})")
+        for job in history.jobs.values()
+        if job.state not in FINAL_JOB_STATES
+    ]
+    found += [
+        Violation("every job final", a.job_id, f"attempt {a.number} still {a.state}")
+        for a in history.attempts.values()
+        if a.state in LIVE_ATTEMPT_STATES
+    ]
+    return found
+
+
+def never_two_live_attempts(history: History) -> list[Violation]:
+    intervals = live_intervals(history)
+    found = []
+    for job_id, attempts in _attempts_of(history).items():
+        for first, second in _overlaps((a.id, intervals[a.id]) for a in attempts if a.id in intervals):
+            found.append(
+                Violation(
+                    "never two live attempts",
+                    job_id,
+                    f"{first} {intervals[first]} and {second} {intervals[second]} (event seqs) overlap",
+                )
+            )
+    return found
+
+
+def no_gpu_leased_twice(history: History) -> list[Violation]:
+    intervals = live_intervals(history)
+    holders: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for attempt in history.attempts.values():
+        for gpu in attempt.gpus:
+            holders[gpu].append(attempt.id)
+    found = []
+    for (node, index), ids in sorted(holders.items()):
+        for first, second in _overlaps((a, intervals[a]) for a in ids if a in intervals):
+            found.append(
+                Violation(
+                    "no GPU leased twice",
+                    history.attempts[second].job_id,
+                    f"{node} GPU {index}: {first} and {second} live at once (seqs {intervals[first]}, "
+                    f"{intervals[second]})",
+                )
+            )
+    return found
+
+
+def _lapsed(records: list[Record], lease_s: float) -> bool:
+    """Did the worker go a lease period without an answered heartbeat (a successor may own the job)?"""
+    if any(r.e == "save_skipped" for r in records):
+        return True
+    marks = [r.t for r in records if r.e in ("resume", "beat", "exit")]  # records are in time order
+    return any(later - earlier > lease_s - MEASURE_SLACK_S for earlier, later in itertools.pairwise(marks))
+
+
+def attempts_match_exits(history: History) -> list[Violation]:
+    journal = _records(history)
+    found = []
+    for job_id, attempts in _attempts_of(history).items():
+        job = history.jobs.get(job_id)
+        if job is None:
+            continue
+
+        def flag(detail: str, job_id: str = job_id) -> None:
+            found.append(Violation("attempts match exits", job_id, detail))
+
+        numbers = [a.number for a in attempts]
+        if numbers != list(range(1, job.attempt_count + 1)):
+            flag(f"attempt_count {job.attempt_count}, attempts numbered {numbers}")
+        failed = [a for a in attempts if a.state == "FAILED"]
+        uncounted = 1 if job.state == "CANCELLED" and attempts and attempts[-1].state == "FAILED" else 0
+        if job.failures != len(failed) - uncounted and job.failures != len(failed):
+            flag(f"failures {job.failures}, but {len(failed)} attempts failed")
+        if job.state == "FAILED" and job.failures != job.max_failures + 1:
+            flag(f"FAILED with {job.failures} failures (budget {job.max_failures})")
+        if job.state == "SUCCEEDED" and (not attempts or attempts[-1].state != "SUCCEEDED"):
+            flag(f"SUCCEEDED, but its last attempt is {attempts[-1].state if attempts else 'missing'}")
+        for attempt in attempts:
+            codes = history.exits.get(attempt.id, {})
+            where = f"attempt {attempt.number} ({attempt.state})"
+            if attempt.exit_code is not None and codes and attempt.exit_code not in codes.values():
+                flag(f"{where}: the store says exit {attempt.exit_code}, the workers exited {codes}")
+            if attempt.state == "SUCCEEDED" and (
+                len(codes) < len(attempt.gpus) or set(codes.values()) != {0}
+            ):
+                flag(f"{where}: SUCCEEDED, but the workers exited {codes}")
+            all_zero = codes and len(codes) >= len(attempt.gpus) and set(codes.values()) == {0}
+            if (
+                all_zero
+                and attempt.state not in ("SUCCEEDED", "CANCELLED")
+                and not _lapsed(journal.get(attempt.id, []), history.lease_s)
+            ):
+                flag(f"{where}: every worker exited 0 and its lease held: an outcome was lost")
+            if attempt.state == "PREEMPTED" and attempt.stop_requested is None:
+                flag(f"{where}: PREEMPTED, but the platform never asked it to stop")
+    return found
+
+
+def _recorded_before(history: History, job_id: str, seq: int) -> int | None:
+    """The step of the newest checkpoint the store recorded for the job before event `seq`."""
+    step = None
+    for event in history.events:
+        if event.seq >= seq:
+            break
+        if event.job_id == job_id and event.type == "attempt.checkpointed":
+            step = int(event.data["step"])
+    return step
+
+
+def retries_resume_from_the_newest_checkpoint(history: History) -> list[Violation]:
+    intervals, journal = live_intervals(history), _records(history)
+    found = []
+    for attempt in history.attempts.values():
+        resumed = next((r for r in journal.get(attempt.id, []) if r.e == "resume"), None)
+        if resumed is None or attempt.id not in intervals:
+            continue
+        expected = _recorded_before(history, attempt.job_id, intervals[attempt.id][0]) or 0
+        if int(resumed.data["step"]) != expected:
+            found.append(
+                Violation(
+                    "retries resume from the newest checkpoint",
+                    attempt.job_id,
+                    f"attempt {attempt.number} resumed from step {resumed.data['step']}, the store's newest "
+                    f"checkpoint was step {expected}",
+                )
+            )
+    failed_resumes = [r for r in history.journal if r.e == "resume_failed"]
+    found += [
+        Violation(
+            "retries resume from the newest checkpoint", r.job, f"{r.attempt}: {r.data['url']} is incomplete"
+        )
+        for r in failed_resumes
+    ]
+    return found
+
+
+def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
+    saved = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "saved"}
+    return [
+        Violation(
+            "recorded checkpoints were durable",
+            event.job_id,
+            f"step {event.data['step']} recorded for {event.attempt_id}, which never completed it",
+        )
+        for event in history.events
+        if event.type == "attempt.checkpointed" and (event.attempt_id, int(event.data["step"])) not in saved
+    ]
+
+
+def lost_progress_matches_workers(history: History) -> list[Violation]:
+    """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest recorded
+    checkpoint, or its start, to its end) agrees with the worker's own account: no less than the
+    time from the answer that recorded that checkpoint to the worker's end, no more than the time from
+    its save to the end plus how late the platform may notice an end."""
+    journal = _records(history)
+    found = []
+    for attempt in history.attempts.values():
+        records = journal.get(attempt.id, [])
+        if attempt.state not in ("PREEMPTED", "LOST") or attempt.progress_lost_s is None or not records:
+            continue
+        end = history.kills.get(attempt.id, records[-1].t)
+        recorded_beats = [r for r in records if r.e == "beat" and r.data.get("checkpoint") is not None]
+        if recorded_beats:
+            answered = recorded_beats[-1].t
+            step = recorded_beats[-1].data["checkpoint"]
+            save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), answered)
+        else:
+            first_beat = next((r.t for r in records if r.e == "beat"), None)
+            if first_beat is None:
+                continue  # never ran as far as the store knows: it is charged from a start it guessed
+            answered, save = first_beat, records[0].t
+        low = max(0.0, end - answered) - MEASURE_SLACK_S
+        high = end - save + history.lease_s * 1.5 + DETECTION_SLACK_S
+        if not low <= attempt.progress_lost_s <= high:
+            found.append(
+                Violation(
+                    "lost progress matches the workers",
+                    attempt.job_id,
+                    f"attempt {attempt.number} ({attempt.state}) charged {attempt.progress_lost_s:.1f}s "
+                    f"lost; its worker says between {low:.1f}s and {high:.1f}s",
+                )
+            )
+    return found
+
+
+def no_zombie_writes(history: History) -> list[Violation]:
+    """No attempt completes a checkpoint after a later attempt of its job has started."""
+    starts = {r.attempt: r.t for r in sorted(history.journal, key=lambda r: -r.t) if r.e == "start"}
+    found = []
+    for job_id, attempts in _attempts_of(history).items():
+        for attempt in attempts:
+            later = [starts[a.id] for a in attempts if a.number > attempt.number and a.id in starts]
+            if not later:
+                continue
+            successor_start = min(later)
+            for record in history.journal:
+                if record.attempt == attempt.id and record.e == "saved" and record.t > successor_start:
+                    found.append(
+                        Violation(
+                            "no zombie writes",
+                            job_id,
+                            f"attempt {attempt.number} completed step {record.data['step']} "
+                            f"{record.t - successor_start:.1f}s after a successor started",
+                        )
+                    )
+    return found
+
+
+def no_cancel_lost(history: History) -> list[Violation]:
+    cancelled = {c.job_id for c in history.cancels if c.status == 200}
+    cancelled |= {job.id for job in history.jobs.values() if job.cancel_requested}
+    return [
+        Violation(
+            "no cancel lost", job_id, f"the cancel was accepted, the job ended {history.jobs[job_id].state}"
+        )
+        for job_id in sorted(cancelled)
+        if job_id in history.jobs and history.jobs[job_id].state != "CANCELLED"
+    ]
+
+
+def no_worker_outlives_its_attempt(history: History) -> list[Violation]:
+    found = []
+    for attempt_id, pids in sorted(history.leftovers.items()):
+        attempt = history.attempts.get(attempt_id)
+        state = attempt.state if attempt else "unknown to the store"
+        found.append(
+            Violation(
+                "no worker outlives its attempt",
+                attempt.job_id if attempt else None,
+                f"{attempt_id}: processes {pids} still run after quiescence; the attempt is {state}",
+            )
+        )
+    return found
+
+
+CHECKS: dict[str, Callable[[History], list[Violation]]] = {
+    "accepted submissions exist": accepted_submissions_exist,
+    "every job final": every_job_final,
+    "never two live attempts": never_two_live_attempts,
+    "no GPU leased twice": no_gpu_leased_twice,
+    "attempts match exits": attempts_match_exits,
+    "retries resume from the newest checkpoint": retries_resume_from_the_newest_checkpoint,
+    "recorded checkpoints were durable": recorded_checkpoints_were_durable,
+    "lost progress matches the workers": lost_progress_matches_workers,
+    "no zombie writes": no_zombie_writes,
+    "no cancel lost": no_cancel_lost,
+    "no worker outlives its attempt": no_worker_outlives_its_attempt,
+}
+
+
+def check(history: History) -> list[Violation]:
+    return [violation for run in CHECKS.values() for violation in run(history)]

@@ -1,0 +1,66 @@
+"""Run fault campaigns for as long as asked, each with the next seed; exit 1 if any broke a promise.
+
+    python -m tests.faults.run --minutes 30 --seed 100       # campaigns of seeds 100, 101, ... for 30 min
+    python -m tests.faults.run --seed 104 --campaigns 1      # replay seed 104
+
+Each campaign prints its seed, the faults it injected per kind, its jobs and attempts by state and
+every invariant violation; the run directories of failing seeds are kept (logs, journal, fault log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its `servers` module, as in pytest
+
+from .campaign import Campaign, run_campaign
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, help="first seed [default: a random one, printed]")
+    parser.add_argument("--minutes", type=float, help="keep starting campaigns until this much time passed")
+    parser.add_argument("--campaigns", type=int, help="run exactly this many campaigns")
+    parser.add_argument("--fault-seconds", type=float, default=75.0, help="faults per campaign [75]")
+    parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
+    args = parser.parse_args(argv)
+    if (args.minutes is None) == (args.campaigns is None):
+        parser.error("give one of --minutes or --campaigns")
+    if args.fault_seconds <= 0 or (args.minutes is not None and args.minutes <= 0):
+        parser.error("--fault-seconds and --minutes must be positive")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpuyard-faults-"))
+    started, done, failing = time.monotonic(), 0, []
+    totals: Counter[str] = Counter()
+    while True:
+        if args.campaigns is not None and done >= args.campaigns:
+            break
+        if args.minutes is not None and time.monotonic() - started >= args.minutes * 60:
+            break
+        report = run_campaign(Campaign(seed=seed, fault_s=args.fault_seconds), work, echo=print)
+        print(report.render(), flush=True)
+        totals.update(faults=sum(report.injected.values()), jobs=sum(report.jobs.values()))
+        totals.update(attempts=sum(report.attempts.values()), violations=len(report.violations))
+        if report.ok:
+            shutil.rmtree(report.run, ignore_errors=True)
+        else:
+            failing.append(seed)
+        done, seed = done + 1, seed + 1
+    minutes = (time.monotonic() - started) / 60
+    print(
+        f"{done} campaign(s) in {minutes:.1f} min: {totals['faults']} faults, {totals['jobs']} jobs, "
+        f"{totals['attempts']} attempts, {totals['violations']} invariant violations"
+        + (f"; failing seeds {failing} (run directories under {work})" if failing else "")
+    )
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

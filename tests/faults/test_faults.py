@@ -1,0 +1,211 @@
+"""The fault suite in `make test`: a bounded campaign against the real processes (slow), and the
+invariant checker shown to catch each broken promise in a made-up history (fast).
+
+The bounded campaign's seed comes from GPUYARD_FAULT_SEED, else a random one; it is printed with the
+counts, and `python -m tests.faults.run --seed N --campaigns 1` replays it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from .campaign import Campaign, run_campaign
+from .history import AttemptRow, CancelRequest, EventRow, History, JobRow, Record, Submission
+from .invariants import check
+from .workload import plan
+
+# -- the bounded campaign ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_bounded_fault_campaign_keeps_every_promise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed = int(os.environ.get("GPUYARD_FAULT_SEED") or random.SystemRandom().randrange(1_000_000))
+    with capsys.disabled():
+        print(f"\nfault campaign seed {seed} (GPUYARD_FAULT_SEED={seed} replays it)")
+        report = run_campaign(Campaign(seed=seed, fault_s=60.0, quiesce_s=90.0), tmp_path, echo=print)
+        print(report.render())
+    assert sum(report.injected.values()) >= 5, "the campaign injected almost no faults"
+    assert sum(report.jobs.values()) >= 10, "the campaign ran almost no jobs"
+    assert not report.rejected, report.rejected
+    assert not report.violations, "\n".join(map(str, report.violations))
+
+
+def test_a_seed_plans_the_same_workload(tmp_path: Path) -> None:
+    first = plan(7, duration_s=60, rate_per_s=0.4, run=tmp_path, lease_s=10)
+    assert first == plan(7, duration_s=60, rate_per_s=0.4, run=tmp_path, lease_s=10)
+    assert first != plan(8, duration_s=60, rate_per_s=0.4, run=tmp_path, lease_s=10)
+    assert {p.kind for p in first} == {"resumer", "long", "gang", "failing", "plain"}
+
+
+# -- the checker, on made-up histories ----------------------------------------------------------------
+
+GPU_A, GPU_B = ("node-a", 0), ("node-a", 1)
+
+
+class Story:
+    """A small history built event by event, as the store would log it."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobRow] = {}
+        self.attempts: dict[str, AttemptRow] = {}
+        self.events: list[EventRow] = []
+        self.journal: list[Record] = []
+        self.exits: dict[str, dict[int, int]] = {}
+        self.t = 100.0
+
+    def event(self, type_: str, job: str, attempt: str | None = None, **data: object) -> None:
+        self.events.append(EventRow(len(self.events) + 1, type_, job, attempt, dict(data)))
+
+    def record(self, e: str, attempt: str, **data: object) -> None:
+        self.t += 1.0
+        self.journal.append(Record(e, attempt, self.attempts[attempt].job_id, 0, self.t, dict(data)))
+
+    def job(self, job: str, state: str = "SUCCEEDED", failures: int = 0, max_failures: int = 2) -> None:
+        count = sum(a.job_id == job for a in self.attempts.values())
+        self.jobs[job] = JobRow(job, state, failures, count, False, max_failures, f"key-{job}", job)
+
+    def attempt(self, job: str, number: int, state: str, gpu: tuple[str, int] = GPU_A, **row: object) -> str:
+        attempt = f"{job}-a{number}"
+        self.attempts[attempt] = AttemptRow(attempt, job, number, state, (gpu,), **row)  # type: ignore[arg-type]
+        return attempt
+
+    def history(self, **extra: object) -> History:
+        return History(
+            self.jobs,
+            self.attempts,
+            self.events,
+            self.journal,
+            self.exits,
+            **extra,  # type: ignore[arg-type]
+        )
+
+
+def clean_story() -> Story:
+    """j1 is preempted after a checkpoint at step 5, resumes from it and succeeds; j2 then uses the GPU."""
+    s = Story()
+    first = s.attempt("j1", 1, "PREEMPTED", stop_requested="preempt", exit_code=75, progress_lost_s=1.5)
+    second = s.attempt("j1", 2, "SUCCEEDED", exit_code=0)
+    other = s.attempt("j2", 1, "SUCCEEDED", exit_code=0)
+    s.event("job.submitted", "j1")
+    s.event("job.scheduled", "j1", first)
+    s.record("start", first)
+    s.record("resume", first, step=0)
+    s.record("beat", first, checkpoint=None)
+    s.record("saved", first, step=5)
+    s.record("beat", first, checkpoint=5)
+    s.event("attempt.checkpointed", "j1", first, step=5)
+    s.event("attempt.stop_requested", "j1", first, kind="preempt")
+    s.record("exit", first, code=75)
+    s.event("attempt.preempted", "j1", first)
+    s.event("job.pending", "j1", first)
+    s.event("job.scheduled", "j1", second)
+    s.record("start", second)
+    s.record("resume", second, step=5)
+    s.record("exit", second, code=0)
+    s.event("attempt.succeeded", "j1", second)
+    s.event("job.submitted", "j2")
+    s.event("job.scheduled", "j2", other)
+    s.event("attempt.succeeded", "j2", other)
+    s.exits = {first: {0: 75}, second: {0: 0}, other: {0: 0}}
+    s.job("j1")
+    s.job("j2")
+    return s
+
+
+def test_a_clean_history_breaks_no_promise() -> None:
+    history = clean_story().history(
+        submissions=[Submission("key-j1", "resumer", "j1", True, {"j1"})], lease_s=10.0
+    )
+    assert check(history) == []
+
+
+def violated(history: History) -> set[str]:
+    return {v.invariant for v in check(history)}
+
+
+def test_the_checker_catches_a_lost_submission_and_a_second_job_for_one_key() -> None:
+    story = clean_story()
+    history = story.history(
+        submissions=[
+            Submission("k", "resumer", "gone", True, {"gone"}),
+            Submission("k2", "resumer", "j1", True, {"j1", "j2"}),
+        ]
+    )
+    assert [v.detail for v in check(history)] == ["key k: not stored", "key k2 answered ['j1', 'j2']"]
+
+
+def test_the_checker_catches_a_job_left_unfinished() -> None:
+    story = clean_story()
+    story.jobs["j2"] = replace(story.jobs["j2"], state="PENDING")
+    assert violated(story.history()) == {"every job final"}
+
+
+def test_the_checker_catches_two_live_attempts_of_a_job_and_a_gpu_leased_twice() -> None:
+    story = clean_story()
+    # j1's second attempt reserved before the first one's end was logged: on the same GPU, too.
+    scheduled = next(e for e in story.events if e.type == "job.scheduled" and e.attempt_id == "j1-a2")
+    story.events.remove(scheduled)
+    story.events.insert(2, EventRow(2, scheduled.type, scheduled.job_id, scheduled.attempt_id, {}))
+    story.events = [
+        EventRow(i + 1, e.type, e.job_id, e.attempt_id, e.data) for i, e in enumerate(story.events)
+    ]
+    assert violated(story.history()) >= {"never two live attempts", "no GPU leased twice"}
+
+
+def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for() -> None:
+    story = clean_story()
+    story.attempts["j2-a1"] = AttemptRow("j2-a1", "j2", 1, "LOST", (GPU_B,))  # its worker exited 0
+    story.attempts["j1-a1"] = AttemptRow("j1-a1", "j1", 1, "PREEMPTED", (GPU_A,), exit_code=75)
+    details = [v.detail for v in check(story.history()) if v.invariant == "attempts match exits"]
+    assert details == [
+        "attempt 1 (PREEMPTED): PREEMPTED, but the platform never asked it to stop",
+        "SUCCEEDED, but its last attempt is LOST",
+        "attempt 1 (LOST): every worker exited 0 and its lease held: an outcome was lost",
+    ]
+
+
+def test_the_checker_catches_a_failure_count_that_disagrees_with_the_exits() -> None:
+    story = clean_story()
+    story.job("j2", state="SUCCEEDED", failures=1)
+    assert [v.detail for v in check(story.history())] == ["failures 1, but 0 attempts failed"]
+
+
+def test_the_checker_catches_a_retry_that_did_not_resume_from_the_newest_checkpoint() -> None:
+    story = clean_story()
+    resume = next(r for r in story.journal if r.attempt == "j1-a2" and r.e == "resume")
+    story.journal[story.journal.index(resume)] = Record("resume", "j1-a2", "j1", 0, resume.t, {"step": 0})
+    assert [v.detail for v in check(story.history())] == [
+        "attempt 2 resumed from step 0, the store's newest checkpoint was step 5"
+    ]
+
+
+def test_the_checker_catches_a_checkpoint_recorded_but_never_completed() -> None:
+    story = clean_story()
+    story.journal = [r for r in story.journal if r.e != "saved"]
+    assert "recorded checkpoints were durable" in violated(story.history())
+
+
+def test_the_checker_catches_lost_progress_charged_wrong() -> None:
+    story = clean_story()
+    story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], progress_lost_s=120.0)
+    assert violated(story.history(lease_s=10.0)) == {"lost progress matches the workers"}
+
+
+def test_the_checker_catches_a_zombie_that_writes_after_its_successor_started() -> None:
+    story = clean_story()
+    story.record("saved", "j1-a1", step=6)  # after j1-a2's start
+    assert "no zombie writes" in violated(story.history())
+
+
+def test_the_checker_catches_a_lost_cancel_and_a_leftover_worker() -> None:
+    history = clean_story().history(
+        cancels=[CancelRequest("j1", 200, "RUNNING")], leftovers={"j2-a1": [4242]}
+    )
+    assert violated(history) == {"no cancel lost", "no worker outlives its attempt"}

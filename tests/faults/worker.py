@@ -1,0 +1,239 @@
+"""The fault suite's training worker: behaves towards the control plane as the training runtime does,
+and tells the suite everything it does, so the invariant checker can compare the store with the truth.
+
+    worker.py --steps N --step-seconds S --save-every K [--fail-at STEP --exit-code C]
+
+- Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when set, else from the newest
+  complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its manifest (written
+  last, after the data is fsynced) names the data's size and sha256.
+- Heartbeats every step with its step and, after a save, the checkpoint; 409 means a successor owns
+  the job: exit 76 without writing. A beat that fails is retried on the next step; once no beat was
+  answered within the lease, it writes no checkpoint until one is (a successor may own the job).
+- SIGTERM, or a `checkpoint_and_stop` answer: save, report it, exit 75.
+- A checkpoint write that fails (a full disk: the suite lowers RLIMIT_FSIZE from outside) exits 1,
+  as the runtime does on a failed save.
+- The suite can hold a save half-written (the file `$FAULTS_DIR/hold/<attempt id>` exists): the
+  worker writes half the data, says so, and waits until the file is gone, or it is killed.
+
+Journal: one JSON datagram per record to the Unix socket $FAULTS_JOURNAL (never a file: a full
+disk must not silence it), with `time.monotonic()` (the whole machine's clock, never skewed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+PAYLOAD_BYTES = 64 * 1024
+MANIFEST = "manifest.json"
+
+env = os.environ
+ATTEMPT, JOB, RANK = env["GPUYARD_ATTEMPT_ID"], env["GPUYARD_JOB_ID"], int(env.get("RANK", "0"))
+_journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+
+def journal(event: str, **data: Any) -> None:
+    record = {"e": event, "attempt": ATTEMPT, "job": JOB, "rank": RANK, "pid": os.getpid()}
+    record |= {"t": time.monotonic(), **data}
+    with contextlib.suppress(OSError):  # the suite is gone: nobody to tell
+        _journal.sendto(json.dumps(record).encode(), env["FAULTS_JOURNAL"])
+
+
+def pause(seconds: float) -> None:
+    # select, not time.sleep: under libfaketime (the suite skews clocks) time.sleep fails with EINVAL
+    select.select([], [], [], seconds)
+
+
+def leave(code: int, **data: Any) -> None:
+    journal("exit", code=code, **data)
+    sys.exit(code)
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:06d}"
+
+
+def payload(step: int) -> bytes:
+    return (f"{JOB} step {step}\n".encode() * (PAYLOAD_BYTES // 32 + 1))[:PAYLOAD_BYTES]
+
+
+def complete(directory: Path) -> int | None:
+    """The step of a complete checkpoint directory, else None."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        data = (directory / "state.bin").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+        return None
+    return int(manifest["step"])
+
+
+def newest_complete(root: Path) -> tuple[int, Path | None]:
+    for directory in sorted(root.glob("step-*"), reverse=True):
+        if (step := complete(directory)) is not None:
+            return step, directory
+    return 0, None
+
+
+def fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save(root: Path, step: int, hold: Path) -> str:
+    directory = step_dir(root, step)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = payload(step)
+    with open(directory / "state.bin", "wb") as out:
+        out.write(data[: len(data) // 2])
+        out.flush()
+        if hold.exists():
+            journal("half_written", step=step)
+            while hold.exists():  # the suite kills us here
+                pause(0.02)
+        out.write(data[len(data) // 2 :])
+        out.flush()
+        os.fsync(out.fileno())
+    manifest = {"step": step, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    partial = directory / f"{MANIFEST}.tmp"
+    partial.write_text(json.dumps(manifest))
+    with open(partial, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(partial, directory / MANIFEST)
+    fsync_dir(directory)
+    journal("saved", step=step, url=directory.as_uri())
+    return directory.as_uri()
+
+
+# -- heartbeats -------------------------------------------------------------------------------------
+
+
+class Heartbeat:
+    def __init__(self, lease_s: float):
+        api = urlsplit(env["GPUYARD_API_URL"])
+        self.host, self.port = api.hostname or "127.0.0.1", api.port or 80
+        self.path = f"/v1/attempts/{ATTEMPT}/heartbeat"
+        self.token = int(env["GPUYARD_FENCING_TOKEN"])
+        self.lease_s = lease_s
+        self.lease_until = time.monotonic() + lease_s  # the launcher reserved it just now
+
+    def lapsed(self) -> bool:
+        return time.monotonic() > self.lease_until
+
+    def beat(self, step: int, checkpoint: dict[str, Any] | None) -> str | None:
+        """The answer's action, or None when the control plane could not be reached (three tries,
+        like the runtime's client)."""
+        for delay in (0.2, 0.4, None):
+            if (action := self._post(step, checkpoint)) is not None or delay is None:
+                return action
+            pause(delay)
+        return None
+
+    def _post(self, step: int, checkpoint: dict[str, Any] | None) -> str | None:
+        body = json.dumps({"fencing_token": self.token, "step": step, "checkpoint": checkpoint})
+        sent = time.monotonic()
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=3)
+        try:
+            connection.request("POST", self.path, body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answer = response.read()
+        except OSError as error:
+            journal("beat_failed", step=step, error=str(error)[:120])
+            return None
+        finally:
+            connection.close()
+        if response.status == 409:
+            journal("stale", step=step)
+            leave(76)
+        if response.status != 200:
+            journal("beat_failed", step=step, error=f"HTTP {response.status}")
+            return None
+        parsed = json.loads(answer)
+        self.lease_until = sent + float(parsed.get("lease_seconds") or self.lease_s)
+        journal("beat", step=step, checkpoint=checkpoint["step"] if checkpoint else None)
+        return str(parsed["action"])
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--step-seconds", type=float, required=True)
+    parser.add_argument("--save-every", type=int, required=True)
+    parser.add_argument("--fail-at", type=int)
+    parser.add_argument("--exit-code", type=int, default=3)
+    parser.add_argument("--lease-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full file size limit: EFBIG, not death
+    stop = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    root = Path(urlsplit(env["GPUYARD_CHECKPOINT_URL"]).path)
+    hold = Path(env["FAULTS_DIR"]) / "hold" / ATTEMPT
+    journal("start", steps=args.steps)
+    began = time.monotonic()
+    if resume := env.get("GPUYARD_RESUME_URL"):
+        step = complete(Path(urlsplit(resume).path))
+        if step is None:
+            journal("resume_failed", url=resume)
+            leave(1, reason="the recorded checkpoint is incomplete")
+    else:
+        step, _ = newest_complete(root)
+    journal("resume", step=step, url=resume, began=began)
+    heartbeat = Heartbeat(args.lease_seconds)
+
+    def checkpoint_now() -> dict[str, Any] | None:
+        if RANK != 0:
+            return None
+        if heartbeat.lapsed():
+            journal("save_skipped", step=step, why="lease lapsed")
+            return None
+        try:
+            return {"url": save(root, step, hold), "step": step}
+        except OSError as error:
+            journal("save_failed", step=step, error=str(error)[:120])
+            leave(1, reason="checkpoint write failed")
+        return None  # unreachable: leave() exits
+
+    while step < args.steps:
+        pause(args.step_seconds)
+        step += 1
+        journal("step", step=step)
+        if args.fail_at is not None and step >= args.fail_at:
+            leave(args.exit_code, reason="the job's own failure")
+        saved = checkpoint_now() if step % args.save_every == 0 else None
+        action = heartbeat.beat(step, saved)
+        if stop or action == "checkpoint_and_stop":
+            saved = checkpoint_now()
+            heartbeat.beat(step, saved)
+            leave(75, step=step, saved=saved is not None)
+    leave(0, step=step)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The stream of jobs a campaign submits, and the client that submits and cancels them.
+
+`plan` is pure (a seed gives the same jobs at the same moments): a mix of kinds (workers that
+checkpoint and resume, long ones that get preempted, two-rank gangs of high priority that preempt
+them, jobs that fail on their own, plain commands that never heartbeat), some cancelled a while
+after they were submitted. The client behaves as a careful one does: an answer it did not get
+(a timeout, a reset, a 5xx) is retried with the same Idempotency-Key until it gets a definite one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .history import CancelRequest, Submission
+
+TEAM = "faults"
+IMAGE = "docker.io/library/python@sha256:" + "0" * 64  # production admits images pinned by digest only
+WORKER = Path(__file__).parent / "worker.py"
+RETRY_S = (0.25, 0.5, 1.0, 2.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    key: str  # the Idempotency-Key
+    kind: str
+    at_s: float  # seconds into the campaign
+    spec: dict[str, Any]
+    cancel_after_s: float | None = None
+
+
+def _worker(
+    steps: int, step_s: float, save_every: int, lease_s: float, fail_at: int | None = None
+) -> list[str]:
+    command = [sys.executable, str(WORKER), "--steps", str(steps), "--step-seconds", str(step_s)]
+    command += ["--save-every", str(save_every), "--lease-seconds", str(lease_s)]
+    return command + (["--fail-at", str(fail_at), "--exit-code", "3"] if fail_at else [])
+
+
+def _kind(rng: random.Random, kind: str, lease_s: float) -> dict[str, Any]:
+    """The part of a spec that makes the kind: command, GPUs, priority, preemptible, retry budget."""
+    if kind == "resumer":
+        steps = rng.randint(15, 40)
+        return {
+            "command": _worker(steps, 0.15, 5, lease_s),
+            "gpus": 1,
+            "priority": rng.choice(["low", "normal"]),
+            "preemptible": rng.random() < 0.7,
+            "max_failures": 2,
+        }
+    if kind == "long":
+        return {
+            "command": _worker(rng.randint(90, 130), 0.15, 8, lease_s),
+            "gpus": 1,
+            "priority": "low",
+            "preemptible": True,
+            "max_failures": 2,
+        }
+    if kind == "gang":
+        return {
+            "command": _worker(rng.randint(15, 30), 0.15, 5, lease_s),
+            "gpus": 2,
+            "priority": "high",
+            "preemptible": False,
+            "max_failures": 2,
+        }
+    if kind == "failing":
+        return {
+            "command": _worker(30, 0.15, 3, lease_s, fail_at=rng.randint(4, 9)),
+            "gpus": 1,
+            "priority": "normal",
+            "preemptible": rng.random() < 0.5,
+            "max_failures": 1,
+        }
+    assert kind == "plain"
+    return {
+        "command": ["sleep", str(rng.randint(2, 4))],
+        "gpus": 1,
+        "priority": "normal",
+        "preemptible": False,
+        "max_failures": 1,
+        "checkpoint": False,
+    }
+
+
+KINDS = {"resumer": 5, "long": 1, "gang": 1, "failing": 1, "plain": 1}  # relative frequency
+
+
+def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s: float) -> list[Plan]:
+    rng = random.Random(f"workload-{seed}")
+    plans, at = [], 0.0
+    while (at := at + rng.expovariate(rate_per_s)) < duration_s:
+        kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        key = f"{kind}-{len(plans)}-{uuid.UUID(int=rng.getrandbits(128)).hex[:8]}"
+        made = _kind(rng, kind, lease_s)
+        spec: dict[str, Any] = {
+            "name": key,
+            "team": TEAM,
+            "image": IMAGE,
+            "command": made["command"],
+            "env": {
+                "FAULTS_JOURNAL": str(run / "journal.sock"),
+                "FAULTS_DIR": str(run),
+                "FAULTS_RUN": run.name,
+            },
+            "resources": {"gpus": made["gpus"], "gpu_types": ["cpu"], "nodes": 1},
+            "priority": made["priority"],
+            "preemptible": made["preemptible"],
+            "retry": {"max_failures": made["max_failures"], "backoff": "1s"},
+        }
+        if made.get("checkpoint", True):
+            spec["checkpoint"] = {"url": (run / "checkpoints" / key).as_uri(), "interval": "30s"}
+        cancel = rng.uniform(0.5, 8.0) if rng.random() < 0.12 else None
+        plans.append(Plan(key, kind, at, spec, cancel))
+    return plans
+
+
+class Client:
+    """Submits the plans on time and cancels those that say so; records every definite answer."""
+
+    def __init__(self, api_url: str, token: str, plans: list[Plan], *, give_up_at: float):
+        self.api_url, self.plans, self.give_up_at = api_url, plans, give_up_at
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.submissions = {p.key: Submission(p.key, p.kind) for p in plans}
+        self.cancels: list[CancelRequest] = []
+        self.rejected: list[str] = []  # definite refusals of a valid spec: a bug of the platform or ours
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="client")
+        self._lock = threading.Lock()
+
+    def run(self, started: float, stop: threading.Event) -> None:
+        """Submit each plan at its moment (in this thread's time); returns when all are handed out."""
+        for planned in self.plans:
+            if stop.wait(max(0.0, started + planned.at_s - time.monotonic())):
+                return
+            self._pool.submit(self._submit, planned)
+
+    def wait(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _call(self, method: str, path: str, headers: dict[str, str], **kwargs: Any) -> httpx.Response | None:
+        """A definite answer, retried through timeouts, resets and 5xx; None once the suite gives up."""
+        for delay in itertools.chain(RETRY_S, itertools.repeat(RETRY_S[-1])):
+            try:
+                response = httpx.request(
+                    method, self.api_url + path, headers={**self.headers, **headers}, timeout=5, **kwargs
+                )
+                if response.status_code < 500:
+                    return response
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() + delay > self.give_up_at:
+                return None
+            time.sleep(delay)
+        return None  # unreachable: the delays never end
+
+    def _submit(self, planned: Plan) -> None:
+        submission = self.submissions[planned.key]
+        response = self._call("POST", "/v1/jobs", {"Idempotency-Key": planned.key}, json=planned.spec)
+        if response is None:
+            return
+        if response.status_code not in (200, 201):
+            with self._lock:
+                self.rejected.append(f"{planned.key}: HTTP {response.status_code} {response.text[:300]}")
+            return
+        job_id = response.json()["id"]
+        with self._lock:
+            submission.ids.add(job_id)
+            submission.job_id, submission.accepted = job_id, True
+        if planned.cancel_after_s is not None:
+            time.sleep(planned.cancel_after_s)
+            self._cancel(job_id)
+
+    def _cancel(self, job_id: str) -> None:
+        request = CancelRequest(job_id)
+        with self._lock:
+            self.cancels.append(request)
+        response = self._call("POST", f"/v1/jobs/{job_id}/cancel", {})
+        if response is not None:
+            request.status = response.status_code
+            body = response.json()
+            request.state = body.get("state")
