@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
@@ -131,3 +133,24 @@ def test_last_use_is_recorded_and_tokens_are_listed_by_their_team_admins(
     assert api.get("/v1/tokens?team=a", headers=bearer(other_admin)).status_code == 403
     everyone = api.get("/v1/tokens", headers=bearer(platform)).json()
     assert {t["team"] for t in everyone} == {"a", "b", "platform"}
+
+
+def test_concurrent_misses_of_one_token_read_the_store_once() -> None:
+    """A stampede when a popular token's entry expires: 32 requests, one read (the read is held open
+    until every request waits on it)."""
+    release, loads = threading.Event(), []
+
+    def load(token: str) -> team_store.Principal | None:
+        loads.append(token)
+        release.wait(timeout=10)
+        return None
+
+    cache = TokenCache(timer=FakeTimer())
+
+    async def stampede() -> list[team_store.Principal | None]:
+        waiting = [asyncio.ensure_future(cache.resolve_async("gy_x", load)) for _ in range(32)]
+        await asyncio.sleep(0)  # every request has reached its await
+        release.set()
+        return await asyncio.gather(*waiting)
+
+    assert asyncio.run(stampede()) == [None] * 32 and loads == ["gy_x"]

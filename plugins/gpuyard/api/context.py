@@ -1,16 +1,18 @@
 """What the API's handlers share: settings, the engine, the fleet, the clock, and short-lived caches.
 
-Every cache is bounded and evicts its least recently used entries when full (never all of them).
-Tokens are cached for half a second, so a revocation or an expiry reaches every API replica within
-one second; unknown tokens have a cache of their own, so a flood of bogus tokens evicts only bogus
-tokens. Teams (quota and admission policy) are cached for five seconds.
+Every cache is bounded and evicts its least recently used entries when full (never all of them), and
+loads a missing key once however many requests wait for it (no stampede on the store when a popular
+entry expires). Tokens are cached for half a second, so a revocation or an expiry reaches every API
+replica within one second; unknown tokens have a cache of their own, so a flood of bogus tokens
+evicts only bogus tokens. Teams (quota and admission policy) are cached for five seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -32,12 +34,28 @@ TOKEN_TTL_S = 0.5
 _MISSING = object()
 
 
+class SingleFlight(Generic[K, V]):
+    """Concurrent loads of one key on the event loop share one call (used from the event loop only)."""
+
+    def __init__(self) -> None:
+        self._loading: dict[K, asyncio.Future[V]] = {}
+
+    async def run(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+        future = self._loading.get(key)
+        if future is None:
+            future = asyncio.ensure_future(load())
+            self._loading[key] = future
+            future.add_done_callback(lambda _: self._loading.pop(key, None))
+        return await asyncio.shield(future)
+
+
 class TtlCache(Generic[K, V]):
     """A small thread-safe LRU cache whose entries expire after `ttl_s` (injected `timer`)."""
 
     def __init__(self, ttl_s: float, max_entries: int = 10_000, timer: Callable[[], float] = time.monotonic):
         self._entries: TTLCache[K, V] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._lock = threading.Lock()
+        self._flights: SingleFlight[K, V] = SingleFlight()
 
     def __len__(self) -> int:
         with self._lock:
@@ -66,7 +84,7 @@ class TtlCache(Generic[K, V]):
         found, value = self.peek(key)
         if found:
             return value  # type: ignore[return-value]
-        return await run_in_threadpool(self.get, key, load)
+        return await self._flights.run(key, lambda: run_in_threadpool(self.get, key, load))
 
     def forget(self, key: K) -> None:
         with self._lock:
@@ -89,6 +107,7 @@ class TokenCache:
     ):
         self.known: TtlCache[str, Principal] = TtlCache(ttl_s, max_known, timer)
         self.unknown: TtlCache[str, None] = TtlCache(ttl_s, max_unknown, timer)
+        self._flights: SingleFlight[str, Principal | None] = SingleFlight()
 
     def peek(self, token: str) -> tuple[bool, Principal | None]:
         found, principal = self.known.peek(token)
@@ -111,7 +130,7 @@ class TokenCache:
         found, principal = self.peek(token)
         if found:
             return principal
-        return await run_in_threadpool(self.resolve, token, load)
+        return await self._flights.run(token, lambda: run_in_threadpool(self.resolve, token, load))
 
     def clear(self) -> None:
         self.known.clear()
