@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from alembic import command
-from alembic.config import Config
 from psycopg.errors import _WaitTimeout  # psycopg >= 3.2: raised by Connection.wait(timeout=...)
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -196,6 +194,10 @@ def unbounded(connection: Connection) -> Iterator[None]:
 
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest revision (idempotent)."""
+    # Imported here: alembic costs a second of start-up to every process that only reads settings.
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as connection, unbounded(connection):
