@@ -19,7 +19,7 @@ from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.inventory import LocalInventory
-from gpuyard.launchers.local import LocalLauncher, _processes_of
+from gpuyard.launchers.local import LocalLauncher, _alive, _processes_of
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
@@ -106,12 +106,8 @@ def test_worker_killed_with_sigkill_fails_the_attempt_and_the_job_retries(
     )
     wait_until(lambda: job(engine, job_id).job.state.value == "RUNNING", what="running")
     attempt_id = job(engine, job_id).attempts[0].id
-    workers = [
-        pid
-        for pid in _processes_of(attempt_id)
-        if b"gpuyard.launchers.shim" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    assert len(workers) == 1
+    wait_until(lambda: len(workers_of(attempt_id)) == 1, what="the worker under its shim")
+    workers = workers_of(attempt_id)
     os.kill(workers[0], signal.SIGKILL)
     wait_until(lambda: job(engine, job_id).attempts[0].state.value == "FAILED", what="the attempt to fail")
     first = job(engine, job_id).attempts[0]
@@ -193,6 +189,11 @@ def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> 
     assert seen[0].outcome == Outcome.SUCCEEDED
 
 
+WAIT_FOR = (
+    "import pathlib, time\nwhile not pathlib.Path({release!r}).exists(): time.sleep(0.1)\nprint('done')"
+)
+
+
 def shims(attempt_id: str) -> list[int]:
     found = []
     for pid in _processes_of(attempt_id):
@@ -238,7 +239,8 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> N
                 "name": "steady",
                 "team": "platform",
                 "image": "local",
-                "command": ["python", "-c", "import time; time.sleep(8); print('done')"],
+                # runs until the test releases it: adopted alive however long the restart takes
+                "command": ["python", "-c", WAIT_FOR.format(release=str(tmp_path / "release"))],
                 "resources": {"gpus": 2, "gpu_types": ["cpu"]},
             }
         )
@@ -254,6 +256,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> N
     server = start()
     try:
         assert len(shims(attempt_id)) == 2  # adopted after the restart, not started again
+        (tmp_path / "release").touch()
         wait_until(
             lambda: json.loads(cli("show", job_id, "--json"))["state"] == "SUCCEEDED",
             timeout_s=90,
@@ -265,3 +268,59 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> N
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def workers_of(attempt_id: str) -> list[int]:
+    """The attempt's worker commands (not their shims)."""
+    return [pid for pid in _processes_of(attempt_id) if pid not in shims(attempt_id)]
+
+
+def test_a_worker_killed_with_its_shim_is_lost_and_resumes_from_its_checkpoint(
+    engine: Engine, scheduler: SchedulerService, tmp_path: Path
+) -> None:
+    """The whole process group SIGKILLed (as an OOM kill of the container or a dying node would): no
+    exit status, so LOST, which spends no budget; the retry resumes from the newest checkpoint."""
+    job_id = submit(
+        engine,
+        "vanishing",
+        [sys.executable, str(WORKER), "30", "0.1"],
+        retry={"max_failures": 0},
+        checkpoint={"url": (tmp_path / "ckpt").as_uri(), "interval": "auto"},
+    )
+    wait_until(
+        lambda: any((a.checkpoint_step or 0) >= 5 for a in job(engine, job_id).attempts), what="a checkpoint"
+    )
+    first = job(engine, job_id).attempts[0]
+    os.killpg(shims(first.id)[0], signal.SIGKILL)
+    wait_until(lambda: job(engine, job_id).job.state.value == "SUCCEEDED", timeout_s=60, what="the retry")
+    detail = job(engine, job_id)
+    assert [a.state.value for a in detail.attempts] == ["LOST", "SUCCEEDED"]
+    assert detail.job.failures == 0 and "vanished" in (detail.attempts[0].reason or "")
+    resumed = detail.attempts[1].checkpoint_step
+    logs = "".join(scheduler.launcher.logs(detail.attempts[1].id))
+    assert f"resumed from step {detail.attempts[0].checkpoint_step}" in logs, (resumed, logs)
+
+
+def test_a_worker_outliving_its_killed_shim_is_stopped_before_the_job_is_placed_again(
+    engine: Engine, scheduler: SchedulerService
+) -> None:
+    """Only the shim SIGKILLed: its worker lives on, orphaned. The launcher must not report the
+    attempt ended (and so let the job be placed again) while that worker runs."""
+    job_id = submit(engine, "orphaned", ["python", "-c", "import time; time.sleep(600)"], gpus=2)
+    wait_until(lambda: job(engine, job_id).job.state.value == "RUNNING", what="running")
+    first = job(engine, job_id).attempts[0]
+    wait_until(lambda: len(workers_of(first.id)) == 2, what="both workers")
+    orphans = workers_of(first.id)
+    launch = scheduler.launcher.launch
+    overlaps: list[list[int]] = []
+
+    def probe(request: Any) -> None:  # at the moment the next attempt starts: is the old one gone?
+        overlaps.append([pid for pid in orphans if _alive(pid)])  # a zombie has ended
+        launch(request)
+
+    scheduler.launcher.launch = probe  # type: ignore[method-assign]
+    os.kill(shims(first.id)[0], signal.SIGKILL)
+    wait_until(lambda: len(job(engine, job_id).attempts) == 2, timeout_s=30, what="the next attempt")
+    assert job(engine, job_id).attempts[0].state.value == "LOST"
+    assert overlaps == [[]], f"workers of the lost attempt still ran when the next one started: {overlaps}"
+    assert not _processes_of(first.id)

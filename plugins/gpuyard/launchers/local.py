@@ -265,6 +265,8 @@ class LocalLauncher:
             return None
         if alive:
             return None
+        if not _kill_label(attempt_id, wait_s=2.0):
+            return None  # a worker outlived its killed shim and resists: not ended while it runs
         return replace(self._verdict(attempt_id, statuses), disrupted=tracked.asked_to_stop)
 
     def _verdict(self, attempt_id: str, statuses: list[int | None]) -> WorkerReport:
