@@ -37,7 +37,9 @@ def upgrade() -> None:
     # Weights are now finite and at most 1000; an infinite (or, on PostgreSQL, NaN) one made every
     # fair-share figure NaN.
     op.execute("UPDATE teams SET weight = 1000 WHERE weight > 1000")
-    with op.batch_alter_table("teams") as batch:
+    # In place (ALTER TABLE ADD COLUMN): on SQLite a batch copy would drop `teams`, which jobs and
+    # tokens reference.
+    with op.batch_alter_table("teams", recreate="never") as batch:
         batch.add_column(
             sa.Column("allowed_registries", sa.JSON(), server_default=sa.text("'[]'"), nullable=False)
         )
@@ -50,7 +52,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("teams") as batch:
+    with op.batch_alter_table("teams", recreate="never") as batch:  # SQLite >= 3.35 drops in place
         for name in ("allowed_priorities", "require_digest", "allowed_registries"):
             batch.drop_column(name)
     with op.batch_alter_table("tokens") as batch:
