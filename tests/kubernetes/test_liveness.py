@@ -1,0 +1,141 @@
+"""Liveness through the Kubernetes launcher, with the real scheduler and store against the API double:
+pods that run on Ready nodes keep their attempt's lease (a command that never heartbeats runs to the
+end), and a node that disappears loses its attempt, which resumes elsewhere, within one lease period
+and a pass."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import NAMESPACE, Cluster
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.kubernetes import manifests as m
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
+from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.jobs import JobDetail
+from servers import wait_until
+from sqlalchemy import Engine
+from test_launcher import running, terminated
+
+LEASE_S = 2.0
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'gpuyard.db'}")
+    migrate(engine)
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=16, max_gpus_per_job=8), utcnow())
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def service(cluster: Cluster, config: KubernetesConfig, engine: Engine) -> Iterator[SchedulerService]:
+    cluster.add_node("gpu-a", domain="rack-1")
+    cluster.add_node("gpu-b", domain="rack-2")
+    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as launcher:
+        yield SchedulerService(
+            engine,
+            launcher,
+            lambda: fleet_from_nodes(cluster.api, config),
+            api_url=lambda: "http://api",
+            lease_ttl_s=LEASE_S,
+            grace_s=0,
+        )
+
+
+def submit(engine: Engine, command: list[str]) -> str:
+    spec = {
+        "name": "plain",
+        "team": "a",
+        "image": "registry.example/train:1",
+        "command": command,
+        "resources": {"gpus": 8, "gpu_types": ["h100"]},
+    }
+    job, _ = job_store.submit(engine, parse_spec(spec), idempotency_key=None, created_by="t", at=utcnow())
+    return job.id
+
+
+def detail(engine: Engine, job_id: str) -> JobDetail:
+    found = job_store.detail(engine, job_id)
+    assert found is not None
+    return found
+
+
+def pods_of(cluster: Cluster, attempt_id: str) -> list[str]:
+    return [
+        p["metadata"]["name"]
+        for p in cluster.pods()
+        if (p["metadata"].get("annotations") or {}).get(m.ATTEMPT_ID_ANNOTATION) == attempt_id
+    ]
+
+
+def step_until(service: SchedulerService, condition: object, what: str, timeout_s: float = 15.0) -> None:
+    def stepped() -> object:
+        service.step()
+        return condition()  # type: ignore[operator]
+
+    wait_until(stepped, timeout_s=timeout_s, interval_s=0.1, what=what)
+
+
+def run_pods(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> str:
+    step_until(service, lambda: detail(engine, job_id).attempts, "an attempt")
+    attempt_id = detail(engine, job_id).attempts[-1].id
+    step_until(service, lambda: pods_of(cluster, attempt_id), "its pod")
+    for name in pods_of(cluster, attempt_id):
+        cluster.set_pod_status(name, running())
+    step_until(service, lambda: detail(engine, job_id).job.state.value == "RUNNING", "running")
+    return attempt_id
+
+
+def test_a_plain_command_runs_three_lease_periods_in_one_attempt(
+    cluster: Cluster, service: SchedulerService, engine: Engine
+) -> None:
+    job_id = submit(engine, ["sh", "-c", "sleep 6"])  # never heartbeats
+    attempt_id = run_pods(cluster, service, engine, job_id)
+    ends = time.monotonic() + 3 * LEASE_S
+    while time.monotonic() < ends:  # real time must pass for a lease to: a pass every 0.1 s meanwhile
+        service.step()
+        assert [a.state.value for a in detail(engine, job_id).attempts] == ["RUNNING"]
+        time.sleep(0.1)
+    for name in pods_of(cluster, attempt_id):
+        cluster.set_pod_status(name, terminated(0))
+    step_until(service, lambda: detail(engine, job_id).job.state.value == "SUCCEEDED", "success")
+    assert [a.state.value for a in detail(engine, job_id).attempts] == ["SUCCEEDED"]
+
+
+def test_a_node_that_disappears_loses_its_attempt_which_resumes_on_another(
+    cluster: Cluster, service: SchedulerService, engine: Engine
+) -> None:
+    job_id = submit(engine, ["sh", "-c", "sleep 600"])
+    attempt_id = run_pods(cluster, service, engine, job_id)
+    (pod,) = [p for p in cluster.pods() if p["metadata"]["name"] in pods_of(cluster, attempt_id)]
+    node = pod["metadata"]["annotations"][m.NODE_ANNOTATION]
+    gone = time.monotonic()
+    cluster.api.delete_node(node)
+    step_until(service, lambda: len(detail(engine, job_id).attempts) == 2, "the next attempt", LEASE_S + 5)
+    first = detail(engine, job_id).attempts[0]
+    assert (
+        first.state.value == "LOST"
+        and node in (first.reason or "")
+        and detail(engine, job_id).job.failures == 0
+    )
+    assert time.monotonic() - gone < LEASE_S + 1.0  # one lease period and a pass, at most
+    second = detail(engine, job_id).attempts[1]
+    step_until(service, lambda: pods_of(cluster, second.id), "its pod")
+    (moved,) = [p for p in cluster.pods() if p["metadata"]["name"] in pods_of(cluster, second.id)]
+    assert (
+        moved["metadata"]["annotations"][m.NODE_ANNOTATION] != node
+        and moved["metadata"]["namespace"] == NAMESPACE
+    )
