@@ -22,10 +22,10 @@ from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
 from gpuyard.clock import utcnow
-from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.domain.fleet import Fleet
+from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import LocalInventory, discover
-from gpuyard.launchers.local import LocalLauncher, attempt_logs
 from gpuyard.relay import Relay
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.service import SchedulerService
@@ -105,47 +105,39 @@ def local_inventory(settings: Settings) -> LocalInventory:
 
 
 def build_fleet(settings: Settings) -> Fleet:
-    """The fleet file when one is set, the Nodes API with the Kubernetes launcher, else this machine."""
-    if settings.fleet_file:
-        return load_fleet(settings.fleet_file)
-    if settings.launcher == "kubernetes":
-        from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
-        from gpuyard.launchers.kubernetes.launcher import load_api
-
-        try:
-            return fleet_from_nodes(load_api(settings.kubernetes), settings.kubernetes)
-        except Exception as error:  # the client raises several kinds; all mean the same here
-            raise SettingsError(
-                "launcher: kubernetes needs a reachable Kubernetes API (an in-cluster service account or "
-                f"~/.kube/config), or a fleet_file: {error}"
-            ) from error
-    return local_inventory(settings).fleet()
+    """The fleet now: the fleet file when one is set, else what the launcher's source shows."""
+    return fleet_source(settings)()
 
 
-def attempts_dir(settings: Settings) -> Path:
-    return settings.home / "attempts"
+def fleet_source(settings: Settings) -> Callable[[], Fleet]:
+    """What the scheduler reads before each pass (Kubernetes: the Nodes API, so cordoned, NotReady
+    and removed nodes leave the fleet)."""
+    try:
+        return registry.fleet_source(settings)
+    except registry.LauncherUnavailable as error:
+        raise SettingsError(f"{error}; or set a fleet_file") from error
 
 
 def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | None:
-    if settings.launcher == "kubernetes":
-        from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
-
-        pods = KubernetesLauncher(settings.kubernetes)
-        return lambda attempt_id, follow: pods.logs(attempt_id, follow=follow)
-    root = attempts_dir(settings)
-    return lambda attempt_id, follow: attempt_logs(root / attempt_id, follow=follow)
+    try:
+        return registry.kind(settings).logs(settings)
+    except registry.LauncherUnavailable as error:
+        raise SettingsError(str(error)) from error
 
 
 def build_launcher(settings: Settings) -> Launcher:
-    if settings.launcher == "local":
-        return LocalLauncher(attempts_dir(settings), local_inventory(settings), workdir=settings.worker_dir)
-    raise SettingsError(
-        "launcher: the Kubernetes launcher is not available in this build; use launcher=local"
-    )
+    try:
+        return registry.kind(settings).build(settings)
+    except registry.LauncherUnavailable as error:
+        raise SettingsError(str(error)) from error
 
 
 def build_scheduler(
-    settings: Settings, engine: Engine, launcher: Launcher, fleet: Fleet, api_url: Callable[[], str]
+    settings: Settings,
+    engine: Engine,
+    launcher: Launcher,
+    fleet: Fleet | Callable[[], Fleet],
+    api_url: Callable[[], str],
 ) -> SchedulerService:
     if settings.scheduler_policy not in POLICIES:
         raise SettingsError(

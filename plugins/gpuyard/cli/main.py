@@ -183,7 +183,7 @@ def scheduler(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import build_fleet, build_launcher, build_scheduler, open_store
+    from gpuyard.services import build_launcher, build_scheduler, fleet_source, open_store
 
     settings = _settings(home)
     if settings.bus != "redis":
@@ -195,7 +195,7 @@ def scheduler(home: Home = None) -> None:
     engine = open_store(settings)
     try:
         service = build_scheduler(
-            settings, engine, build_launcher(settings), build_fleet(settings), lambda: str(settings.api_url)
+            settings, engine, build_launcher(settings), fleet_source(settings), lambda: str(settings.api_url)
         )
     except SettingsError as error:
         _fail(str(error))

@@ -24,7 +24,11 @@ class KubernetesConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     namespace: Name = Field("gpuyard", description="Namespace of worker pods, services and secrets.")
-    in_cluster: bool = Field(True, description="Load the pod's service account; else ~/.kube/config.")
+    in_cluster: bool = Field(True, description="Load the pod's service account; else a kubeconfig file.")
+    kubeconfig: StrictStr | None = Field(
+        None,
+        description="The kubeconfig file when not in the cluster; default $KUBECONFIG, else ~/.kube/config.",
+    )
     worker_service_account: Name = Field(
         "gpuyard-worker", description="Service account of worker pods: it must hold no rights."
     )

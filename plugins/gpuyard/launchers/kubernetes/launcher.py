@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -42,8 +43,8 @@ def load_api(config: KubernetesConfig) -> k8s.CoreV1Api:
     """The API client for this process: its pod's service account in a cluster, else ~/.kube/config."""
     if config.in_cluster:
         kubeconfig.load_incluster_config()
-    else:
-        kubeconfig.load_kube_config()
+    else:  # read $KUBECONFIG now: the client reads it once, when first imported
+        kubeconfig.load_kube_config(config_file=config.kubeconfig or os.environ.get("KUBECONFIG"))
     return k8s.CoreV1Api()
 
 

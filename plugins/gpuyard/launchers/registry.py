@@ -1,0 +1,107 @@
+"""The launchers by name: each entry builds the launcher, its fleet source and its log reader.
+
+`settings.launcher` picks one. A new launcher is one entry here (and its module), as SkyPilot's
+recovery strategies and kube-scheduler's plugins are entries in a registry: nothing else changes.
+The fleet source is called again before each scheduling pass, so a fleet that changes (nodes
+cordoned, NotReady or removed on Kubernetes) changes what the scheduler places on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.launchers.base import Launcher
+from gpuyard.launchers.inventory import discover
+from gpuyard.launchers.local import LocalLauncher, attempt_logs
+
+if TYPE_CHECKING:
+    from gpuyard.settings import Settings
+
+FleetSource = Callable[[], Fleet]
+LogReader = Callable[[str, bool], Iterator[str]]
+
+
+class LauncherUnavailable(RuntimeError):
+    """The launcher cannot be built here (its cluster is unreachable, its settings are wrong)."""
+
+
+@dataclass(frozen=True)
+class LauncherKind:
+    build: Callable[[Settings], Launcher]
+    fleet: Callable[[Settings], FleetSource]
+    logs: Callable[[Settings], LogReader]
+
+
+def attempts_dir(settings: Settings) -> Path:
+    return settings.home / "attempts"
+
+
+def _local_fleet(settings: Settings) -> FleetSource:
+    fleet = discover(settings.local_slots).fleet()
+    return lambda: fleet
+
+
+def _local_logs(settings: Settings) -> LogReader:
+    root = attempts_dir(settings)
+    return lambda attempt_id, follow: attempt_logs(root / attempt_id, follow=follow)
+
+
+def _local(settings: Settings) -> Launcher:
+    return LocalLauncher(attempts_dir(settings), discover(settings.local_slots), workdir=settings.worker_dir)
+
+
+def _kubernetes(settings: Settings) -> Launcher:
+    from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+
+    return KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings))
+
+
+def _kubernetes_api(settings: Settings):  # type: ignore[no-untyped-def]
+    from gpuyard.launchers.kubernetes.launcher import load_api
+
+    try:
+        return load_api(settings.kubernetes)
+    except Exception as error:  # the client raises several kinds; all mean the same here
+        raise LauncherUnavailable(
+            "launcher: kubernetes needs a reachable Kubernetes API (an in-cluster service account or "
+            f"~/.kube/config): {error}"
+        ) from error
+
+
+def _kubernetes_fleet(settings: Settings) -> FleetSource:
+    from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
+
+    api = _kubernetes_api(settings)
+    return lambda: fleet_from_nodes(api, settings.kubernetes)
+
+
+def _kubernetes_logs(settings: Settings) -> LogReader:
+    from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+
+    pods = KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings))
+    return lambda attempt_id, follow: pods.logs(attempt_id, follow=follow)
+
+
+LAUNCHERS: dict[str, LauncherKind] = {
+    "local": LauncherKind(build=_local, fleet=_local_fleet, logs=_local_logs),
+    "kubernetes": LauncherKind(build=_kubernetes, fleet=_kubernetes_fleet, logs=_kubernetes_logs),
+}
+
+
+def kind(settings: Settings) -> LauncherKind:
+    found = LAUNCHERS.get(settings.launcher)
+    if found is None:
+        raise LauncherUnavailable(f"launcher: expected one of {sorted(LAUNCHERS)}, got {settings.launcher!r}")
+    return found
+
+
+def fleet_source(settings: Settings) -> FleetSource:
+    """The fleet file when one is set (read once), else the launcher's own source."""
+    if settings.fleet_file:
+        fleet = load_fleet(settings.fleet_file)
+        return lambda: fleet
+    return kind(settings).fleet(settings)

@@ -1,0 +1,68 @@
+"""The launcher registry: `launcher: kubernetes` builds the Kubernetes launcher (the review saw
+`gpuyard scheduler` refuse it and exit), and its fleet source reads the Nodes API again on each call,
+so cordoned, NotReady and removed nodes leave the fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import NAMESPACE, Cluster
+from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+from gpuyard.launchers.registry import LAUNCHERS
+from gpuyard.services import build_launcher, fleet_source
+from gpuyard.settings import SettingsError, load_settings
+
+
+@pytest.fixture
+def kubeconfig(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kubeconfig file pointing at the API double, as an operator's ~/.kube/config would."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "double", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "gpuyard", "user": {"token": "t"}}],
+                "contexts": [{"name": "double", "context": {"cluster": "double", "user": "gpuyard"}}],
+                "current-context": "double",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(path))
+
+
+def test_every_launcher_is_one_entry_with_its_fleet_and_logs() -> None:
+    assert set(LAUNCHERS) == {"local", "kubernetes"}
+    assert all(entry.build and entry.fleet and entry.logs for entry in LAUNCHERS.values())
+
+
+def test_the_kubernetes_launcher_is_built_and_its_fleet_follows_the_nodes_api(
+    cluster: Cluster, kubeconfig: None, tmp_path: Path
+) -> None:
+    settings = load_settings(
+        home=tmp_path / "home",
+        launcher="kubernetes",
+        kubernetes={"namespace": NAMESPACE, "in_cluster": False},
+    )
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        cluster.add_node(name)
+    launcher = build_launcher(settings)
+    assert isinstance(launcher, KubernetesLauncher)
+    launcher.close()
+    fleet = fleet_source(settings)
+    assert [n.name for n in fleet().nodes] == ["gpu-a", "gpu-b", "gpu-c"]
+    cluster.api.patch_node("gpu-a", {"spec": {"unschedulable": True}})  # cordoned
+    cluster.api.patch_node_status("gpu-b", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    cluster.api.delete_node("gpu-c")
+    cluster.add_node("gpu-d")
+    assert [n.name for n in fleet().nodes] == ["gpu-d"]
+
+
+def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    settings = load_settings(home=tmp_path / "home", launcher="kubernetes", kubernetes={"in_cluster": False})
+    with pytest.raises(SettingsError, match="launcher: kubernetes needs a reachable Kubernetes API"):
+        build_launcher(settings)
