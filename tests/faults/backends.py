@@ -111,3 +111,35 @@ class Redis(RedisServer):
             client.flushall()
         finally:
             client.close()
+
+
+class SmallDisk:
+    """A tmpfs of the suite's own mounted at `path`, which `fill` makes full (every write fails with
+    ENOSPC, as on a real full disk) until `free`. Needs root (mount); `mount` says if it could."""
+
+    def __init__(self, path: Path, size_mb: int):
+        self.path, self.size_mb = path, size_mb
+        self.mounted = False
+        self._ballast = path / ".ballast"
+
+    def mount(self) -> bool:
+        self.path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs", str(self.path)],
+            capture_output=True,
+        )
+        self.mounted = done.returncode == 0
+        return self.mounted
+
+    def fill(self) -> None:
+        free = shutil.disk_usage(self.path).free
+        with open(self._ballast, "wb") as ballast:
+            os.posix_fallocate(ballast.fileno(), 0, free)
+
+    def free(self) -> None:
+        self._ballast.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "--lazy", str(self.path)], capture_output=True)
+            self.mounted = False

@@ -20,13 +20,13 @@ from pathlib import Path
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine
+from gpuyard.store.db import migrate
 from gpuyard.store.tables import jobs
 from servers import free_port
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, create_engine, func, select
 
 from . import workload
-from .backends import Postgres, Redis
+from .backends import Postgres, Redis, SmallDisk
 from .cluster import Cluster, labelled
 from .faults import Injector, Target
 from .history import FINAL_JOB_STATES, History, JournalCollector, read_exits, read_store
@@ -79,7 +79,7 @@ class Report:
             *(f"    {v}" for v in self.violations),
             *(f"  refused submission: {r}" for r in self.rejected),
             f"  replay: python -m tests.faults.run --seed {c.seed} --campaigns 1 "
-            f"--fault-seconds {c.fault_s:g}",
+            f"--fault-seconds {c.fault_s:g} --rate {c.rate_per_s:g}",
         ]
         return "\n".join(lines)
 
@@ -119,7 +119,16 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
         FaultProxy("127.0.0.1", redis_server.port, name="Redis link").start(),
     ]
     journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
-    engine = make_engine(postgres.url(), pool_size=4)
+    # The node's disk (the launcher's attempt directories) and the checkpoint store, each small
+    # enough to fill at will.
+    disks = [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
+    if not all(disk.mount() for disk in disks):
+        echo("  (no tmpfs could be mounted: not root? the full-disk fault is left out)")
+    # The suite's own view of the store, straight to PostgreSQL; it pings before each use, since
+    # the suite restarts the server under it.
+    engine = create_engine(
+        postgres.url().replace("postgresql://", "postgresql+psycopg://"), pool_pre_ping=True
+    )
     cluster = Cluster(
         run,
         database_url=postgres.url(links[0].port),
@@ -129,7 +138,9 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
     )
     stop = threading.Event()
     try:
-        cluster.start()
+        migrate(engine)
+        cluster.start(engine)
+        echo(f"  control plane up after {time.monotonic() - started:.0f}s")
         token = _make_token(engine)
         plans = workload.plan(
             campaign.seed,
@@ -141,7 +152,9 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
         began = time.monotonic()
         faults_end = began + campaign.fault_s
         client = workload.Client(cluster.api_url, token, plans, give_up_at=faults_end + campaign.quiesce_s)
-        target = Target(cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM)
+        target = Target(
+            cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM, disks
+        )
         injector = Injector(target, campaign.seed, until=faults_end, echo=echo)
         threads = [
             threading.Thread(target=client.run, args=(began, stop), name="workload", daemon=True),
@@ -203,6 +216,8 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         journal.close()
+        for disk in disks:
+            disk.unmount()
         for link in links:
             link.stop()
         engine.dispose()

@@ -109,20 +109,21 @@ class Cluster:
             )
         component.starts += 1
 
-    def start(self, timeout_s: float = 90.0) -> None:
-        """The API first (it migrates the schema), then the rest once it is ready."""
-        self._start(self.components["api"])
+    def start(self, engine: Engine, timeout_s: float = 120.0) -> None:
+        """Every component at once (the schema is migrated already); returns once the API answers
+        and a scheduler leads."""
+        for component in self.components.values():
+            self._start(component)
         deadline = time.monotonic() + timeout_s
-        while not self.api_ready():
+        while not (self.api_ready() and self.leader(engine)):
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"gpuyard api is not ready after {timeout_s:g}s: see {self.logs / 'api.log'}"
-                )
-            if self.components["api"].process.poll() is not None:  # type: ignore[union-attr]
-                raise RuntimeError(f"gpuyard api exited at start: see {self.logs / 'api.log'}")
+                raise RuntimeError(f"the control plane is not up after {timeout_s:g}s: see {self.logs}")
+            for component in self.components.values():
+                if component.process is not None and component.process.poll() is not None:
+                    raise RuntimeError(
+                        f"{component.name} exited at start: see {self.logs / component.name}.log"
+                    )
             time.sleep(0.2)
-        for name in ("relay", "scheduler-1", "scheduler-2"):
-            self._start(self.components[name])
 
     def api_ready(self) -> bool:
         try:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import random
-import resource
 import signal
 import threading
 import time
@@ -26,7 +25,7 @@ import redis
 from gpuyard.store.tables import attempts
 from sqlalchemy import Engine, select
 
-from .backends import Postgres, Redis
+from .backends import Postgres, Redis, SmallDisk
 from .cluster import Cluster
 from .history import JournalCollector
 from .proxy import FaultProxy
@@ -47,6 +46,7 @@ class Target:
     journal: JournalCollector
     run: Path
     stream: str
+    disks: list[SmallDisk] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> when the suite killed its workers
 
 
@@ -129,35 +129,19 @@ def kill_mid_checkpoint(target: Target, rng: random.Random) -> str | None:
 
 
 def full_disk(target: Target, rng: random.Random) -> str | None:
-    """A running attempt's processes (shim and worker) can write no byte more, for a while."""
-    running = _running_attempts(target)
-    if not running:
+    """The node's disk (the launcher's attempt directories: exit files, logs) or the checkpoint store
+    is full for a while: every write there fails with ENOSPC."""
+    disks = [disk for disk in target.disks if disk.mounted]
+    if not disks:
         return None
-    attempt_id = rng.choice(running)
-    pids = [pid for group in _worker_groups(target, attempt_id) for pid in _group(group)]
-    limited = []
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
-            limited.append(pid)
-    if not limited:
-        return None
+    disk = rng.choice(disks)
     duration = rng.uniform(2.0, 6.0)
-    time.sleep(duration)
-    for pid in limited:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-    return f"disk of {attempt_id} full for {duration:.1f}s"
-
-
-def _group(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                if int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[2]) == pgid:
-                    found.append(int(entry.name))
-    return found
+    disk.fill()
+    try:
+        time.sleep(duration)
+    finally:
+        disk.free()
+    return f"{disk.path.name} disk full for {duration:.1f}s"
 
 
 # -- servers ---------------------------------------------------------------------------------------

@@ -258,28 +258,32 @@ def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
 
 
 def lost_progress_matches_workers(history: History) -> list[Violation]:
-    """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest recorded
-    checkpoint, or its start, to its end) agrees with the worker's own account: no less than the
-    time from the answer that recorded that checkpoint to the worker's end, no more than the time from
+    """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest
+    recorded checkpoint, or its start, to its end) agrees with the worker's own account: no less
+    than the time from the answer that recorded that checkpoint to the worker's end (the store
+    recorded it before answering; a worker killed first got no answer), no more than the time from
     its save to the end plus how late the platform may notice an end."""
     journal = _records(history)
+    recorded: dict[str, int] = {}
+    for event in history.events:
+        if event.type == "attempt.checkpointed" and event.attempt_id is not None:
+            recorded[event.attempt_id] = int(event.data["step"])
     found = []
     for attempt in history.attempts.values():
         records = journal.get(attempt.id, [])
         if attempt.state not in ("PREEMPTED", "LOST") or attempt.progress_lost_s is None or not records:
             continue
         end = history.kills.get(attempt.id, records[-1].t)
-        recorded_beats = [r for r in records if r.e == "beat" and r.data.get("checkpoint") is not None]
-        if recorded_beats:
-            answered = recorded_beats[-1].t
-            step = recorded_beats[-1].data["checkpoint"]
-            save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), answered)
+        step = recorded.get(attempt.id)
+        if step is not None:
+            save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), None)
+            answer = next((r.t for r in records if r.e == "beat" and r.data.get("checkpoint") == step), end)
         else:
-            first_beat = next((r.t for r in records if r.e == "beat"), None)
-            if first_beat is None:
-                continue  # never ran as far as the store knows: it is charged from a start it guessed
-            answered, save = first_beat, records[0].t
-        low = max(0.0, end - answered) - MEASURE_SLACK_S
+            save = records[0].t  # charged from its start
+            answer = next((r.t for r in records if r.e == "beat"), end)
+        if save is None:
+            continue  # a checkpoint it never completed: recorded_checkpoints_were_durable says so
+        low = max(0.0, end - answer) - MEASURE_SLACK_S
         high = end - save + history.lease_s * 1.5 + DETECTION_SLACK_S
         if not low <= attempt.progress_lost_s <= high:
             found.append(
@@ -288,6 +292,29 @@ def lost_progress_matches_workers(history: History) -> list[Violation]:
                     attempt.job_id,
                     f"attempt {attempt.number} ({attempt.state}) charged {attempt.progress_lost_s:.1f}s "
                     f"lost; its worker says between {low:.1f}s and {high:.1f}s",
+                )
+            )
+    return found
+
+
+def never_two_attempts_running_at_once(history: History) -> list[Violation]:
+    """No two attempts of a job had workers alive at the same moment: an attempt's workers lived at
+    least from their first journal record to their last (or to the suite's kill), and the platform
+    starts a successor only once nothing of the attempt before can run."""
+    lives: dict[str, tuple[float, float]] = {}
+    for record in history.journal:
+        first, last = lives.get(record.attempt, (record.t, record.t))
+        lives[record.attempt] = (min(first, record.t), max(last, record.t))
+    found = []
+    for job_id, attempts in _attempts_of(history).items():
+        spans = [(a.id, lives[a.id]) for a in attempts if a.id in lives]
+        for first, second in _overlaps(spans):
+            overlap = lives[first][1] - lives[second][0]
+            found.append(
+                Violation(
+                    "never two attempts running at once",
+                    job_id,
+                    f"the workers of {first} still ran {overlap:.1f}s after those of {second} started",
                 )
             )
     return found
@@ -352,6 +379,7 @@ CHECKS: dict[str, Callable[[History], list[Violation]]] = {
     "retries resume from the newest checkpoint": retries_resume_from_the_newest_checkpoint,
     "recorded checkpoints were durable": recorded_checkpoints_were_durable,
     "lost progress matches the workers": lost_progress_matches_workers,
+    "never two attempts running at once": never_two_attempts_running_at_once,
     "no zombie writes": no_zombie_writes,
     "no cancel lost": no_cancel_lost,
     "no worker outlives its attempt": no_worker_outlives_its_attempt,

@@ -29,12 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="keep starting campaigns until this much time passed")
     parser.add_argument("--campaigns", type=int, help="run exactly this many campaigns")
     parser.add_argument("--fault-seconds", type=float, default=75.0, help="faults per campaign [75]")
+    parser.add_argument("--rate", type=float, default=0.4, help="jobs submitted per second [0.4]")
     parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
     args = parser.parse_args(argv)
     if (args.minutes is None) == (args.campaigns is None):
         parser.error("give one of --minutes or --campaigns")
-    if args.fault_seconds <= 0 or (args.minutes is not None and args.minutes <= 0):
-        parser.error("--fault-seconds and --minutes must be positive")
+    if min(args.fault_seconds, args.rate, args.minutes or 1, args.campaigns or 1) <= 0:
+        parser.error("--fault-seconds, --rate, --minutes and --campaigns must be positive")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpuyard-faults-"))
     started, done, failing = time.monotonic(), 0, []
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             break
         if args.minutes is not None and time.monotonic() - started >= args.minutes * 60:
             break
-        report = run_campaign(Campaign(seed=seed, fault_s=args.fault_seconds), work, echo=print)
+        report = run_campaign(
+            Campaign(seed=seed, fault_s=args.fault_seconds, rate_per_s=args.rate), work, echo=print
+        )
         print(report.render(), flush=True)
         totals.update(faults=sum(report.injected.values()), jobs=sum(report.jobs.values()))
         totals.update(attempts=sum(report.attempts.values()), violations=len(report.violations))

@@ -29,7 +29,9 @@ def test_a_bounded_fault_campaign_keeps_every_promise(
     seed = int(os.environ.get("GPUYARD_FAULT_SEED") or random.SystemRandom().randrange(1_000_000))
     with capsys.disabled():
         print(f"\nfault campaign seed {seed} (GPUYARD_FAULT_SEED={seed} replays it)")
-        report = run_campaign(Campaign(seed=seed, fault_s=60.0, quiesce_s=90.0), tmp_path, echo=print)
+        report = run_campaign(
+            Campaign(seed=seed, fault_s=45.0, rate_per_s=0.35, quiesce_s=90.0), tmp_path, echo=print
+        )
         print(report.render())
     assert sum(report.injected.values()) >= 5, "the campaign injected almost no faults"
     assert sum(report.jobs.values()) >= 10, "the campaign ran almost no jobs"
@@ -198,10 +200,10 @@ def test_the_checker_catches_lost_progress_charged_wrong() -> None:
     assert violated(story.history(lease_s=10.0)) == {"lost progress matches the workers"}
 
 
-def test_the_checker_catches_a_zombie_that_writes_after_its_successor_started() -> None:
+def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_started() -> None:
     story = clean_story()
     story.record("saved", "j1-a1", step=6)  # after j1-a2's start
-    assert "no zombie writes" in violated(story.history())
+    assert violated(story.history()) >= {"no zombie writes", "never two attempts running at once"}
 
 
 def test_the_checker_catches_a_lost_cancel_and_a_leftover_worker() -> None:

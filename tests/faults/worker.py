@@ -10,8 +10,8 @@ and tells the suite everything it does, so the invariant checker can compare the
   the job: exit 76 without writing. A beat that fails is retried on the next step; once no beat was
   answered within the lease, it writes no checkpoint until one is (a successor may own the job).
 - SIGTERM, or a `checkpoint_and_stop` answer: save, report it, exit 75.
-- A checkpoint write that fails (a full disk: the suite lowers RLIMIT_FSIZE from outside) exits 1,
-  as the runtime does on a failed save.
+- A checkpoint write that fails (the suite fills the checkpoint store's disk) exits 1, as the
+  runtime does on a failed save.
 - The suite can hold a save half-written (the file `$FAULTS_DIR/hold/<attempt id>` exists): the
   worker writes half the data, says so, and waits until the file is gone, or it is killed.
 
@@ -185,7 +185,6 @@ def main() -> None:
     parser.add_argument("--exit-code", type=int, default=3)
     parser.add_argument("--lease-seconds", type=float, default=10.0)
     args = parser.parse_args()
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full file size limit: EFBIG, not death
     stop = False
 
     def on_term(_signum: int, _frame: object) -> None:

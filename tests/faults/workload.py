@@ -60,7 +60,7 @@ def _kind(rng: random.Random, kind: str, lease_s: float) -> dict[str, Any]:
         }
     if kind == "long":
         return {
-            "command": _worker(rng.randint(90, 130), 0.15, 8, lease_s),
+            "command": _worker(rng.randint(60, 90), 0.15, 8, lease_s),
             "gpus": 1,
             "priority": "low",
             "preemptible": True,
