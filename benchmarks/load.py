@@ -5,8 +5,9 @@ service with a launcher whose workers end at once (FastLauncher below, the only 
 is started per job), on a fleet of --nodes x 8 GPUs. Phases:
 
 1. warm-up: --warmup jobs, placed and ended (caches, pools and imports settle; not counted);
-2. burst: --burst jobs as fast as --connections concurrent clients submit them; then the backlog drains;
-3. sustained: --rate jobs per second for --seconds; then every job is placed.
+2. burst: --burst jobs as fast as --connections concurrent clients submit them; then every job of
+   the backlog is placed and ends;
+3. sustained: --rate jobs per second for --seconds; then every job ends.
 
 Reports submit latency p50/p99 and errors per phase, submit-to-placed delay p50/p99 (job created ->
 its first attempt reserved, both from the store) of the sustained phase, the burst's drain time, and
@@ -206,19 +207,24 @@ def load(
     asyncio.run(main())
 
 
-def unplaced(url: str) -> int:
+def left(url: str, condition: str) -> int:
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM jobs WHERE attempt_count = 0").fetchone()
+        row = conn.execute(f"SELECT count(*) FROM jobs WHERE {condition}").fetchone()
     return int(row[0]) if row else 0
 
 
-def wait_placed(url: str, what: str, timeout_s: float) -> float:
+def wait_for(url: str, what: str, condition: str, timeout_s: float) -> float:
+    """Seconds until no job matches `condition` (SQL over `jobs`)."""
     started = time.monotonic()
-    while (left := unplaced(url)) > 0:
+    while (count := left(url, condition)) > 0:
         if time.monotonic() - started > timeout_s:
-            raise SystemExit(f"{what}: {left} jobs still not placed after {timeout_s:.0f}s")
+            raise SystemExit(f"{what}: {count} jobs still {condition} after {timeout_s:.0f}s")
         time.sleep(0.2)
     return time.monotonic() - started
+
+
+UNPLACED = "attempt_count = 0"
+UNFINISHED = "state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
 
 
 def placement_delays(url: str, job_ids: list[str]) -> list[float]:
@@ -347,8 +353,7 @@ def main() -> int:
         warmup = Phase("warm-up")
         log(f"[1/3] warm-up: {args.warmup} jobs")
         load(base, token, lambda c: burst(c, warmup, args.warmup, args.connections), args.connections)
-        wait_placed(url, "warm-up", 300)
-        time.sleep(2)  # the last attempts end
+        wait_for(url, "warm-up", UNFINISHED, 300)
         before = {name: rss_mb(pid) for name, pid in pids.items()}
 
         spike = Phase("burst")
@@ -356,17 +361,17 @@ def main() -> int:
         started = time.monotonic()
         load(base, token, lambda c: burst(c, spike, args.burst, args.connections), args.connections)
         submit_s = time.monotonic() - started
-        drain_s = wait_placed(url, "burst", 1800)
+        placed_s = wait_for(url, "burst", UNPLACED, 1800)
+        ended_s = placed_s + wait_for(url, "burst", UNFINISHED, 600)  # the sustained phase starts quiet
         log(
-            f"      {spike.summary()}; {len(spike.job_ids) / submit_s:.0f} submits/s; backlog drained "
-            f"{drain_s:.1f}s after the last submit"
+            f"      {spike.summary()}; {len(spike.job_ids) / submit_s:.0f} submits/s; the backlog was placed "
+            f"{placed_s:.0f}s and ended {ended_s:.0f}s after the last submit"
         )
 
         steady = Phase("sustained")
         log(f"[3/3] sustained: {args.rate:g} jobs/s for {args.seconds:g}s")
         load(base, token, lambda c: sustained(c, steady, args.rate, args.seconds), args.connections)
-        wait_placed(url, "sustained", 300)
-        time.sleep(2)
+        wait_for(url, "sustained", UNFINISHED, 300)
         after = {name: rss_mb(pid) for name, pid in pids.items()}
         delays = placement_delays(url, steady.job_ids)
         log(f"      {steady.summary()}")
