@@ -54,7 +54,6 @@ class Report:
     attempts: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
-    fault_log: list[str] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
     quiesced_s: float | None = None
     wall_s: float = 0.0
@@ -99,49 +98,16 @@ def _open_jobs(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).where(~jobs.c.state.in_(FINAL_JOB_STATES))).scalar_one())
 
 
-def _quiet(engine: Engine, run: Path) -> bool:
-    """Every job final (so no attempt live), and no worker process of this run alive."""
-    return _open_jobs(engine) == 0 and not labelled("FAULTS_RUN", run.name)
-
-
 def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = print) -> Report:
     started = time.monotonic()
     run = work / f"seed-{campaign.seed}"
     run.mkdir(parents=True)
-    os.chmod(run, 0o755)
+    os.chmod(run, 0o755)  # the postgres user's socket and the workers reach into it
     report = Report(campaign, run)
     echo(f"fault campaign seed {campaign.seed}: starting PostgreSQL, Redis and the control plane in {run}")
-    postgres = Postgres().start()
-    (run / "redis").mkdir()
-    redis_server = Redis(run / "redis").start()
-    links = [
-        FaultProxy("127.0.0.1", postgres.port, name="PostgreSQL link").start(),
-        FaultProxy("127.0.0.1", redis_server.port, name="Redis link").start(),
-    ]
-    journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
-    # The node's disk (the launcher's attempt directories) and the checkpoint store, each small
-    # enough to fill at will.
-    disks = [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
-    if not all(disk.mount() for disk in disks):
-        echo("  (no tmpfs could be mounted: not root? the full-disk fault is left out)")
-    # The suite's own view of the store, straight to PostgreSQL; it pings before each use, since
-    # the suite restarts the server under it.
-    engine = create_engine(
-        postgres.url().replace("postgresql://", "postgresql+psycopg://"), pool_pre_ping=True
-    )
-    cluster = Cluster(
-        run,
-        database_url=postgres.url(links[0].port),
-        redis_url=f"redis://127.0.0.1:{links[1].port}/0",
-        api_port=free_port(),
-        lease_s=campaign.lease_s,
-    )
-    stop = threading.Event()
-    try:
-        migrate(engine)
-        cluster.start(engine)
+    with contextlib.ExitStack() as undo:  # every part is stopped in reverse, however far it got
+        target = _start(campaign, run, undo, echo)
         echo(f"  control plane up after {time.monotonic() - started:.0f}s")
-        token = _make_token(engine)
         plans = workload.plan(
             campaign.seed,
             duration_s=campaign.fault_s,
@@ -150,12 +116,16 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
             lease_s=campaign.lease_s,
         )
         began = time.monotonic()
-        faults_end = began + campaign.fault_s
-        client = workload.Client(cluster.api_url, token, plans, give_up_at=faults_end + campaign.quiesce_s)
-        target = Target(
-            cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM, disks
+        client = workload.Client(
+            target.cluster.api_url,
+            _make_token(target.engine),
+            plans,
+            give_up_at=began + campaign.fault_s + campaign.quiesce_s,
         )
-        injector = Injector(target, campaign.seed, until=faults_end, echo=echo)
+        injector = Injector(target, campaign.seed, until=began + campaign.fault_s, echo=echo)
+        undo.callback(lambda: (run / "faults.log").write_text("\n".join(injector.log) + "\n"))
+        stop = threading.Event()
+        undo.callback(stop.set)
         threads = [
             threading.Thread(target=client.run, args=(began, stop), name="workload", daemon=True),
             threading.Thread(target=injector.run, args=(stop,), name="faults", daemon=True),
@@ -163,80 +133,118 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
         for thread in threads:
             thread.start()
         echo(f"  {len(plans)} jobs planned over {campaign.fault_s:g}s; faults strike until then")
-        _supervise_while(cluster, report, lambda: any(t.is_alive() for t in threads), echo, engine)
-
-        # Heal: every link passes, every clock is true, every component runs; then let it settle.
-        for link in links:
-            link.heal()
-        for name in cluster.components:
-            cluster.skew(name, 0)
-        healed = time.monotonic()
-        client.wait()
-        deadline, next_progress = healed + campaign.quiesce_s, healed + 10
-        echo("  faults stopped, everything healed: waiting for every job to end")
-        while not _quiet(engine, run) and time.monotonic() < deadline:
-            report.restarts.update(cluster.supervise())
-            if time.monotonic() >= next_progress:
-                next_progress += 10
-                echo(f"  ... {_open_jobs(engine)} jobs not final")
-            time.sleep(0.5)
-        if _quiet(engine, run):
-            report.quiesced_s = time.monotonic() - healed
-        job_rows, attempts, events = read_store(engine)
-        history = History(
-            jobs=job_rows,
-            attempts=attempts,
-            events=events,
-            journal=list(journal.records),
-            exits=read_exits(cluster.home / "attempts"),
-            submissions=list(client.submissions.values()),
-            cancels=list(client.cancels),
-            kills=dict(target.kills),
-            leftovers=labelled("FAULTS_RUN", run.name),
-            lease_s=campaign.lease_s,
-        )
-        (run / "history.json").write_text(
-            json.dumps(
-                {"jobs": job_rows, "attempts": attempts, "events": events},
-                default=lambda o: asdict(o) if is_dataclass(o) else str(o),
-                indent=1,
-            )
-        )
+        _supervise(target, report, echo, busy=lambda: any(t.is_alive() for t in threads))
+        report.quiesced_s = _settle(target, report, client, campaign.quiesce_s, echo)
+        history = _history(target, client, campaign.lease_s)
         report.violations = check(history)
-        report.rejected = list(client.rejected)
-        report.injected = injector.injected
-        report.fault_log = injector.log
-        report.jobs = Counter(job.state for job in job_rows.values())
-        report.attempts = Counter(attempt.state for attempt in attempts.values())
-    finally:
-        stop.set()
-        cluster.stop()
-        for pids in labelled("FAULTS_RUN", run.name).values():
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        journal.close()
-        for disk in disks:
-            disk.unmount()
-        for link in links:
-            link.stop()
-        engine.dispose()
-        redis_server.stop()
-        postgres.stop()
-        (run / "faults.log").write_text("\n".join(report.fault_log) + "\n")
+        report.rejected, report.injected = list(client.rejected), injector.injected
+        report.jobs = Counter(job.state for job in history.jobs.values())
+        report.attempts = Counter(attempt.state for attempt in history.attempts.values())
     report.wall_s = time.monotonic() - started
     return report
 
 
-def _supervise_while(
-    cluster: Cluster, report: Report, busy: Callable[[], bool], echo: Callable[[str], None], engine: Engine
+def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Callable[[str], None]) -> Target:
+    """The servers, their links, the disks, the journal and the control plane, each undone by `undo`."""
+    postgres = Postgres().start()
+    undo.callback(postgres.stop)
+    (run / "redis").mkdir()
+    redis_server = Redis(run / "redis").start()
+    undo.callback(redis_server.stop)
+    links = [
+        FaultProxy("127.0.0.1", postgres.port, name="PostgreSQL link").start(),
+        FaultProxy("127.0.0.1", redis_server.port, name="Redis link").start(),
+    ]
+    for link in links:
+        undo.callback(link.stop)
+    # The suite's own view of the store, straight to PostgreSQL; it pings before each use, since
+    # the suite restarts the server under it.
+    engine = create_engine(
+        postgres.url().replace("postgresql://", "postgresql+psycopg://"), pool_pre_ping=True
+    )
+    undo.callback(engine.dispose)
+    # The node's disk (the launcher's attempt directories) and the checkpoint store, small enough
+    # to fill at will.
+    disks = [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
+    for disk in disks:
+        if disk.mount():
+            undo.callback(disk.unmount)
+        else:
+            echo(f"  (no tmpfs could be mounted at {disk.path}: not root? no full-disk fault there)")
+    journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
+    undo.callback(journal.close)
+    undo.callback(_kill_leftovers, run)
+    cluster = Cluster(
+        run,
+        database_url=postgres.url(links[0].port),
+        redis_url=f"redis://127.0.0.1:{links[1].port}/0",
+        api_port=free_port(),
+        lease_s=campaign.lease_s,
+    )
+    migrate(engine)
+    undo.callback(cluster.stop)
+    cluster.start(engine)
+    return Target(cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM, disks)
+
+
+def _kill_leftovers(run: Path) -> None:
+    for pids in labelled("FAULTS_RUN", run.name).values():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _settle(
+    target: Target, report: Report, client: workload.Client, quiesce_s: float, echo: Callable[[str], None]
+) -> float | None:
+    """Heal everything, then wait for quiescence; how long it took, or None if it never came."""
+    for link in (target.postgres_link, target.redis_link):
+        link.heal()
+    for name in target.cluster.components:
+        target.cluster.skew(name, 0)
+    healed = time.monotonic()
+    echo("  faults stopped, everything healed: waiting for every job to end")
+    client.wait()
+
+    def quiet() -> bool:
+        return _open_jobs(target.engine) == 0 and not labelled("FAULTS_RUN", target.run.name)
+
+    _supervise(target, report, echo, busy=lambda: not quiet() and time.monotonic() < healed + quiesce_s)
+    return time.monotonic() - healed if quiet() else None
+
+
+def _history(target: Target, client: workload.Client, lease_s: float) -> History:
+    job_rows, attempt_rows, events = read_store(target.engine)
+    (target.run / "history.json").write_text(
+        json.dumps(
+            {"jobs": job_rows, "attempts": attempt_rows, "events": events},
+            default=lambda o: asdict(o) if is_dataclass(o) else str(o),
+            indent=1,
+        )
+    )
+    return History(
+        jobs=job_rows,
+        attempts=attempt_rows,
+        events=events,
+        journal=list(target.journal.records),
+        exits=read_exits(target.cluster.home / "attempts"),
+        submissions=list(client.submissions.values()),
+        cancels=list(client.cancels),
+        kills=dict(target.kills),
+        leftovers=labelled("FAULTS_RUN", target.run.name),
+        lease_s=lease_s,
+    )
+
+
+def _supervise(
+    target: Target, report: Report, echo: Callable[[str], None], *, busy: Callable[[], bool]
 ) -> None:
-    """Restart what the faults killed, as an orchestrator would; show progress every 10 s."""
+    """While `busy()`: restart what the faults killed, as an orchestrator would; progress every 10 s."""
     next_progress = time.monotonic() + 10
     while busy():
-        report.restarts.update(cluster.supervise())
+        report.restarts.update(target.cluster.supervise())
         if time.monotonic() >= next_progress:
             next_progress += 10
             with contextlib.suppress(Exception):  # the database may be away just now
-                echo(f"  ... {_open_jobs(engine)} jobs not final")
+                echo(f"  ... {_open_jobs(target.engine)} jobs not final")
         time.sleep(0.5)

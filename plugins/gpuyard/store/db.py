@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The server's own cancel (statement_timeout) comes first; the client waits this much longer for it.
 CLIENT_MARGIN_S = 5.0
+MIGRATION_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -176,16 +177,17 @@ def _sqlite_engine(url: str) -> Engine:
 
 
 @contextlib.contextmanager
-def unbounded(connection: Connection) -> Iterator[None]:
-    """Lift the statement timeout and the client's wait limit for the rest of this transaction
-    (a migration may legitimately run for minutes); the next transaction is bounded again."""
+def migration_bounds(connection: Connection) -> Iterator[None]:
+    """For the rest of this transaction, no statement timeout and a client wait of
+    `MIGRATION_WAIT_S` (a migration may legitimately run for minutes, but a process starting while
+    the database is black-holed must not hang for ever); the next transaction is bounded again."""
     if connection.dialect.name != "postgresql":
         yield
         return
     driver = connection.connection.driver_connection
     limit = getattr(driver, "wait_limit_s", None)
     connection.exec_driver_sql("SET LOCAL statement_timeout = 0")
-    driver.wait_limit_s = None  # type: ignore[union-attr]
+    driver.wait_limit_s = MIGRATION_WAIT_S  # type: ignore[union-attr]
     try:
         yield
     finally:
@@ -200,6 +202,6 @@ def migrate(engine: Engine) -> None:
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection, unbounded(connection):
+    with engine.begin() as connection, migration_bounds(connection):
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
