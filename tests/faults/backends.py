@@ -139,7 +139,10 @@ class SmallDisk:
     def free(self) -> None:
         self._ballast.unlink(missing_ok=True)
 
-    def unmount(self) -> None:
+    def unmount(self, keep: Path) -> None:
+        """Unmount, keeping a copy of what it holds in `keep` (for the post-mortem of a seed)."""
         if self.mounted:
+            self.free()
+            shutil.copytree(self.path, keep, dirs_exist_ok=True, ignore_dangling_symlinks=True)
             subprocess.run(["umount", "--lazy", str(self.path)], capture_output=True)
             self.mounted = False

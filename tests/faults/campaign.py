@@ -34,6 +34,7 @@ from .invariants import Violation, check
 from .proxy import FaultProxy
 
 STREAM = "gpuyard:events"  # the settings' default: the relay publishes there
+Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Campaign:
     fault_s: float = 75.0  # how long faults strike while jobs arrive
     rate_per_s: float = 0.4  # job arrivals
     lease_s: float = 10.0
-    quiesce_s: float = 120.0  # the longest wait for every job to end once the faults stop
+    quiesce_s: float = 240.0  # the longest wait for every job to end once the faults stop
+    stall_s: float = 45.0  # ... and the longest without progress (a job ending, a worker's record)
 
 
 @dataclass
@@ -98,7 +100,7 @@ def _open_jobs(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).where(~jobs.c.state.in_(FINAL_JOB_STATES))).scalar_one())
 
 
-def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = print) -> Report:
+def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
     started = time.monotonic()
     run = work / f"seed-{campaign.seed}"
     run.mkdir(parents=True)
@@ -134,7 +136,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
             thread.start()
         echo(f"  {len(plans)} jobs planned over {campaign.fault_s:g}s; faults strike until then")
         _supervise(target, report, echo, busy=lambda: any(t.is_alive() for t in threads))
-        report.quiesced_s = _settle(target, report, client, campaign.quiesce_s, echo)
+        report.quiesced_s = _settle(target, report, client, campaign, echo)
         history = _history(target, client, campaign.lease_s)
         report.violations = check(history)
         report.rejected, report.injected = list(client.rejected), injector.injected
@@ -144,7 +146,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Callable[[str], None] = p
     return report
 
 
-def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Callable[[str], None]) -> Target:
+def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo) -> Target:
     """The servers, their links, the disks, the journal and the control plane, each undone by `undo`."""
     postgres = Postgres().start()
     undo.callback(postgres.stop)
@@ -168,7 +170,7 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Call
     disks = [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
     for disk in disks:
         if disk.mount():
-            undo.callback(disk.unmount)
+            undo.callback(disk.unmount, keep=run / "kept" / disk.path.name)
         else:
             echo(f"  (no tmpfs could be mounted at {disk.path}: not root? no full-disk fault there)")
     journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
@@ -195,9 +197,11 @@ def _kill_leftovers(run: Path) -> None:
 
 
 def _settle(
-    target: Target, report: Report, client: workload.Client, quiesce_s: float, echo: Callable[[str], None]
+    target: Target, report: Report, client: workload.Client, campaign: Campaign, echo: Echo
 ) -> float | None:
-    """Heal everything, then wait for quiescence; how long it took, or None if it never came."""
+    """Heal everything, then wait for quiescence: every job final and no worker left. A slow machine
+    only makes it wait longer (up to `quiesce_s`); a control plane that stopped moving is given
+    `stall_s`. Returns how long it took, or None if it never came."""
     for link in (target.postgres_link, target.redis_link):
         link.heal()
     for name in target.cluster.components:
@@ -205,12 +209,19 @@ def _settle(
     healed = time.monotonic()
     echo("  faults stopped, everything healed: waiting for every job to end")
     client.wait()
+    progress, moved = None, time.monotonic()
 
-    def quiet() -> bool:
-        return _open_jobs(target.engine) == 0 and not labelled("FAULTS_RUN", target.run.name)
+    def waiting() -> bool:
+        nonlocal progress, moved
+        now = (_open_jobs(target.engine), len(target.journal.records))
+        if now != progress:
+            progress, moved = now, time.monotonic()
+        quiet = now[0] == 0 and not labelled("FAULTS_RUN", target.run.name)
+        return not quiet and time.monotonic() < min(healed + campaign.quiesce_s, moved + campaign.stall_s)
 
-    _supervise(target, report, echo, busy=lambda: not quiet() and time.monotonic() < healed + quiesce_s)
-    return time.monotonic() - healed if quiet() else None
+    _supervise(target, report, echo, busy=waiting)
+    quiet = _open_jobs(target.engine) == 0 and not labelled("FAULTS_RUN", target.run.name)
+    return time.monotonic() - healed if quiet else None
 
 
 def _history(target: Target, client: workload.Client, lease_s: float) -> History:
@@ -236,9 +247,7 @@ def _history(target: Target, client: workload.Client, lease_s: float) -> History
     )
 
 
-def _supervise(
-    target: Target, report: Report, echo: Callable[[str], None], *, busy: Callable[[], bool]
-) -> None:
+def _supervise(target: Target, report: Report, echo: Echo, *, busy: Callable[[], bool]) -> None:
     """While `busy()`: restart what the faults killed, as an orchestrator would; progress every 10 s."""
     next_progress = time.monotonic() + 10
     while busy():

@@ -52,6 +52,7 @@ class EventRow:
     job_id: str
     attempt_id: str | None
     data: dict[str, Any]
+    at: str | None = None  # the writer's clock (for people reading a history; checks use `seq`)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def read_store(engine: Engine) -> tuple[dict[str, JobRow], dict[str, AttemptRow]
             for r in conn.execute(select(attempts))
         }
         event_rows = [
-            EventRow(r.seq, r.type, r.job_id, r.attempt_id, dict(r.data or {}))
+            EventRow(r.seq, r.type, r.job_id, r.attempt_id, dict(r.data or {}), r.at.isoformat())
             for r in conn.execute(select(events).order_by(events.c.seq))
         ]
     return job_rows, attempt_rows, event_rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.4, help="jobs submitted per second [0.4]")
     parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every campaign part started is stopped (no server, mount or worker left).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if (args.minutes is None) == (args.campaigns is None):
         parser.error("give one of --minutes or --campaigns")
     if min(args.fault_seconds, args.rate, args.minutes or 1, args.campaigns or 1) <= 0:

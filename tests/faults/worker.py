@@ -6,9 +6,10 @@ and tells the suite everything it does, so the invariant checker can compare the
 - Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when set, else from the newest
   complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its manifest (written
   last, after the data is fsynced) names the data's size and sha256.
-- Heartbeats every step with its step and, after a save, the checkpoint; 409 means a successor owns
-  the job: exit 76 without writing. A beat that fails is retried on the next step; once no beat was
-  answered within the lease, it writes no checkpoint until one is (a successor may own the job).
+- Heartbeats with its step every `BEAT_EVERY_S` and right after each save (with the checkpoint);
+  409 means a successor owns the job: exit 76 without writing. A beat that fails is tried again
+  later; once no beat was answered within the lease, it writes no checkpoint until one is (a
+  successor may own the job).
 - SIGTERM, or a `checkpoint_and_stop` answer: save, report it, exit 75.
 - A checkpoint write that fails (the suite fills the checkpoint store's disk) exits 1, as the
   runtime does on a failed save.
@@ -37,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 PAYLOAD_BYTES = 64 * 1024
+BEAT_EVERY_S = 1.0
 MANIFEST = "manifest.json"
 
 env = os.environ
@@ -135,6 +137,7 @@ class Heartbeat:
         self.token = int(env["GPUYARD_FENCING_TOKEN"])
         self.lease_s = lease_s
         self.lease_until = time.monotonic() + lease_s  # the launcher reserved it just now
+        self.last_sent = 0.0
 
     def lapsed(self) -> bool:
         return time.monotonic() > self.lease_until
@@ -150,7 +153,7 @@ class Heartbeat:
 
     def _post(self, step: int, checkpoint: dict[str, Any] | None) -> str | None:
         body = json.dumps({"fencing_token": self.token, "step": step, "checkpoint": checkpoint})
-        sent = time.monotonic()
+        sent = self.last_sent = time.monotonic()
         connection = http.client.HTTPConnection(self.host, self.port, timeout=3)
         try:
             connection.request("POST", self.path, body, {"Content-Type": "application/json"})
@@ -226,7 +229,9 @@ def main() -> None:
         if args.fail_at is not None and step >= args.fail_at:
             leave(args.exit_code, reason="the job's own failure")
         saved = checkpoint_now() if step % args.save_every == 0 else None
-        action = heartbeat.beat(step, saved)
+        action = None
+        if saved or time.monotonic() - heartbeat.last_sent >= BEAT_EVERY_S:
+            action = heartbeat.beat(step, saved)
         if stop or action == "checkpoint_and_stop":
             saved = checkpoint_now()
             heartbeat.beat(step, saved)
