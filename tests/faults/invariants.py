@@ -163,8 +163,20 @@ def _lapsed(records: list[Record], lease_s: float) -> bool:
     return any(later - earlier > lease_s - MEASURE_SLACK_S for earlier, later in itertools.pairwise(marks))
 
 
+def _exit_codes(history: History) -> dict[str, dict[int, int]]:
+    """How each attempt's workers exited, by rank: their shims' exit files, else (a full disk took the
+    file) the code the worker itself reported last."""
+    codes: dict[str, dict[int, int]] = defaultdict(dict)
+    for record in sorted(history.journal, key=lambda r: r.t):
+        if record.e == "exit":
+            codes[record.attempt][record.rank] = int(record.data["code"])
+    for attempt_id, ranks in history.exits.items():
+        codes[attempt_id].update(ranks)
+    return codes
+
+
 def attempts_match_exits(history: History) -> list[Violation]:
-    journal = _records(history)
+    journal, exit_codes = _records(history), _exit_codes(history)
     found = []
     for job_id, attempts in _attempts_of(history).items():
         job = history.jobs.get(job_id)
@@ -186,15 +198,13 @@ def attempts_match_exits(history: History) -> list[Violation]:
         if job.state == "SUCCEEDED" and (not attempts or attempts[-1].state != "SUCCEEDED"):
             flag(f"SUCCEEDED, but its last attempt is {attempts[-1].state if attempts else 'missing'}")
         for attempt in attempts:
-            codes = history.exits.get(attempt.id, {})
+            codes = exit_codes.get(attempt.id, {})
             where = f"attempt {attempt.number} ({attempt.state})"
             if attempt.exit_code is not None and codes and attempt.exit_code not in codes.values():
                 flag(f"{where}: the store says exit {attempt.exit_code}, the workers exited {codes}")
-            if attempt.state == "SUCCEEDED" and (
-                len(codes) < len(attempt.gpus) or set(codes.values()) != {0}
-            ):
+            if attempt.state == "SUCCEEDED" and set(codes.values()) - {0}:
                 flag(f"{where}: SUCCEEDED, but the workers exited {codes}")
-            all_zero = codes and len(codes) >= len(attempt.gpus) and set(codes.values()) == {0}
+            all_zero = len(codes) >= len(attempt.gpus) and set(codes.values()) == {0}
             if (
                 all_zero
                 and attempt.state not in ("SUCCEEDED", "CANCELLED")
