@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 # Debian packages the suite drives: faketime skews one process's clock in the fault tests.
 SYSTEM_PACKAGES := faketime
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo ui test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -23,7 +23,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m gpuyard.demo
+	$(BIN)/python -m pipelines.demo
+
+# The Airflow, gpuyard and MLflow UIs on what `make demo` left in .gpuyard/demo/.
+ui: $(STAMP)
+	$(BIN)/python -m pipelines.ui
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,6 +1,8 @@
-"""gpuyard data plane: the pipeline steps (ingest, prepare, validate, features, training set).
+"""gpuyard's model pipelines: the shared steps, and one definition (and folder) per model pipeline.
 
-Each step module exposes one or two functions an Airflow task can call with a :class:`PipelineConfig`
-(see ``pipelines/flights.yaml``). Heavy imports (Spark, Feast, Great Expectations) happen inside the
-step modules, never here.
+`definition.py` reads `pipelines/<name>/pipeline.yaml`; the step modules (ingest, prepare, validate,
+features, training_set, evaluate, publish, lineage) are plain functions over a `PipelineConfig`;
+`tasks.py` makes them Airflow tasks for the DAG files in `dags/`; `demo.py` and `ui.py` are
+`make demo` and `make ui`. Heavy imports (Spark, Feast, Great Expectations, MLflow) happen inside the
+step modules' functions, never here.
 """

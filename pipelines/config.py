@@ -1,4 +1,8 @@
-"""The pipeline definition (``pipelines/flights.yaml``) as an immutable, validated value."""
+"""What one run of the shared steps reads, produces and checks: an immutable, validated value.
+
+A pipeline's definition (`pipelines/<name>/pipeline.yaml`, see definition.py) makes one per run
+window with `PipelineDefinition.step_config`; `load_config` does that for a definition's own dates.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipelines.errors import ConfigError
 from pipelines.storage import normalize_url
 
-DEFAULT_CONFIG = Path(__file__).with_name("flights.yaml")
+DEFAULT_PIPELINE = "flights_delay"
 FEAST_VARIANTS = ("embedded", "production")
 
 
@@ -41,7 +43,7 @@ def date_range(start: dt.date, end: dt.date) -> Iterator[dt.date]:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """What one pipeline run reads, produces and checks. Build with :func:`load_config`."""
+    """The shared steps' settings for one run window. Build with `PipelineDefinition.step_config`."""
 
     name: str = "flights"
     data_root: str = "data/flights"
@@ -96,44 +98,13 @@ class PipelineConfig:
         return dataclasses.replace(self, **changes)
 
 
-def config_from_mapping(raw: Mapping[str, Any]) -> PipelineConfig:
-    """Build a config from the YAML structure; unknown keys are an error (a typo must not pass silently)."""
-    raw = dict(raw)
-    raw.pop("training", None)  # the training runtime's section (training/config.py reads it)
-    spark = dict(raw.pop("spark", None) or {})
-    feast = dict(raw.pop("feast", None) or {})
-    validation = dict(raw.pop("validation", None) or {})
-    flat: dict[str, Any] = dict(raw)
-    flat.update({f"spark_{k}": v for k, v in spark.items()})
-    flat.update({f"feast_{k}": v for k, v in feast.items() if k != "feature_service"})
-    if "feature_service" in feast:
-        flat["feature_service"] = feast["feature_service"]
-    flat.update(validation)
-    known = {f.name for f in dataclasses.fields(PipelineConfig)}
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise ConfigError(f"unknown pipeline settings {unknown}; known settings: {sorted(known)}")
-    for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
-        if key in flat:
-            flat[key] = parse_date(flat[key], key)
-    if "timezone_overrides" in flat:
-        flat["timezone_overrides"] = dict(flat["timezone_overrides"] or {})
-    return PipelineConfig(**flat)
-
-
 def load_config(path: str | Path | None = None, **overrides: Any) -> PipelineConfig:
-    """Read a pipeline YAML file (default ``pipelines/flights.yaml``) and apply keyword overrides."""
-    file = Path(path) if path is not None else DEFAULT_CONFIG
-    if not file.is_file():
-        raise ConfigError(f"pipeline definition {str(file)!r} does not exist")
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"pipeline definition {str(file)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"pipeline definition {str(file)!r}: expected a mapping, got {type(raw).__name__}")
-    config = config_from_mapping(raw)
+    """The step config of a definition (a pipeline's name or its YAML file; default flights_delay)
+    for its default run date, with keyword overrides (dates as YYYY-MM-DD or dates)."""
+    from pipelines.definition import load_definition
+
+    definition = load_definition(path if path is not None else DEFAULT_PIPELINE)
     for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
         if key in overrides and overrides[key] is not None:
             overrides[key] = parse_date(overrides[key], key)
-    return config.replace(**{k: v for k, v in overrides.items() if v is not None})
+    return definition.step_config(**{k: v for k, v in overrides.items() if v is not None})

@@ -29,16 +29,17 @@ def _urls(config: PipelineConfig) -> tuple[str, str]:
     return raw, prepared
 
 
-def job_arguments(config: PipelineConfig, job: str, start: dt.date, end: dt.date) -> list[str]:
-    """The ``main(argv)`` arguments of ``job`` for ``start..end``."""
+def job_arguments(config: PipelineConfig, job: str, start: dt.date | str, end: dt.date | str) -> list[str]:
+    """The ``main(argv)`` arguments of ``job`` for ``start..end`` (dates, or strings such as Airflow
+    templates that render to YYYY-MM-DD)."""
     if job not in JOBS:
         raise ConfigError(f"unknown Spark job {job!r}; expected one of {JOBS}")
     raw, prepared = _urls(config)
     args = [
         "--run-date",
-        start.isoformat(),
+        str(start),
         "--end-date",
-        end.isoformat(),
+        str(end),
         "--input",
         raw,
         "--output",

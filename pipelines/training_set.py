@@ -6,6 +6,7 @@ The labels of ``training_start_date..training_end_date`` are the entity rows; Fe
 column median of this training set (recorded in the manifest). Output, under
 ``<data_root>/training/<feature_service>/<start>_<end>/``: ``data.parquet`` (``flight_id``,
 ``event_timestamp``, numeric feature columns, the binary label) and ``manifest.json``, written last.
+A run builds two: the training labels and its held-out days (the same join, later dates).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +70,8 @@ def snapshot_id(frame: pd.DataFrame) -> str:
 def entity_frame(config: PipelineConfig, start: dt.date, end: dt.date) -> pd.DataFrame:
     labels_url = storage.join(config.data_root, "prepared", "labels")
     labels = storage.read_partitions(labels_url, validate.storage_dates(start, end), "labels")
-    frame = labels[[*ENTITY_COLUMNS, "event_timestamp", config.label_column]].copy()
+    # `date` (the label's local day) rides along through the join: it splits the parts afterwards.
+    frame = labels[[*ENTITY_COLUMNS, "event_timestamp", config.label_column, "date"]].copy()
     frame["tailnum"] = frame["tailnum"].fillna(UNKNOWN_TAILNUM)
     frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
     return frame.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
@@ -89,44 +92,73 @@ def build_training_set(
     end: dt.date | None = None,
     output_url: str | None = None,
 ) -> TrainingSet:
-    """The Airflow-callable step. Raises :class:`ValidationFailed` when the training-set suite fails."""
+    """The point-in-time join for the labels of ``start..end`` (default: the config's training dates).
+    `validate.validate_training_set` checks what it wrote."""
     start, end = start or config.training_start_date, end or config.training_end_date
+    return build_training_sets(config, {"train": (start, end)}, output_urls={"train": output_url})["train"]
+
+
+def build_training_sets(
+    config: PipelineConfig,
+    parts: Mapping[str, tuple[dt.date, dt.date]],
+    output_urls: Mapping[str, str | None] | None = None,
+) -> dict[str, TrainingSet]:
+    """One point-in-time join for the labels of every part (e.g. the training days and the held-out
+    days after them), written as one set each. The first part's medians fill the missing values of
+    every part, as serving would: a held-out part never informs its own fill."""
     store = features.get_store(config)
     service = features.feature_service(config, store)
     columns = feature_columns(service)
     label = config.label_column
     started = time.perf_counter()
-    entity_df = entity_frame(config, start, end)
-    log.info("training set: %d labels %s..%s, %d features", len(entity_df), start, end, len(columns))
+    first = min(s for s, _ in parts.values())
+    last = max(e for _, e in parts.values())
+    entity_df = entity_frame(config, first, last)
+    log.info("training sets: %d labels %s..%s, %d features", len(entity_df), first, last, len(columns))
     joined = historical_features(config, entity_df, service)
     missing = [c for c in (*columns, label) if c not in joined.columns]
     if missing:
         raise DataPipelineError(f"Feast returned no column(s) {missing} for feature service {service.name!r}")
     joined = joined.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
+    for column in columns:
+        joined[column] = pd.to_numeric(joined[column], errors="coerce").astype("float64")
+    built: dict[str, TrainingSet] = {}
+    fills: dict[str, float] | None = None
+    for name, (start, end) in parts.items():
+        part = joined[(joined["date"] >= start.isoformat()) & (joined["date"] <= end.isoformat())]
+        if fills is None:
+            medians = part[columns].median()
+            fills = {c: float(medians[c]) if pd.notna(medians[c]) else 0.0 for c in columns}
+        url = (output_urls or {}).get(name) or storage.join(
+            config.data_root, "training", service.name, f"{start.isoformat()}_{end.isoformat()}"
+        )
+        built[name] = _write(
+            config, service, part, columns, fills, start, end, url, time.perf_counter() - started
+        )
+    return built
+
+
+def _write(
+    config: PipelineConfig,
+    service: FeatureService,
+    joined: pd.DataFrame,
+    columns: list[str],
+    fills: Mapping[str, float],
+    start: dt.date,
+    end: dt.date,
+    output_url: str,
+    build_seconds: float,
+) -> TrainingSet:
+    label = config.label_column
     null_counts = {c: int(joined[c].isna().sum()) for c in columns}
-    fills: dict[str, float] = {}
     data = joined[["flight_id", "event_timestamp"]].copy()
     for column in columns:
-        values = pd.to_numeric(joined[column], errors="coerce").astype("float64")
-        median = values.median()
-        fills[column] = float(median) if pd.notna(median) else 0.0
-        data[column] = values.fillna(fills[column])
+        data[column] = joined[column].fillna(fills[column])
     data[label] = joined[label].astype("int64")
-    build_seconds = time.perf_counter() - started
-
-    output_url = output_url or storage.join(
-        config.data_root, "training", service.name, f"{start.isoformat()}_{end.isoformat()}"
-    )
-    validate.run_suite(
-        "training_set",
-        data,
-        validate.training_set_suite(columns, label),
-        storage.join(output_url, "validation.html"),
-    )
     fs, path = storage.filesystem(output_url)
     fs.makedirs(path, exist_ok=True)
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(data, preserve_index=False), buffer)
+    pq.write_table(pa.Table.from_pandas(data.reset_index(drop=True), preserve_index=False), buffer)
     with fs.open(f"{path}/data.parquet", "wb") as handle:
         handle.write(buffer.getvalue())
     manifest = {
@@ -144,16 +176,16 @@ def build_training_set(
             "fingerprint": service_fingerprint(service),
             "features": [f"{p.name}:{f.name}" for p in service.feature_view_projections for f in p.features],
         },
-        "data_snapshot_id": snapshot_id(data),
+        "data_snapshot_id": snapshot_id(data.reset_index(drop=True)),
         "label_dates": {"start": start.isoformat(), "end": end.isoformat()},
-        "fill_values": fills,
+        "fill_values": dict(fills),
         "null_counts_before_fill": null_counts,
         "data_root": config.data_root,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     with fs.open(f"{path}/manifest.json", "w") as handle:
         handle.write(json.dumps(manifest, indent=2) + "\n")
-    log.info("training set: %d rows in %.1fs -> %s", len(data), build_seconds, output_url)
+    log.info("training set: %d rows %s..%s -> %s", len(data), start, end, output_url)
     return TrainingSet(
         storage.join(output_url, "data.parquet"),
         storage.join(output_url, "manifest.json"),

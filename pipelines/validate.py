@@ -362,3 +362,22 @@ def validate_features(
         for table in ("labels", *FEATURE_TABLES)
     ]
     return _validate_tables(config, start, end, tables)
+
+
+def validate_training_set(manifest_url: str) -> SuiteReport:
+    """The Airflow-callable step: the training-set suite on what the training-set step wrote."""
+    import json
+
+    fs, path = storage.filesystem(manifest_url)
+    with fs.open(path) as handle:
+        manifest = json.load(handle)
+    folder = manifest_url.rsplit("/", 1)[0]
+    _, data_path = storage.filesystem(storage.join(folder, manifest["data_file"]))
+    with fs.open(data_path, "rb") as handle:
+        frame = pd.read_parquet(handle)
+    return run_suite(
+        "training_set",
+        frame,
+        training_set_suite(manifest["feature_columns"], manifest["label_column"]),
+        storage.join(folder, "validation.html"),
+    )

@@ -2,7 +2,9 @@
 
 The run id travels in every checkpoint manifest; an attempt that finds no checkpoint yet looks the run up by
 its `gpuyard.job_id` tag. A resumed attempt reopens that run, counts itself in `gpuyard.attempts` and adds
-the steps the previous attempt did after its last checkpoint to `gpuyard.progress_lost_steps`.
+the steps the previous attempt did after its last checkpoint to `gpuyard.progress_lost_steps`. A run
+started with MLFLOW_PARENT_RUN_ID in its environment (set by the Airflow operator to the DAG run's run)
+is that run's child.
 Only rank 0 talks to MLflow.
 """
 
@@ -25,6 +27,8 @@ ATTEMPTS_TAG = "gpuyard.attempts"
 ATTEMPT_IDS_TAG = "gpuyard.attempt_ids"
 LOST_TAG = "gpuyard.progress_lost_steps"
 STEP_METRIC = "train_loss"
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for a nested run
+PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
 
 
 def tracking_uri(cfg: MlflowConfig, workdir: str, env: Mapping[str, str] = os.environ) -> str:
@@ -103,6 +107,8 @@ class MlflowTracker(Tracker):
             tags = {ATTEMPTS_TAG: "1", LOST_TAG: "0", ATTEMPT_IDS_TAG: self.attempt_id or ""}
             if self.job_id:
                 tags[JOB_TAG] = self.job_id
+            if os.environ.get(PARENT_ENV):
+                tags[PARENT_TAG] = os.environ[PARENT_ENV]
             self.mlflow.set_tags(tags)
         else:
             previous = self.client.get_run(run_id).data.tags

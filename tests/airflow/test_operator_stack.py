@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 from airflow_harness import ROOT
-from gpuyard.airflow.narration import describe
+from gpuyard.airflow.narration import Story
 from servers import wait_until
 from stack import AirflowStack, Gate, Gpuyard
 
@@ -189,7 +189,8 @@ def test_the_trigger_survives_a_triggerer_restart_without_missing_or_repeating(w
     assert ti["state"] == "success"
     told = narrated_seqs(world.airflow.logs(dag, run, "train"))
     detail = world.gpuyard.job(job["id"])
-    expected = [e["seq"] for e in detail["events"] if describe({**e, "job_id": job["id"]}, detail)]
+    story = Story()
+    expected = [e["seq"] for e in detail["events"] if story.tell({**e, "job_id": job["id"]}, detail)]
     assert sorted(told) == expected  # every change told, none twice, across the two triggerers
     assert len(set(told)) == len(told)
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from pipelines import ingest, storage
-from pipelines.config import config_from_mapping, load_config, parse_date
+from pipelines.config import load_config, parse_date
+from pipelines.definition import load_definition
 from pipelines.errors import ConfigError, MissingDataError
 
 
@@ -57,9 +58,20 @@ def test_local_paths_and_file_urls_normalize(tmp_path: Path) -> None:
     assert storage.normalize_url("memory://bucket/x/") == "memory://bucket/x"
 
 
-def test_unknown_setting_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"unknown pipeline settings \['lable_column'\]"):
-        config_from_mapping({"lable_column": "x"})
+def test_unknown_setting_is_refused(tmp_path: Path) -> None:
+    text = load_definition("flights_delay").path.read_text()
+    (tmp_path / "pipeline.yaml").write_text(text.replace("late_after_minutes:", "late_after_minuts:"))
+    with pytest.raises(ConfigError, match=r"features.late_after_minuts: Extra inputs are not permitted"):
+        load_definition(tmp_path / "pipeline.yaml")
+
+
+def test_a_run_date_the_source_cannot_cover_is_refused() -> None:
+    definition = load_definition("flights_delay")
+    assert definition.window("2013-01-21").train_start == dt.date(2013, 1, 8)
+    with pytest.raises(ConfigError, match=r"run_date 2013-01-10: the source covers 2013-01-01..2013-12-31"):
+        definition.window("2013-01-10")
+    with pytest.raises(ConfigError, match="run_date: expected a date"):
+        definition.window("soon")
 
 
 def test_missing_definition_file(tmp_path: Path) -> None:

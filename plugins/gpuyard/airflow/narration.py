@@ -1,9 +1,10 @@
 """How a training task's log tells a job's story: one line per event, from the event and the job.
 
-Pure functions over the API's JSON (an event of `/v1/events`, the job of `/v1/jobs/{id}`): each
-attempt, where it was placed, checkpoints, stop notices, preemptions, the step an attempt resumed
-from, the progress lost, and the final state. The trigger and the operator's synchronous path
-both narrate with `describe`, so a job reads the same whichever way it was followed.
+Functions over the API's JSON (an event of `/v1/events`, the job of `/v1/jobs/{id}`): each attempt,
+where it was placed, checkpoints, stop notices, preemptions, the step an attempt resumed from, the
+progress lost, and the final state. A `Story` tells one job's events in order and says each durable
+checkpoint once (heartbeats repeat the newest one). The trigger and the operator's synchronous path
+both tell jobs this way, so a job reads the same whichever way it was followed.
 """
 
 from __future__ import annotations
@@ -108,3 +109,23 @@ def summary(job: Mapping[str, Any]) -> str:
         f"{len(interrupted)} interrupted, {lost} step(s) lost"
         + (f": {job['reason']}" if job.get("reason") else "")
     )
+
+
+class Story:
+    """One job's events told in order; a checkpoint step already told is not told again (heartbeats
+    repeat the newest checkpoint, and a resumed attempt first reports the one it resumed from)."""
+
+    def __init__(self) -> None:
+        self._checkpoint: int | None = None
+
+    def recall(self, event: Mapping[str, Any]) -> None:
+        """Take in an event told before (by an earlier trigger) without telling it again."""
+        self.tell(event, None)
+
+    def tell(self, event: Mapping[str, Any], job: Mapping[str, Any] | None) -> str | None:
+        if event["type"] == "attempt.checkpointed":
+            step = (event.get("data") or {}).get("step")
+            if step == self._checkpoint:
+                return None
+            self._checkpoint = step
+        return describe(event, job)

@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
 from gpuyard.airflow.links import JOB_ID_XCOM, GpuyardJobLink
-from gpuyard.airflow.narration import NEEDS_ATTEMPTS, describe, lost_steps, summary
+from gpuyard.airflow.narration import NEEDS_ATTEMPTS, Story, lost_steps, summary
 from gpuyard.airflow.triggers.job import GpuJobTrigger
 from gpuyard.client import TERMINAL_STATES, ApiError, GpuyardClient
 
@@ -315,13 +315,13 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
     # -- following in the worker (deferrable=False) -------------------------------------------------
 
     def _follow(self, client: GpuyardClient, job_id: str) -> dict[str, Any]:
-        cursor, job = 0, client.job(job_id)
+        cursor, job, story = 0, client.job(job_id), Story()
         while job["state"] not in TERMINAL_STATES:
             page = client.events(job_id=job_id, after=cursor, wait_s=self.poll_s)
             if any(e["type"] in NEEDS_ATTEMPTS for e in page["events"]):
                 job = client.job(job_id)
             for event in page["events"]:
-                line = describe(event, job)
+                line = story.tell(event, job)
                 if line:
                     self.log.info(f"gpuyard job {job_id} #{event['seq']}: {line}")
             cursor = page["cursor"]

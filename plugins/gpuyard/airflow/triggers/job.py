@@ -22,9 +22,9 @@ from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
-from gpuyard.airflow.narration import NEEDS_ATTEMPTS, TERMINAL_JOB_EVENTS, describe, summary
+from gpuyard.airflow.narration import NEEDS_ATTEMPTS, TERMINAL_JOB_EVENTS, Story, summary
 from gpuyard.airflow.triggers.followers import Followers
-from gpuyard.client import TERMINAL_STATES, ApiError, AsyncGpuyardClient
+from gpuyard.client import TERMINAL_STATES, ApiError, AsyncGpuyardClient, Endpoint
 
 CURSOR_XCOM = "gpuyard_cursor"
 
@@ -60,6 +60,7 @@ class GpuJobTrigger(BaseTrigger):
         endpoint = await GpuyardHook(self.gpuyard_conn_id).aendpoint()
         cursor = max(self.cursor, await self._saved_cursor())
         self.log.info(f"gpuyard job {self.job_id}: following its events after #{cursor}")
+        story = await self._recalled(endpoint, cursor)
         followers = Followers.of(endpoint)  # no await between this and follow(): the hub stays open
         job: dict[str, Any] | None = None
         async with aclosing(followers.follow(self.job_id, cursor)) as batches:
@@ -71,7 +72,7 @@ class GpuJobTrigger(BaseTrigger):
                     continue
                 if any(event["type"] in NEEDS_ATTEMPTS for event in batch):
                     job = await followers.client.job(self.job_id)
-                self._tell(batch, job)
+                self._tell(story, batch, job)
                 cursor = batch[-1]["seq"]
                 await self._save_cursor(cursor)
                 if any(event["type"] in TERMINAL_JOB_EVENTS for event in batch):
@@ -94,9 +95,29 @@ class GpuJobTrigger(BaseTrigger):
         finally:
             await client.aclose()
 
-    def _tell(self, batch: list[dict[str, Any]], job: dict[str, Any] | None) -> None:
+    async def _recalled(self, endpoint: Endpoint, cursor: int) -> Story:
+        """A story that knows the events up to `cursor`, told before a restart."""
+        story = Story()
+        if cursor <= 0:
+            return story
+        client = AsyncGpuyardClient(endpoint)
+        try:
+            seen = 0
+            while seen < cursor:
+                page = await client.events(job_id=self.job_id, after=seen, limit=1000)
+                for event in page["events"]:
+                    if event["seq"] <= cursor:
+                        story.recall(event)
+                if not page["events"]:
+                    break
+                seen = page["events"][-1]["seq"]
+        finally:
+            await client.aclose()
+        return story
+
+    def _tell(self, story: Story, batch: list[dict[str, Any]], job: dict[str, Any] | None) -> None:
         for event in batch:
-            line = describe(event, job)
+            line = story.tell(event, job)
             if line:
                 self.log.info(f"gpuyard job {self.job_id} #{event['seq']}: {line}")
 

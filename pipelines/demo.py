@@ -1,0 +1,263 @@
+"""`make demo`: the flights_delay retraining DAG, run through Airflow on an embedded gpuyard.
+
+1. `gpuyard up`: SQLite store, in-process bus, scheduler, local launcher on 2 CPU slots (no GPU
+   here, and every output says so), and a token of team `a`;
+2. `airflow dags test flights_delay` (Airflow's state in .gpuyard/demo/airflow, the `gpuyard_default`
+   connection from the environment) on the real 2013 New York flights of the definition's 21 days:
+   ingest, Great Expectations, Spark, Feast, the training sets, a grid of GPU jobs, evaluation,
+   publication in the MLflow registry;
+3. ONE injected preemption: once the first training job has a durable checkpoint, its attempt is
+   preempted through the admin API (`POST /v1/attempts/{id}/preempt`), checkpoints, stops and
+   resumes from that checkpoint on a next attempt;
+4. progress as it happens (each task, the training jobs' story from the task log), the whole log in
+   .gpuyard/demo/dags-test.log, and the outcome: the model version and its alias, the metrics
+   against the champion, the training jobs' attempts with the progress lost, and `make ui`.
+
+gpuyard and Airflow start fresh each time; the data and the MLflow registry (under .gpuyard/demo/data)
+stay, so a second `make demo` compares its candidate with the first one's champion and promotes or
+rejects it by the definition's rule, and says which and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuyard.client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
+from rich.console import Console
+
+from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition
+
+PIPELINE = "flights_delay"
+DEMO = REPOSITORY / ".gpuyard" / "demo"
+BIN = Path(sys.executable).parent
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+TASK_EVENT = re.compile(r"\[DAG TEST\] (starting|end task) task_id=(\S+) map_index=(-?\d+)")
+TELLS = re.compile(
+    r"(gpuyard job job-\S+ #\d+: .*?|gpuyard job job-\S+ (SUCCEEDED|FAILED|CANCELLED) after .*?|"
+    r"(PROMOTED|REJECTED): .*?)\s+\["
+)
+
+
+def environment() -> dict[str, str]:
+    """The demo's processes: nothing of the caller's gpuyard, Airflow or MLflow settings leaks in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "AIRFLOW", "MLFLOW_"))}
+    return env | {
+        "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "GX_ANALYTICS_ENABLED": "false",
+        HOME_VARIABLE: str(DEMO),
+    }
+
+
+def airflow_environment(connection: dict[str, str]) -> dict[str, str]:
+    return environment() | {
+        "AIRFLOW_HOME": str(DEMO / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPOSITORY / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps(connection),
+    }
+
+
+def start_gpuyard(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    home = DEMO / "gpuyard"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    env = env | {"GPUYARD_HOME": str(home), "GPUYARD_WORKER_DIR": str(REPOSITORY), "GPUYARD_LOCAL_SLOTS": "2"}
+    log = (DEMO / "gpuyard.log").open("wb")
+    server = subprocess.Popen(
+        [str(BIN / "gpuyard"), "up", "--port", "0"],
+        env=env,
+        cwd=REPOSITORY,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 90
+    while not (home / SERVER_FILE).exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"gpuyard up did not start; see {DEMO / 'gpuyard.log'}")
+        time.sleep(0.2)
+    return server, home
+
+
+def team_token(home: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [str(BIN / "gpuyard"), "token", "create", "--team", "a", "--description", "make demo: Airflow"],
+        env=env | {"GPUYARD_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+class Preemption(threading.Thread):
+    """Preempts the first training job's attempt once, after its first durable checkpoint."""
+
+    def __init__(self, admin: GpuyardClient) -> None:
+        super().__init__(name="demo-preemption", daemon=True)
+        self.admin, self.done = admin, threading.Event()
+        self.attempt: str | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        cursor = 0
+        while not self.stop.is_set() and self.attempt is None:
+            try:
+                page = self.admin.events(after=cursor, wait_s=5)
+            except (ApiError, OSError):
+                time.sleep(1)
+                continue
+            cursor = page["cursor"]
+            for event in page["events"]:
+                if event["type"] == "attempt.checkpointed" and event["attempt_id"]:
+                    self.attempt = event["attempt_id"]
+                    self.admin.preempt_attempt(self.attempt)
+                    console.print(
+                        f"  [bold yellow]⚡ injected preemption[/] of attempt {self.attempt} "
+                        f"(job {event['job_id']}) after its checkpoint at step {event['data'].get('step')}"
+                    )
+                    self.done.set()
+                    return
+
+
+def follow(process: subprocess.Popen[str], log: Path) -> None:
+    """Show the run as it goes: tasks starting and ending, and what the training tasks tell."""
+    started: dict[str, float] = {}
+    with log.open("w") as out:
+        for line in process.stdout or ():
+            out.write(line)
+            if match := TASK_EVENT.search(line):
+                what, task, index = match.groups()
+                name = task + (f"[{index}]" if index != "-1" else "")
+                if what == "starting":
+                    started[name] = time.monotonic()
+                    console.print(f"[cyan]▶ {name}[/]")
+                else:
+                    console.print(
+                        f"[green]  ✓ {name}[/] [dim]{time.monotonic() - started.get(name, 0):.0f}s[/]"
+                    )
+            elif match := TELLS.search(line):
+                console.print(f"    {match.group(1)}", markup=False)
+
+
+def summary(admin: GpuyardClient, airflow_db: Path) -> None:
+    """The outcome: model version, alias, metrics against the champion, the jobs' attempts."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    definition = load_definition(PIPELINE)
+    with sqlite3.connect(airflow_db) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT task_id, value FROM xcom WHERE dag_id = ? AND key = 'return_value' "
+                "AND task_id = 'evaluate'",
+                (PIPELINE,),
+            ).fetchall()
+        )
+        published = conn.execute(
+            "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = 'publish'", (PIPELINE,)
+        ).fetchone()
+    verdict = json.loads(rows["evaluate"])
+    mlflow = MlflowClient(definition.tracking_uri)
+    model, alias = definition.promotion.model, definition.promotion.alias
+    champion = mlflow.get_model_version_by_alias(model, alias)
+    candidate = verdict["candidate"]
+    promoted = published is not None and published[0] == "success"
+    console.rule("the outcome")
+    tags = mlflow.get_model_version(model, candidate["version"]).tags
+    console.print(
+        f"[bold]{'PROMOTED' if promoted else 'REJECTED'}[/]: {model} version {candidate['version']} "
+        f"{'is now' if promoted else 'is not'} @{alias}; @{alias} = version {champion.version}"
+    )
+    console.print(f"  why: {tags.get('promotion_reason') or tags.get('rejected')}", markup=False)
+    metric = verdict["metric"]
+    line = f"  {metric} on the held-out days: candidate {candidate['value']:.4f}"
+    if verdict["champion"]:
+        line += f", champion (version {verdict['champion']['version']}) {verdict['champion']['value']:.4f}"
+    console.print(line + (" (no champion before)" if not verdict["champion"] else ""))
+    jobs = [j for j in admin.jobs(limit=50) if j["spec"]["labels"].get("pipeline") == PIPELINE]
+    for job in reversed(jobs):
+        detail = admin.job(job["id"])
+        console.print(f"  training job {job['id']} ({job['name']}): {detail['state']}")
+        for attempt in detail["attempts"]:
+            nodes = ", ".join(f"{n['node']} GPUs {n['gpus']}" for n in attempt["placement"].get("nodes", []))
+            lost = max(0, (attempt["step"] or 0) - (attempt["checkpoint_step"] or 0))
+            console.print(
+                f"    attempt {attempt['number']} {attempt['state']:<9} on {nodes} (CPU slots): steps to "
+                f"{attempt['step']}, last checkpoint {attempt['checkpoint_step']}, "
+                f"{lost if attempt['state'] in ('PREEMPTED', 'LOST') else 0} step(s) lost"
+                + (f"; {attempt['reason']}" if attempt["reason"] else ""),
+                markup=False,
+            )
+    console.print(
+        f"lineage: MLflow run of the DAG run and its training children in {definition.tracking_uri}\n"
+        "open the Airflow, gpuyard and MLflow UIs on this data: [bold]make ui[/]"
+    )
+
+
+def main() -> int:
+    started = time.monotonic()
+    os.environ[HOME_VARIABLE] = str(DEMO)  # the definition's data root, for this process too
+    definition = load_definition(PIPELINE)
+    shutil.rmtree(DEMO / "airflow", ignore_errors=True)
+    (DEMO / "airflow").mkdir(parents=True)
+    env = environment()
+    console.rule(
+        "1. gpuyard up: SQLite store, in-process bus, scheduler, local launcher on 2 CPU slots (no GPU)"
+    )
+    server, home = start_gpuyard(env)
+    try:
+        url = json.loads((home / SERVER_FILE).read_text())["url"]
+        token = team_token(home, env)
+        admin = GpuyardClient(resolve_endpoint(url=url, home=home))
+        console.print(f"gpuyard at {url}; team a token in the `gpuyard_default` Airflow connection")
+        airflow_env = airflow_environment({"conn_type": "gpuyard", "host": url, "password": token})
+        subprocess.run(
+            [str(BIN / "airflow"), "db", "migrate"], env=airflow_env, capture_output=True, check=True
+        )
+        window = definition.window()
+        console.rule(
+            f"2. airflow dags test {PIPELINE}: {window.prepare_start}..{window.run_date} of 2013 flights, "
+            f"a grid of {len(definition.job.grid)} training jobs"
+        )
+        preemption = Preemption(admin)
+        preemption.start()
+        dag_test = subprocess.Popen(
+            [str(BIN / "airflow"), "dags", "test", PIPELINE],
+            env=airflow_env,
+            cwd=REPOSITORY,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        follow(dag_test, DEMO / "dags-test.log")
+        code = dag_test.wait()
+        preemption.stop.set()
+        if code != 0 or "DagRun Finished" not in (DEMO / "dags-test.log").read_text():
+            console.print(f"[red]the DAG run failed[/]; the whole log: {DEMO / 'dags-test.log'}")
+            return 1
+        if not preemption.done.is_set():
+            console.print("[red]the training job ended before the injected preemption could land[/]")
+        summary(admin, DEMO / "airflow" / "airflow.db")
+        console.print(f"[dim]make demo took {time.monotonic() - started:.0f}s; state in {DEMO}[/]")
+        return 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Lineage in MLflow: one run per DAG run, the training runs its children, the model versions tagged.
+
+The DAG run's MLflow run holds what the run was: dag id, run id, logical date, the git commit of
+the code, the sha256 of the pipeline definition, the run's Params, and the evaluation. Each
+training job's run is its child (`mlflow.parentRunId`, set by the training runtime from
+MLFLOW_PARENT_RUN_ID), tagged here with the gpuyard job, its attempts, preemptions and lost
+progress, the training set's manifest hash and the feature service with its version. A registered
+model version carries the ids of both runs, so a person walks from a version to all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from pipelines import storage
+from pipelines.definition import REPOSITORY, PipelineDefinition
+
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def client(definition: PipelineDefinition) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=definition.tracking_uri)
+
+
+def experiment_id(definition: PipelineDefinition) -> str:
+    """The pipeline's experiment, created with its artifacts under the data root (never ./mlruns)."""
+    mlflow = client(definition)
+    found = mlflow.get_experiment_by_name(definition.experiment)
+    if found is not None:
+        return str(found.experiment_id)
+    location = storage.join(definition.data.root, "mlartifacts")
+    return str(mlflow.create_experiment(definition.experiment, artifact_location=location))
+
+
+def git_commit() -> str:
+    """The repository's commit, with `-dirty` when files differ from it (reproducibility)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def start_run(
+    definition: PipelineDefinition,
+    *,
+    dag_id: str,
+    run_id: str,
+    logical_date: str | None,
+    params: Mapping[str, Any],
+    window: Mapping[str, str],
+) -> str:
+    """The DAG run's MLflow run: found again by its tags on a retry, else created (idempotent)."""
+    mlflow = client(definition)
+    experiment = experiment_id(definition)
+    found = mlflow.search_runs(
+        [experiment],
+        filter_string=f"tags.`airflow.dag_id` = '{dag_id}' and tags.`airflow.run_id` = '{run_id}'",
+        max_results=1,
+    )
+    if found:
+        return str(found[0].info.run_id)
+    commit = git_commit()
+    run = mlflow.create_run(
+        experiment,
+        run_name=f"{dag_id} {run_id}",
+        tags={
+            "airflow.dag_id": dag_id,
+            "airflow.run_id": run_id,
+            "airflow.logical_date": logical_date or "",
+            "git.commit": commit,
+            "pipeline.name": definition.name,
+            "pipeline.definition_sha256": definition.digest,
+            "pipeline.definition": str(definition.path.relative_to(REPOSITORY))
+            if definition.path.is_relative_to(REPOSITORY)
+            else str(definition.path),
+        },
+    )
+    for key, value in {**params, **{f"window.{k}": v for k, v in window.items()}}.items():
+        mlflow.log_param(run.info.run_id, key, str(value))
+    return str(run.info.run_id)
+
+
+def manifest_digest(manifest_url: str) -> str:
+    fs, path = storage.filesystem(manifest_url)
+    with fs.open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def tag_training_run(
+    definition: PipelineDefinition, run_id: str, result: Mapping[str, Any], training_set: Mapping[str, Any]
+) -> None:
+    """The training run's lineage: its gpuyard job and the data it learned from."""
+    service = training_set["feature_service"]
+    tags = {
+        "gpuyard.job_id": result["job_id"],
+        "gpuyard.attempts": str(result["attempts"]),
+        "gpuyard.preemptions": str(result["preemptions"]),
+        "gpuyard.progress_lost_steps_total": str(result["lost_steps"]),
+        "training_set.manifest": training_set["manifest_url"],
+        "training_set.manifest_sha256": training_set["manifest_sha256"],
+        "training_set.data_snapshot_id": training_set["data_snapshot_id"],
+        "feature_service.name": service["name"],
+        "feature_service.version": service["version"],
+        "feature_service.fingerprint": service["fingerprint"],
+    }
+    mlflow = client(definition)
+    for key, value in tags.items():
+        mlflow.set_tag(run_id, key, value)
+
+
+def tag_version(definition: PipelineDefinition, version: str, tags: Mapping[str, Any]) -> None:
+    mlflow = client(definition)
+    for key, value in tags.items():
+        mlflow.set_model_version_tag(definition.promotion.model, version, key, _text(value))
+
+
+def log_to_run(
+    run_id: str, definition: PipelineDefinition, metrics: Mapping[str, float], **tags: Any
+) -> None:
+    mlflow = client(definition)
+    for key, value in metrics.items():
+        mlflow.log_metric(run_id, key, float(value))
+    for key, value in tags.items():
+        mlflow.set_tag(run_id, key, _text(value))
+
+
+def end_run(definition: PipelineDefinition, run_id: str, status: str) -> None:
+    client(definition).set_terminated(run_id, status=status)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)

@@ -1,0 +1,421 @@
+"""A model pipeline's steps as Airflow tasks, shared by every pipeline's DAG file (dags/<name>.py).
+
+Each function adds one step to the DAG being defined and returns it (a task's output, or its
+operators) for the DAG file to wire: `run = step.start(PIPELINE)`, `step.ingest(PIPELINE, run)`.
+Tasks carry the definition's path and read the file again when they run; the days a run covers come
+from `start` (its XCom), so every step of a run sees the same window. Heavy imports (Spark, Feast,
+Great Expectations, MLflow) happen inside the tasks, never when a DAG file is parsed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.hitl import HITLOperator
+from airflow.sdk import (
+    Asset,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    Param,
+    TriggerRule,
+    get_current_context,
+    task,
+)
+from airflow.sdk.exceptions import AirflowSkipException
+from gpuyard.airflow.operators.training import GpuTrainingOperator
+
+from pipelines import prepare as prepare_step
+from pipelines import storage
+from pipelines.definition import REPOSITORY, PipelineDefinition, load_definition
+
+log = logging.getLogger(__name__)
+START = "{{{{ ti.xcom_pull(task_ids='start')['{field}'] }}}}"  # a field of the run's window
+
+
+def raw_asset(definition: PipelineDefinition) -> Asset:
+    """The landing zone of raw flights: an event on it (a new partition landed) triggers a run."""
+    return Asset(
+        name=f"{definition.name}/raw/flights",
+        uri=storage.join(definition.data.root, "raw", "flights"),
+        group="raw",
+    )
+
+
+def model_asset(definition: PipelineDefinition) -> Asset:
+    """The model the pipeline publishes: an event on it each time the alias moves."""
+    model, alias = definition.promotion.model, definition.promotion.alias
+    return Asset(name=f"{model}@{alias}", uri=f"mlflow-models://{model}/{alias}", group="model")
+
+
+def schedule(definition: PipelineDefinition) -> Any:
+    """Daily (or the definition's cron) without catch-up, and whenever raw flights land."""
+    if definition.schedule is None:
+        return [raw_asset(definition)]
+    return AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(definition.schedule, timezone="UTC"), assets=[raw_asset(definition)]
+    )
+
+
+def params(definition: PipelineDefinition) -> dict[str, Param]:
+    """The Params form of a manual run; its defaults are the definition's."""
+    job = definition.job
+    return {
+        "run_date": Param(
+            definition.data.run_date.isoformat(),
+            type="string",
+            format="date",
+            title="Run date",
+            description="the newest day of data the run takes (an asset event's `date` wins)",
+        ),
+        "max_steps": Param(job.max_steps, type="integer", minimum=1, title="Training steps"),
+        "gpus": Param(job.gpus, type="integer", minimum=1, title="GPUs per job"),
+        "gpu_type": Param(job.gpu_type, type=["null", "string"], title="GPU type"),
+        "priority": Param(job.priority, enum=["low", "normal", "high"], title="Priority"),
+        "preemptible": Param(job.preemptible, type="boolean", title="Preemptible"),
+        "new_job": Param(
+            False,
+            type="boolean",
+            title="Fresh training job",
+            description="clearing the train task starts a new job instead of re-attaching to this run's",
+        ),
+    }
+
+
+def _definition(path: str) -> PipelineDefinition:
+    return load_definition(path)
+
+
+def _triggering_date(context: Any) -> str | None:
+    """The `date` of the newest raw-partition event that triggered this run, if any."""
+    events = [e for batch in (context.get("triggering_asset_events") or {}).values() for e in batch]
+    dates = [str(e.extra["date"]) for e in events if (e.extra or {}).get("date")]
+    return max(dates) if dates else None
+
+
+@task(task_id="start")
+def _start(path: str) -> dict[str, Any]:
+    from pipelines import lineage
+
+    context = get_current_context()
+    definition = _definition(path)
+    run_date = _triggering_date(context) or context["params"]["run_date"]
+    window = definition.window(run_date)
+    days = {k: str(v) for k, v in window.model_dump().items()} | {"holdout_end": str(window.holdout_end)}
+    dag_run = context["dag_run"]
+    logical = context.get("logical_date")
+    parent = lineage.start_run(
+        definition,
+        dag_id=dag_run.dag_id,
+        run_id=dag_run.run_id,
+        logical_date=logical.isoformat() if logical else None,
+        params=dict(context["params"]),
+        window=days,
+    )
+    return {**days, "mlflow_run_id": parent, "git_commit": lineage.git_commit()}
+
+
+def start(definition: PipelineDefinition) -> Any:
+    """The run's window (from the Params, or the triggering asset event) and its MLflow run."""
+    return _start(str(definition.path))
+
+
+def _config(path: str, run: dict[str, Any]) -> Any:
+    definition = _definition(path)
+    return definition.step_config(definition.window(run["run_date"]))
+
+
+@task(task_id="ingest")
+def _ingest(path: str, run: dict[str, Any]) -> dict[str, int]:
+    from pipelines import ingest
+
+    config = _config(path, run)
+    landed = ingest.ingest(config, dt.date.fromisoformat(run["raw_start"]), config.end_date)
+    return dict(landed.rows)
+
+
+def ingest(definition: PipelineDefinition, run: Any) -> Any:
+    """Land the raw tables of the run's days (and the look-back the windows need)."""
+    return _ingest(str(definition.path), run)
+
+
+@task(task_id="validate_raw")
+def _validate_raw(path: str, run: dict[str, Any]) -> list[str]:
+    from pipelines import validate
+
+    config = _config(path, run)
+    reports = validate.validate_raw(config, dt.date.fromisoformat(run["raw_start"]), config.end_date)
+    return [r.report_url for r in reports]
+
+
+def validate_raw(definition: PipelineDefinition, run: Any) -> Any:
+    return _validate_raw(str(definition.path), run)
+
+
+def spark_connection(definition: PipelineDefinition) -> str:
+    """The Airflow connection spark-submit uses: the master the definition names.
+
+    Defined through the environment of whatever process parses the DAG file (the task's own
+    worker among them), unless the deployment defined it already (a cluster's credentials).
+    """
+    conn_id = f"spark_{definition.name}"
+    connection = {"conn_type": "spark", "host": definition.spark.master}
+    os.environ.setdefault(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
+    return conn_id
+
+
+def prepare(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
+    """One SparkSubmitOperator per Spark job of the definition, over the run's prepared days."""
+    config = definition.step_config()  # the days come from the run: templates below
+    start, end = START.format(field="prepare_start"), START.format(field="run_date")
+    return [
+        SparkSubmitOperator(
+            task_id=job,
+            application=str(prepare_step.JOBS_DIR / f"{job}.py"),
+            application_args=prepare_step.job_arguments(config, job, start, end),
+            conn_id=spark_connection(definition),
+            conf={"spark.sql.session.timeZone": "UTC"},
+            name=f"{definition.name}-{job}",
+            env_vars={"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )
+        for job in definition.spark.jobs
+    ]
+
+
+@task(task_id="validate_features")
+def _validate_features(path: str, run: dict[str, Any]) -> list[str]:
+    from pipelines import validate
+
+    return [r.report_url for r in validate.validate_features(_config(path, run))]
+
+
+def validate_features(definition: PipelineDefinition, run: Any) -> Any:
+    return _validate_features(str(definition.path), run)
+
+
+@task(task_id="feast_apply")
+def _feast_apply(path: str, run: dict[str, Any]) -> list[str]:
+    from pipelines import features
+
+    return features.apply(_config(path, run))
+
+
+def feast_apply(definition: PipelineDefinition, run: Any) -> Any:
+    return _feast_apply(str(definition.path), run)
+
+
+@task(task_id="materialize")
+def _materialize(path: str, run: dict[str, Any]) -> list[str]:
+    from pipelines import features
+
+    config = _config(path, run)
+    end = dt.datetime.combine(config.end_date + dt.timedelta(days=1), dt.time(6, 0))
+    return features.materialize(config, end)
+
+
+def materialize(definition: PipelineDefinition, run: Any) -> Any:
+    """Load the features up to the run date into the online store (serving)."""
+    return _materialize(str(definition.path), run)
+
+
+@task(task_id="training_set")
+def _training_set(path: str, run: dict[str, Any]) -> dict[str, Any]:
+    from pipelines import lineage, training_set
+
+    config = _config(path, run)
+    day = dt.date.fromisoformat
+    parts = {
+        "train": (day(run["train_start"]), day(run["train_end"])),
+        "holdout": (day(run["holdout_start"]), day(run["holdout_end"])),
+    }
+    built = {}
+    for part, result in training_set.build_training_sets(config, parts).items():
+        built[part] = {
+            "manifest_url": result.manifest_url,
+            "data_url": result.data_url,
+            "rows": result.manifest["row_count"],
+            "positive_rate": result.manifest["positive_rate"],
+            "data_snapshot_id": result.manifest["data_snapshot_id"],
+            "manifest_sha256": lineage.manifest_digest(result.manifest_url),
+            "feature_service": {
+                k: result.manifest["feature_service"][k] for k in ("name", "version", "fingerprint")
+            },
+        }
+    return built
+
+
+def training_set(definition: PipelineDefinition, run: Any) -> Any:
+    """Point-in-time training set of the training days, and the held-out set of the newest days."""
+    return _training_set(str(definition.path), run)
+
+
+@task(task_id="validate_training_set")
+def _validate_training_set(sets: dict[str, Any]) -> list[str]:
+    from pipelines import validate
+
+    return [
+        validate.validate_training_set(sets[part]["manifest_url"]).report_url for part in ("train", "holdout")
+    ]
+
+
+def validate_training_set(definition: PipelineDefinition, sets: Any) -> Any:
+    return _validate_training_set(sets)
+
+
+@task(task_id="grid")
+def _grid(path: str, sets: dict[str, Any]) -> list[dict[str, Any]]:
+    definition = _definition(path)
+    fixed = {
+        "data.path": sets["train"]["data_url"],
+        "mlflow.experiment": definition.experiment,
+        "mlflow.register_model": definition.promotion.model,
+        "mlflow.artifact_location": storage.join(definition.data.root, "mlartifacts"),
+    }
+    return [fixed | dict(entry) for entry in definition.job.grid]
+
+
+def train(definition: PipelineDefinition, sets: Any) -> Any:
+    """One GPU training job per entry of the definition's grid (dynamic task mapping)."""
+    job = definition.job
+    relative = definition.path.relative_to(REPOSITORY) if definition.path.is_relative_to(REPOSITORY) else None
+    return GpuTrainingOperator.partial(
+        task_id="train",
+        name=f"{definition.name.replace('_', '-')}-train",
+        team=job.team,
+        training_config=str(relative or definition.path),
+        checkpoint_root=definition.checkpoint_root,
+        image=job.image,
+        nodes=job.nodes,
+        max_failures=job.max_failures,
+        workdir_root=storage.local_path(storage.join(definition.data.root, "train"))
+        if storage.is_local(definition.data.root)
+        else None,
+        mlflow_tracking_uri=definition.tracking_uri,
+        mlflow_parent_run_id=START.format(field="mlflow_run_id"),
+        reproducibility={
+            "seed": int(definition.training.get("seed", 0)),
+            "code_version": START.format(field="git_commit"),
+            "data_snapshot": "{{ ti.xcom_pull(task_ids='training_set')['train']['data_snapshot_id'] }}",
+        },
+        labels={"pipeline": definition.name},
+    ).expand(overrides=_grid(str(definition.path), sets))
+
+
+@task(task_id="pick_best")
+def _pick_best(path: str, sets: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    from pipelines import lineage
+
+    definition = _definition(path)
+    mlflow = lineage.client(definition)
+    scored = []
+    for result in results:
+        lineage.tag_training_run(definition, result["mlflow_run_id"], result, sets["train"])
+        run = mlflow.get_run(result["mlflow_run_id"])
+        scored.append((run.data.metrics.get("val_loss", float("inf")), result))
+    best_loss, best = min(scored, key=lambda pair: pair[0])
+    for loss, result in scored:
+        if result is not best and result["model_uri"]:
+            version = str(result["model_uri"]).rsplit("/", 1)[-1]
+            reason = f"not the best of the grid: val_loss {loss:.4f} > {best_loss:.4f}"
+            lineage.tag_version(definition, version, {"rejected": reason})
+    return {**best, "val_loss": best_loss, "grid_size": len(scored)}
+
+
+def pick_best(definition: PipelineDefinition, sets: Any, candidates: Any) -> Any:
+    """The candidate of the grid with the lowest val_loss; the others are tagged rejected."""
+    return _pick_best(str(definition.path), sets, candidates.output)
+
+
+@task(task_id="evaluate")
+def _evaluate(path: str, run: dict[str, Any], best: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    from pipelines import evaluate as evaluation
+    from pipelines import lineage
+
+    definition = _definition(path)
+    verdict = evaluation.evaluate(definition, best, sets["holdout"]["manifest_url"])
+    metric = verdict.metric
+    scores = {f"candidate_{metric}": verdict.candidate.value}
+    if verdict.champion is not None:
+        scores[f"champion_{metric}"] = verdict.champion.value
+    lineage.log_to_run(run["mlflow_run_id"], definition, scores, **{"evaluation.reason": verdict.reason})
+    lineage.log_to_run(best["mlflow_run_id"], definition, {f"holdout_{metric}": verdict.candidate.value})
+    return {**verdict.as_dict(), "job_id": best["job_id"], "mlflow_run_id": best["mlflow_run_id"]}
+
+
+def evaluate(definition: PipelineDefinition, run: Any, best: Any, sets: Any) -> Any:
+    """The candidate against the champion on the held-out days, by the definition's metric."""
+    return _evaluate(str(definition.path), run, best, sets)
+
+
+def approval(definition: PipelineDefinition) -> HITLOperator:
+    """The approval gate in the Airflow UI (Required Actions), the comparison in its body."""
+    model = definition.promotion.model
+    return HITLOperator(
+        task_id="approve",
+        subject=f"Promote {model} version {{{{ ti.xcom_pull(task_ids='evaluate')['candidate']['version'] }}}}"
+        f" to {definition.promotion.alias}?",
+        body="{{ ti.xcom_pull(task_ids='evaluate')['summary'] }}",
+        options=["Approve", "Reject"],
+    )
+
+
+@task(task_id="publish")
+def _publish(
+    path: str, run: dict[str, Any], verdict: dict[str, Any], approved: dict[str, Any] | None
+) -> dict[str, Any]:
+    from pipelines import publish as publication
+
+    definition = _definition(path)
+    context = get_current_context()
+    outcome = publication.publish(
+        definition,
+        verdict,
+        approval=approved,
+        lineage_tags={
+            "airflow.dag_id": context["dag_run"].dag_id,
+            "airflow.run_id": context["dag_run"].run_id,
+            "mlflow.parent_run_id": run["mlflow_run_id"],
+            "gpuyard.job_id": verdict["job_id"],
+        },
+    )
+    log.info(
+        "%s: %s version %s: %s",
+        "PROMOTED" if outcome["promoted"] else "REJECTED",
+        definition.promotion.model,
+        outcome["version"],
+        outcome["reason"],
+    )
+    if not outcome["promoted"]:
+        raise AirflowSkipException(f"not published: {outcome['reason']}")  # no model asset event
+    context["outlet_events"][model_asset(definition)].extra = {"version": outcome["version"]}
+    return outcome
+
+
+def publish(definition: PipelineDefinition, run: Any, verdict: Any, approved: Any = None) -> Any:
+    """Move the alias, or tag the version rejected with the reason; a move is a model asset event."""
+    return _publish.override(outlets=[model_asset(definition)])(str(definition.path), run, verdict, approved)
+
+
+@task(task_id="finish", trigger_rule=TriggerRule.ALL_DONE)
+def _finish(path: str, run: dict[str, Any]) -> str:
+    from pipelines import lineage
+
+    context = get_current_context()
+    ti, dag_run = context["ti"], context["dag_run"]
+    states = ti.get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id]).get(dag_run.run_id, {})
+    failed = sorted(task for task, state in states.items() if state in ("failed", "upstream_failed"))
+    status = "FAILED" if failed else "FINISHED"
+    definition = _definition(path)
+    lineage.log_to_run(run["mlflow_run_id"], definition, {}, **{"pipeline.failed_tasks": failed})
+    lineage.end_run(definition, run["mlflow_run_id"], status)
+    return status
+
+
+def finish(definition: PipelineDefinition, run: Any) -> Any:
+    """Close the run's MLflow run: FINISHED, or FAILED naming the tasks that failed."""
+    return _finish(str(definition.path), run)

@@ -1,0 +1,92 @@
+"""The DAG folder imports with no errors, and each DAG is what its definition says: task order,
+schedule, Assets, Params, the mapped training task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow_harness import ROOT, run_python
+
+from pipelines.definition import load_definition
+
+SHAPE = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r)
+dags = {}
+for dag_id, dag in bag.dags.items():
+    timetable = dag.timetable
+    dags[dag_id] = {
+        "tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
+        "mapped": sorted(t.task_id for t in dag.tasks if type(t).__name__ == "MappedOperator"),
+        "schedule": type(timetable).__name__,
+        "cron": getattr(getattr(timetable, "timetable", None), "expression", None),
+        "assets": sorted(a.uri for a in timetable.asset_condition.objects)
+            if hasattr(timetable, "asset_condition") else [],
+        "outlets": {t.task_id: [o.name for o in t.outlets] for t in dag.tasks if getattr(t, "outlets", None)},
+        "params": {k: dag.params.get_param(k).value for k in dag.params},
+        "catchup": dag.catchup,
+        "max_active_runs": dag.max_active_runs,
+    }
+print(json.dumps({"errors": bag.import_errors, "dags": dags}, default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from airflow_harness import airflow_environment
+
+    home = tmp_path_factory.mktemp("airflow")
+    report = run_python(airflow_environment(home), SHAPE % str(ROOT / "dags"))
+    assert isinstance(report, dict)
+    return report
+
+
+def test_the_dag_folder_imports_with_no_errors(folder: dict[str, Any]) -> None:
+    assert folder["errors"] == {}
+    assert "flights_delay" in folder["dags"]
+
+
+def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
+    tasks = folder["dags"]["flights_delay"]["tasks"]
+    order = [
+        ("start", "ingest"),
+        ("ingest", "validate_raw"),
+        ("validate_raw", "prepare_flights"),
+        ("validate_raw", "prepare_weather"),
+        ("validate_raw", "prepare_planes"),
+        ("prepare_flights", "validate_features"),
+        ("validate_features", "feast_apply"),
+        ("feast_apply", "materialize"),
+        ("materialize", "training_set"),
+        ("training_set", "validate_training_set"),
+        ("validate_training_set", "train"),
+        ("grid", "train"),
+        ("train", "pick_best"),
+        ("pick_best", "evaluate"),
+        ("evaluate", "publish"),
+        ("publish", "finish"),
+    ]
+    for upstream, downstream in order:
+        assert upstream in tasks[downstream], f"{upstream} must run before {downstream}"
+    assert "approve" not in tasks  # the definition asks for no approval
+    assert folder["dags"]["flights_delay"]["mapped"] == ["train"]
+
+
+def test_flights_delay_schedule_assets_and_params_are_the_definitions(folder: dict[str, Any]) -> None:
+    dag = folder["dags"]["flights_delay"]
+    definition = load_definition("flights_delay")
+    assert dag["schedule"] == "AssetOrTimeSchedule" and dag["cron"] == "0 0 * * *"
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    assert [uri.rstrip("/") for uri in dag["assets"]] == [f"{definition.data.root}/raw/flights"]
+    assert dag["outlets"] == {"publish": ["flights-delay@champion"]}
+    assert dag["params"] == {
+        "run_date": "2013-01-21",
+        "max_steps": definition.job.max_steps,
+        "gpus": definition.job.gpus,
+        "gpu_type": "cpu",
+        "priority": "normal",
+        "preemptible": True,
+        "new_job": False,
+    }
