@@ -138,13 +138,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _ranks(attempt: RunningAttempt, settled: bool) -> tuple[float, ...]:
-    """Each rule's rank of the attempt; NEVER where no rule could take it."""
-    if not attempt.preemptible:
-        return (NEVER,) * len(RULES)
-    return tuple(NEVER if rule.settled and not settled else rule.victim_rank(attempt) for rule in RULES)
-
-
 class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
     attempt: RunningAttempt
     ranks: tuple[float, ...]  # per rule (`_ranks`)
@@ -160,19 +153,38 @@ class Preemption:
     def __init__(self, state: ClusterState, now: datetime, policy: Policy):
         self.state, self.now, self.policy = state, now, policy
         self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
+        # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
+        # costs a lookup per attempt (cleared per search: the floors are the job's).
+        self._passes: dict[tuple[float, ...], bool] = {}
         self.no_victims: set[tuple[object, ...]] = set()
         self._by_domain: dict[DomainKey, list[Candidate]] | None = None
         self._best: list[float] = [NEVER] * len(RULES)  # per rule, the highest rank of any attempt
         self._any_stopping = False
         self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
 
+    def _ranks(self, attempt: RunningAttempt, settled: bool) -> tuple[float, ...]:
+        """Each rule's rank of the attempt; NEVER where no rule could take it. Rules sharing a rank
+        function (the two priority rules) compute it once."""
+        ranks = [NEVER] * len(RULES)
+        if attempt.preemptible:
+            computed: dict[Callable[[RunningAttempt], float], float] = {}
+            for i in self.enabled:
+                rule = RULES[i]
+                if settled or not rule.settled:
+                    rank = computed.get(rule.victim_rank)
+                    if rank is None:
+                        rank = computed[rule.victim_rank] = rule.victim_rank(attempt)
+                    ranks[i] = rank
+        return tuple(ranks)
+
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
         if self._by_domain is None:
             self._by_domain = {}
             now_s = self.now.timestamp()
+            live: list[tuple[float, ...]] = []
             for attempt in self.state.running:
                 p = attempt.placement
-                ranks = _ranks(attempt, now_s - attempt.started_s >= MIN_RUN_S)
+                ranks = self._ranks(attempt, now_s - attempt.started_s >= MIN_RUN_S)
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
                 self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(
                     Candidate(attempt, ranks, unsaved)
@@ -181,7 +193,9 @@ class Preemption:
                     self._any_stopping = True
                     self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
                 else:
-                    self._best = [max(best, rank) for best, rank in zip(self._best, ranks, strict=True)]
+                    live.append(ranks)
+            if live:
+                self._best = [max(column) for column in zip(*live, strict=True)]
         return self._by_domain
 
     def stopping_by_team(self) -> dict[str, int]:
@@ -214,16 +228,6 @@ class Preemption:
             replace(a, stopping=True) if a.attempt_id in ids else a for a in self.state.running
         ]
 
-    def _rule(self, job: PendingJob, candidate: Candidate, admitted: str | None, floors: list[float]) -> int:
-        """The first enabled rule (its index) whose ranks and full condition let `job` take the
-        candidate, or -1."""
-        for i in self.enabled:
-            if candidate.ranks[i] > floors[i] and RULES[i].allows(
-                job, candidate.attempt, self.policy, admitted, self.state
-            ):
-                return i
-        return -1
-
     def victims(
         self,
         job: PendingJob,
@@ -251,6 +255,10 @@ class Preemption:
             return None
         by_domain = self.running_by_domain()
         floors = [rule.job_rank(job, admitted) for rule in RULES]
+        # The rules that may take some attempt of this cycle from this job (the bounds), in order.
+        active = [(i, floors[i], RULES[i]) for i in self.enabled if self._best[i] > floors[i]]
+        passes = self._passes
+        passes.clear()
         keeps_quota = [rule.keeps_quota(policy, admitted) for rule in RULES]
         stopping = self.stopping_by_team() if policy.quota else {}
         members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
@@ -268,12 +276,17 @@ class Preemption:
                     options.append((-1.0, Victim(attempt, "", "already stopping"), False))
                     continue
                 ranks = candidate.ranks
-                if not any(ranks[i] > floors[i] for i in self.enabled):
+                ok = passes.get(ranks)
+                if ok is None:
+                    ok = passes[ranks] = any(ranks[i] > floor for i, floor, _ in active)
+                if not ok:
                     continue  # the prefilter: no rule could apply
-                if (i := self._rule(job, candidate, admitted, floors)) >= 0:
-                    rule = RULES[i]
-                    why = rule.reason.format(id=job.id, team=job.team)
-                    options.append((candidate.unsaved_gpu_s, Victim(attempt, rule.name, why), keeps_quota[i]))
+                # The first rule of the table whose ranks and full condition let the job take it.
+                for i, floor, rule in active:
+                    if ranks[i] > floor and rule.allows(job, attempt, policy, admitted, state):
+                        victim = Victim(attempt, rule.name, rule.reason.format(id=job.id, team=job.team))
+                        options.append((candidate.unsaved_gpu_s, victim, keeps_quota[i]))
+                        break
             options.sort(key=lambda option: option[0])
             freed: dict[str, int] = {name: len(state.free[name]) for name in names}
             chosen: Victims = []

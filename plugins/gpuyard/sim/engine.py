@@ -157,6 +157,8 @@ class Totals:
     interruptions: int = 0
     attempts_killed: int = 0
     cycles: int = 0
+    # Free GPUs that no queued job can use (fragments), integrated between the first and last submit.
+    stranded_in_window_gpu_s: float = 0.0
 
 
 @dataclass
@@ -191,6 +193,7 @@ class SimResult:
     start: datetime
     end_s: float  # last completion, seconds after `start`
     last_submit_s: float
+    stranded: list[tuple[float, int]]  # (seconds after `start`, stranded GPUs from then on), at each change
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,9 @@ class Simulator:
         # What cycles see of the queue, kept as it changes: a backlog of thousands costs no rebuild.
         self.queue: dict[str, PendingJob] = {}
         self.queued_sizes: Counter[int] = Counter()  # GPUs asked -> pending jobs asking that many
+        # (GPU models allowed, GPUs per node) -> pending jobs asking so: what a free GPU must offer
+        self.queued_needs: Counter[tuple[tuple[str, ...], int]] = Counter()
+        self.stranded: list[tuple[float, int]] = [(0.0, 0)]
         self.running: dict[str, _Attempt] = {}
         self.on_node: dict[str, set[str]] = {n.name: set() for n in self.fleet.nodes}
         self.usage: dict[str, int] = {}
@@ -236,6 +242,7 @@ class Simulator:
         self.rng = {n.name: random.Random(f"{self.config.seed}:{n.name}") for n in self.fleet.nodes}
         self.max_per_node = max((n.gpus for n in self.fleet.nodes), default=0)
         self.domains = self.fleet.domains()
+        self.models = sorted({n.gpu_type for n in self.fleet.nodes})
         self.capacity = sum(n.gpus for n in self.fleet.nodes)
         self.preempting = self.policy.preempt_priority or self.policy.preempt_las or self.policy.reclaim
         # What cycles see of running attempts, rebuilt when it changes (see _next_change).
@@ -268,9 +275,11 @@ class Simulator:
         nodes = max(1, math.ceil(gpus / self.max_per_node))
         return nodes, math.ceil(gpus / nodes)
 
-    def _feasible(self, nodes: int, per_node: int) -> bool:
+    def _feasible(self, nodes: int, per_node: int, gpu_types: tuple[str, ...]) -> bool:
         return any(
-            sum(1 for n in members if n.gpus >= per_node) >= nodes for members in self.domains.values()
+            sum(1 for n in members if n.gpus >= per_node and (not gpu_types or n.gpu_type in gpu_types))
+            >= nodes
+            for members in self.domains.values()
         )
 
     def run(self, trace: list[TraceJob]) -> SimResult:
@@ -282,8 +291,11 @@ class Simulator:
         rejected: list[tuple[str, str]] = []
         for tj in trace:
             nodes, per_node = self.shape(tj.gpus)
-            if not self._feasible(nodes, per_node):
-                rejected.append((tj.id, f"{nodes} node(s) x {per_node} GPUs fit in no domain of the fleet"))
+            if not self._feasible(nodes, per_node, tj.gpu_types):
+                models = f" of {'|'.join(tj.gpu_types)}" if tj.gpu_types else ""
+                rejected.append(
+                    (tj.id, f"{nodes} node(s) x {per_node} GPUs{models} fit in no domain of the fleet")
+                )
                 continue
             job = _Job(tj, nodes, nodes * per_node, (tj.submitted_at - start).total_seconds(), tj.duration_s)
             self._push(job.submitted_s, _ARRIVAL, job)
@@ -303,12 +315,15 @@ class Simulator:
                 at, kind, _, payload = heapq.heappop(self.events)
                 t = max(t, at)
                 self._handle(t, kind, payload)
-            if self.pending:
+            if not self.pending:
+                self._record_stranded(t)
+            else:
                 same_instant = same_instant + 1 if t == last_t else 0
                 last_t = t
                 if same_instant > 10 * max(len(self.running), 100):
                     raise SimulationError(f"livelock at {t:.0f} s: cycles keep preempting and restarting")
                 self._cycle(t)
+                self._record_stranded(t)
                 if not self.running and not self.down and not self.arrivals_left:
                     stuck = sorted(self.pending)[:5]
                     raise SimulationError(f"nothing runs and the cycle starts none of {stuck}: policy stuck")
@@ -316,8 +331,17 @@ class Simulator:
             stuck = sorted(self.pending)[:5]
             raise SimulationError(f"{live - len(self.done)} job(s) never finished, e.g. {stuck}")
         end = max((j.finished_s for j in self.done), default=0.0)
+        self._record_stranded(end)
         return SimResult(
-            self.policy.name, self.done, rejected, self.totals, self.capacity, start, end, self.last_submit_s
+            self.policy.name,
+            self.done,
+            rejected,
+            self.totals,
+            self.capacity,
+            start,
+            end,
+            self.last_submit_s,
+            self.stranded,
         )
 
     def _handle(self, t: float, kind: int, payload: object) -> None:
@@ -346,6 +370,36 @@ class Simulator:
             if injected is None:
                 self._schedule_interruption(self.nodes[name], t)
 
+    # -- fragmentation ----------------------------------------------------------------------------
+
+    def stranded_gpus(self) -> int:
+        """Free GPUs of nodes that are up where no queued job fits: fewer free than any queued job
+        allowed on the node's GPU model asks per node. Idle GPUs with no queue are not stranded."""
+        if not self.queued_needs:
+            return 0
+        need = {
+            model: min(
+                (per for (allowed, per) in self.queued_needs if not allowed or model in allowed),
+                default=math.inf,
+            )
+            for model in self.models
+        }
+        return sum(
+            len(gpus)
+            for name, gpus in self.free.items()
+            if gpus and len(gpus) < need[self.nodes[name].gpu_type] and name not in self.down
+        )
+
+    def _record_stranded(self, t: float) -> None:
+        """A change of the stranded GPUs at `t`; the value before it is integrated over the window."""
+        since, value = self.stranded[-1]
+        now = self.stranded_gpus() if self.pending else 0
+        if now != value:
+            if value:
+                window = max(0.0, min(t, self.last_submit_s) - since)
+                self.totals.stranded_in_window_gpu_s += value * window
+            self.stranded.append((t, now))
+
     # -- the scheduling cycle -------------------------------------------------------------------
 
     def _now(self, t: float) -> datetime:
@@ -359,7 +413,7 @@ class Simulator:
             team=job.trace.team,
             gpus=job.gpus,
             nodes=job.nodes,
-            gpu_types=(),
+            gpu_types=job.trace.gpu_types,
             priority=self.config.priority,
             preemptible=True,
             submitted_at=job.trace.submitted_at,
@@ -367,6 +421,7 @@ class Simulator:
             attained_gpu_s=job.attained_gpu_s,
         )
         self.queued_sizes[job.gpus] += 1
+        self.queued_needs[(job.trace.gpu_types, job.gpus // job.nodes)] += 1
 
     def _dequeue(self, job_id: str) -> _Job:
         job = self.pending.pop(job_id)
@@ -374,6 +429,10 @@ class Simulator:
         self.queued_sizes[job.gpus] -= 1
         if not self.queued_sizes[job.gpus]:
             del self.queued_sizes[job.gpus]
+        need = (job.trace.gpu_types, job.gpus // job.nodes)
+        self.queued_needs[need] -= 1
+        if not self.queued_needs[need]:
+            del self.queued_needs[need]
         return job
 
     def _running_snapshot(self, attempt: _Attempt, t: float) -> RunningAttempt:
@@ -554,7 +613,7 @@ class Simulator:
         job = attempt.job
         job.saved_s = job.work_s
         job.finished_s = t
-        self.totals.kept_gpu_s += job.work_s * job.trace.gpus
+        self.totals.kept_gpu_s += job.work_s * job.trace.gpus * job.trace.gpu_share
         assert job.first_start_s is not None
         self.done.append(
             JobResult(

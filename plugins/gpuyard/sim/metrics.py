@@ -11,6 +11,9 @@ Definitions (docs/simulator.md repeats them):
   slices are leased but not kept).
 - Jain's fairness index over teams of each team's mean (duration / JCT), the share of its time a job
   spends doing its work: 1 when every team's jobs are slowed alike.
+- stranded GPUs: free GPUs of nodes that are up on which no queued job fits (fewer free than any
+  queued job allowed on that GPU model asks per node): fragmentation. Its average over the same
+  window as utilization; `stranded_over_time` gives it per period.
 - slowdown: JCT / max(duration, 10 s), at least 1 (Feitelson's bounded slowdown: a 2 s job that
   waited a minute is not slowed 30 times); its worst and 99.9th percentile per job size class
   (1 GPU, 2-8, more than 8) and per team: the tail a starvation guard bounds.
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 import numpy as np
 from gpuyard.sim.engine import JobResult, SimResult
@@ -69,6 +73,7 @@ class Summary:
     p99_pending_h: float
     utilization: float
     util_span: float
+    stranded_gpus: float  # average between the first and the last submit
     goodput: float
     lost_gpu_h: float
     resume_success: float
@@ -130,6 +135,7 @@ def summarize(result: SimResult) -> Summary:
         p99_pending_h=pct(pending, 99),
         utilization=totals.leased_in_window_gpu_s / (capacity * window),
         util_span=totals.leased_gpu_s / (capacity * span),
+        stranded_gpus=totals.stranded_in_window_gpu_s / window,
         goodput=totals.kept_gpu_s / totals.leased_gpu_s if totals.leased_gpu_s else 1.0,
         lost_gpu_h=totals.lost_gpu_s / hour,
         resume_success=totals.resumes_ok / totals.resumes if totals.resumes else 1.0,
@@ -161,6 +167,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("p99_wait_h", "p99 wait h", "{:.2f}"),
     ("avg_pending_h", "avg pending h", "{:.2f}"),
     ("utilization", "util", "{:.3f}"),
+    ("stranded_gpus", "stranded GPUs", "{:.1f}"),
     ("goodput", "goodput", "{:.3f}"),
     ("lost_gpu_h", "lost GPU-h", "{:.0f}"),
     ("resume_success", "resume ok", "{:.3f}"),
@@ -178,6 +185,21 @@ def markdown_table(summaries: list[Summary]) -> str:
         "| " + " | ".join(fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS) + " |" for s in summaries
     ]
     return "\n".join([head, rule, *rows])
+
+
+def stranded_over_time(result: SimResult, periods: int) -> list[float]:
+    """Average stranded GPUs in each of `periods` equal parts of the submit window."""
+    first = min((j.submitted_s for j in result.jobs), default=0.0)
+    width = max(result.last_submit_s - first, 1e-9) / periods
+    totals = [0.0] * periods
+    changes = [*result.stranded, (result.end_s, 0)]
+    for (since, value), (until, _) in pairwise(changes):
+        for k in range(periods):
+            low, high = first + k * width, first + (k + 1) * width
+            overlap = min(until, high) - max(since, low)
+            if overlap > 0:
+                totals[k] += value * overlap
+    return [total / width for total in totals]
 
 
 def _tail(tail: Tail) -> str:

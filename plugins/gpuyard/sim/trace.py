@@ -30,6 +30,8 @@ class TraceJob:
     submitted_at: datetime
     duration_s: float
     gpus: int
+    gpu_types: tuple[str, ...] = ()  # the GPU models it may run on; empty: any
+    gpu_share: float = 1.0  # of each leased GPU it uses (a fractional request placed on a whole GPU)
 
 
 def parse_time(text: str) -> datetime:
