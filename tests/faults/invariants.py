@@ -210,7 +210,9 @@ def attempts_match_exits(history: History) -> list[Violation]:
                 and attempt.state not in ("SUCCEEDED", "CANCELLED")
                 and not _lapsed(journal.get(attempt.id, []), history.lease_s)
             ):
-                flag(f"{where}: every worker exited 0 and its lease held: an outcome was lost")
+                flag(
+                    f"{where}: every worker exited 0 under a lease that held; the store says {attempt.reason!r}"
+                )
             if attempt.state == "PREEMPTED" and attempt.stop_requested is None:
                 flag(f"{where}: PREEMPTED, but the platform never asked it to stop")
     return found
