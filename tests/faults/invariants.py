@@ -211,7 +211,8 @@ def attempts_match_exits(history: History) -> list[Violation]:
                 and not _lapsed(journal.get(attempt.id, []), history.lease_s)
             ):
                 flag(
-                    f"{where}: its workers all exited 0 under a lease that held; the store says {attempt.reason!r}"
+                    f"{where}: every worker exited 0 under a lease that held; "
+                    f"the store says {attempt.reason!r}"
                 )
             if attempt.state == "PREEMPTED" and attempt.stop_requested is None:
                 flag(f"{where}: PREEMPTED, but the platform never asked it to stop")

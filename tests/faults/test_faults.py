@@ -169,7 +169,7 @@ def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for()
     assert details == [
         "attempt 1 (PREEMPTED): PREEMPTED, but the platform never asked it to stop",
         "SUCCEEDED, but its last attempt is LOST",
-        "attempt 1 (LOST): its workers all exited 0 under a lease that held; the store says None",
+        "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None",
     ]
 
 
