@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -380,6 +381,7 @@ def main() -> int:
             os.killpg(process.pid, signal.SIGTERM)
         for process in processes.values():
             process.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
 
     counted = len(spike.job_ids) + len(steady.job_ids)
     growth = {name: (after[name] - before[name]) / max(1, counted) * 10_000 for name in pids}
