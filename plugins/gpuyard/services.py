@@ -49,9 +49,15 @@ def ensure_admin_token(engine: Engine, settings: Settings) -> Path:
     with engine.begin() as conn:
         if path.exists() and team_store.authenticate(conn, path.read_text().strip()):
             return path
-        team_store.ensure_team(conn, ADMIN_TEAM, settings.default_quota, utcnow())
-        token = team_store.create_token(
-            conn, ADMIN_TEAM, team_store.Role.PLATFORM_ADMIN, utcnow(), "embedded instance admin"
+        now = utcnow()
+        team_store.ensure_team(conn, ADMIN_TEAM, settings.default_quota, now)
+        token = team_store.create_token(  # renewed here once expired: the file holds a working token
+            conn,
+            ADMIN_TEAM,
+            team_store.Role.PLATFORM_ADMIN,
+            now,
+            "embedded instance admin",
+            expires_at=settings.tokens.expiry(now),
         )
     settings.home.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

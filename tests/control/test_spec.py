@@ -89,7 +89,7 @@ def test_spec_is_immutable() -> None:
         (with_(priority="urgent"), "priority", "'low', 'normal' or 'high'"),
         (with_(name="Flights_Delay"), "name", "DNS label"),
         (with_(command=[]), "command", "at least 1"),
-        (with_(env={"GPUYARD_ATTEMPT_ID": "x"}), "(root)", "reserved"),
+        (with_(env={"GPUYARD_ATTEMPT_ID": "x"}), "env", "reserved"),
         (with_(retry={"max_failures": 2, "backof": "1s"}), "retry.backof", "Extra inputs"),
     ],
 )
