@@ -5,6 +5,7 @@ user when run as root); Redis is `servers.RedisServer` (no persistence: a restar
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -132,9 +133,15 @@ class SmallDisk:
         return self.mounted
 
     def fill(self) -> None:
-        free = shutil.disk_usage(self.path).free
-        with open(self._ballast, "wb") as ballast:
-            os.posix_fallocate(ballast.fileno(), 0, free)
+        """Take every free block: most at once, then the rest page by page until ENOSPC."""
+        with open(self._ballast, "ab", buffering=0) as ballast:
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(ballast.fileno(), 0, max(1, shutil.disk_usage(self.path).free - (1 << 20)))
+            ballast.seek(0, os.SEEK_END)
+            page = b"\0" * 4096
+            with contextlib.suppress(OSError):  # ENOSPC: full
+                while True:
+                    ballast.write(page)
 
     def free(self) -> None:
         self._ballast.unlink(missing_ok=True)
