@@ -68,6 +68,9 @@ class Cluster:
             "GPUYARD_FLEET_FILE": str(fleet),
             "GPUYARD_API_URL": self.api_url,
             "GPUYARD_LEASE_SECONDS": str(lease_s),
+            # Production's ratio of the bus timeout to the lease (5 s to 60 s): a scheduler waiting on
+            # a black-holed Redis must still renew its leader lease (half a lease) in time.
+            "GPUYARD_BUS_TIMEOUT_SECONDS": f"{max(0.5, lease_s / 12):g}",
             "GPUYARD_GRACE_SECONDS": "5",
             "GPUYARD_DB_POOL_SIZE": "6",
             "GPUYARD_WORKER_DIR": str(run),

@@ -286,7 +286,8 @@ def lost_progress_matches_workers(history: History) -> list[Violation]:
         records = journal.get(attempt.id, [])
         if attempt.state not in ("PREEMPTED", "LOST") or attempt.progress_lost_s is None or not records:
             continue
-        end = history.kills.get(attempt.id, records[-1].t)
+        exited = next((r.t for r in records if r.e == "exit"), None)
+        end = exited or history.kills.get(attempt.id, records[-1].t)  # a kill after its exit changes nothing
         step = recorded.get(attempt.id)
         if step is not None:
             save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), None)
