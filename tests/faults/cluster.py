@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,7 +34,6 @@ class Component:
     clock: Path
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
-    exits: list[int] = field(default_factory=list)
 
     @property
     def pid(self) -> int | None:
@@ -139,7 +138,6 @@ class Cluster:
         restarted = []
         for component in self.components.values():
             if component.process is not None and component.process.poll() is not None:
-                component.exits.append(component.process.returncode)
                 self._start(component)
                 restarted.append(component.name)
         return restarted

@@ -30,7 +30,7 @@ from .cluster import Cluster
 from .history import JournalCollector
 from .proxy import FaultProxy
 
-SKEW_LIMIT_S = 20.0  # the clock skew the platform is documented to tolerate (docs/faults.md): 20 s here
+SKEW_LIMIT_S = 20.0  # the largest skew of one component's clock (docs/faults.md, "Clocks")
 
 
 @dataclass
