@@ -18,8 +18,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gpuyard.bus import redis_streams
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.domain.tokens import TokenPolicy
+from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.store.db import DbBounds
 
 
@@ -66,9 +66,9 @@ class Settings(BaseSettings):
     fleet_file: Path | None = None
     local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")
     default_quota: TeamQuota = Field(default_factory=TeamQuota)
+    tokens: TokenPolicy = Field(default_factory=TokenPolicy, description="API token lifetimes.")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-    tokens: TokenPolicy = Field(default_factory=TokenPolicy, description="API token lifetimes.")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
