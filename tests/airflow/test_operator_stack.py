@@ -195,21 +195,6 @@ def test_the_trigger_survives_a_triggerer_restart_without_missing_or_repeating(w
     assert len(set(told)) == len(told)
 
 
-def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
-    dag, name = "case_mark_failed", "mark-failed"
-    run = world.airflow.trigger(dag)
-    world.airflow.wait_ti(dag, run, "train", {"deferred"})
-    [job] = wait_until(lambda: [j for j in world.gpuyard.jobs(name) if j["state"] == "RUNNING"], 240, 0.5)
-    response = world.airflow.api.patch(
-        f"/dags/{dag}/dagRuns/{run}/taskInstances/train", json={"new_state": "failed"}
-    )
-    assert response.status_code == 200, response.text
-    wait_until(
-        lambda: world.gpuyard.job(job["id"])["state"] == "CANCELLED", 120, 0.5, what="the job cancelled"
-    )
-    assert world.airflow.ti(dag, run, "train")["state"] == "failed"
-
-
 def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(world: World) -> None:
     token = world.gpuyard.token
     leaks = [str(path) for path, text in world.airflow.all_logs() if token in text]
