@@ -230,29 +230,53 @@ def _recorded_before(history: History, job_id: str, seq: int) -> int | None:
     return step
 
 
+def _durable_steps(history: History, job_id: str, *, before: float, other_than: str) -> list[int]:
+    """Steps of the job's checkpoints that attempts other than `other_than` completed before `before`."""
+    return [
+        int(r.data["step"])
+        for r in history.journal
+        if r.e == "saved" and r.job == job_id and r.attempt != other_than and r.t < before
+    ]
+
+
 def retries_resume_from_the_newest_checkpoint(history: History) -> list[Violation]:
+    """Each attempt resumed from the newest checkpoint the store had recorded when it was reserved
+    (complete: `recorded_checkpoints_were_durable`); when the store had recorded none, from the newest
+    one an earlier attempt had completed when it looked (a save whose report was lost)."""
     intervals, journal = live_intervals(history), _records(history)
     found = []
     for attempt in history.attempts.values():
         resumed = next((r for r in journal.get(attempt.id, []) if r.e == "resume"), None)
         if resumed is None or attempt.id not in intervals:
             continue
-        expected = _recorded_before(history, attempt.job_id, intervals[attempt.id][0]) or 0
-        if int(resumed.data["step"]) != expected:
+        step = int(resumed.data["step"])
+        recorded = _recorded_before(history, attempt.job_id, intervals[attempt.id][0])
+        if recorded is not None:
+            allowed, whose = {recorded}, f"the store's newest checkpoint was step {recorded}"
+        else:  # a save that completed while it looked may or may not have been seen
+            began = float(resumed.data.get("began", resumed.t))
+            sure = max(
+                _durable_steps(history, attempt.job_id, before=began, other_than=attempt.id), default=0
+            )
+            seen = _durable_steps(history, attempt.job_id, before=resumed.t, other_than=attempt.id)
+            allowed = {s for s in [0, *seen] if s >= sure}
+            whose = f"none was recorded, the newest durable one was step {sure}"
+        if step not in allowed:
             found.append(
                 Violation(
                     "retries resume from the newest checkpoint",
                     attempt.job_id,
-                    f"attempt {attempt.number} resumed from step {resumed.data['step']}, the store's newest "
-                    f"checkpoint was step {expected}",
+                    f"attempt {attempt.number} resumed from step {step}; {whose}",
                 )
             )
-    failed_resumes = [r for r in history.journal if r.e == "resume_failed"]
     found += [
         Violation(
-            "retries resume from the newest checkpoint", r.job, f"{r.attempt}: {r.data['url']} is incomplete"
+            "retries resume from the newest checkpoint",
+            r.job,
+            f"{r.attempt}: recorded {r.data['url']} is incomplete",
         )
-        for r in failed_resumes
+        for r in history.journal
+        if r.e == "recorded_incomplete"
     ]
     return found
 

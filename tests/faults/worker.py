@@ -3,9 +3,9 @@ and tells the suite everything it does, so the invariant checker can compare the
 
     worker.py --steps N --step-seconds S --save-every K [--fail-at STEP --exit-code C]
 
-- Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when set, else from the newest
-  complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its manifest (written
-  last, after the data is fsynced) names the data's size and sha256.
+- Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when it is complete, else from
+  the newest complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its
+  manifest (written last, after the data is fsynced) names the data's size and sha256.
 - Heartbeats with its step every `BEAT_EVERY_S` and right after each save (with the checkpoint);
   409 means a successor owns the job: exit 76 without writing. A beat that fails is tried again
   later; once no beat was answered within the lease, it writes no checkpoint until one is (a
@@ -199,12 +199,13 @@ def main() -> None:
     hold = Path(env["FAULTS_DIR"]) / "hold" / ATTEMPT
     journal("start", steps=args.steps)
     began = time.monotonic()
-    if resume := env.get("GPUYARD_RESUME_URL"):
-        step = complete(Path(urlsplit(resume).path))
-        if step is None:
-            journal("resume_failed", url=resume)
-            leave(1, reason="the recorded checkpoint is incomplete")
-    else:
+    # The checkpoint the store recorded when it is complete, else the newest complete one (the runtime's
+    # rule: training/checkpoint.py, find_latest).
+    resume = env.get("GPUYARD_RESUME_URL")
+    step = complete(Path(urlsplit(resume).path)) if resume else None
+    if resume and step is None:
+        journal("recorded_incomplete", url=resume)
+    if step is None:
         step, _ = newest_complete(root)
     journal("resume", step=step, url=resume, began=began)
     heartbeat = Heartbeat(args.lease_seconds)
