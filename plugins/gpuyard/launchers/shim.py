@@ -11,6 +11,7 @@ the file cannot be written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,7 +38,10 @@ def main(argv: list[str]) -> int:
         partial.write_text(str(status))
         os.replace(partial, exit_file)  # atomic: a reader sees no file or the whole status
     except OSError as error:  # a full disk: our exit code still carries the status to the launcher
-        print(f"gpuyard: cannot record the exit status in {exit_file}: {error}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # the log is on that disk too
+            print(
+                f"gpuyard: cannot record the exit status in {exit_file}: {error}", file=sys.stderr, flush=True
+            )
     return status if status >= 0 else 128 - status
 
 
