@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -194,6 +195,13 @@ WAIT_FOR = (
 )
 
 
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
 def shims(attempt_id: str) -> list[int]:
     found = []
     for pid in _processes_of(attempt_id):
@@ -206,7 +214,9 @@ def shims(attempt_id: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> None:
+def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
     home = tmp_path / "home"
 
@@ -219,6 +229,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(tmp_path: Path) -> N
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        request.addfinalizer(lambda: _kill_group(process))  # never left running, whatever fails
         wait_until(lambda: (home / "server.json").exists(), timeout_s=60, what="gpuyard up")
         return process
 
