@@ -54,14 +54,14 @@ def test_tokens_from_before_expire_and_weights_are_bounded(empty_store: Engine) 
                 "INSERT INTO teams (name, max_gpus_per_job, allowed_gpu_types, gpu_quota, cohort, weight,"
                 " created_at, updated_at) VALUES ('a', 8, '[]', 8, NULL, :inf, :now, :now)"
             ),
-            {"inf": float("inf"), "now": now},
+            {"inf": float("inf"), "now": now.isoformat()},  # text: Feast adapts datetimes globally
         )
         conn.execute(
             text(
                 "INSERT INTO tokens (id, secret_hash, team, role, description, created_at)"
                 " VALUES ('0123456789abcdef', 'x', 'a', 'member', '', :now)"
             ),
-            {"now": now - timedelta(days=400)},
+            {"now": (now - timedelta(days=400)).isoformat()},
         )
     upgrade(engine, "head")
     with engine.connect() as conn:
