@@ -335,7 +335,10 @@ class SchedulerService:
     ) -> None:
         """Until `stop`: lead (or wait to), and run a pass every `interval_s` or when an event arrives."""
         if bus is not None:
-            bus.ensure_group(GROUP)
+            try:
+                bus.ensure_group(GROUP)
+            except BusUnavailable:  # Redis away at start: the store is the truth; a read recreates it
+                log.warning("bus unavailable at start; scheduling from the store until it is back")
         next_pass = 0.0
         while not stop.is_set():
             try:
