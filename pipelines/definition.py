@@ -8,7 +8,8 @@ name the key. The DAG file of the pipeline (`dags/<name>.py`) reads it; nothing 
 pipeline, and a second pipeline is a second folder and DAG file.
 
 A run is dated: `window(run_date)` gives the days each step covers, and `step_config(window)` the
-`PipelineConfig` the shared steps take.
+`PipelineConfig` the shared steps take. A relative `data.root` lives under `$PIPELINES_HOME` when it
+is set (the demo's and the tests' folder), else under the repository, whatever the working directory.
 """
 
 from __future__ import annotations

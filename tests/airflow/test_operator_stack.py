@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -23,9 +24,11 @@ import pandas as pd
 import pytest
 import yaml
 from airflow_harness import ROOT
-from gpuyard.airflow.narration import Story
+from gpuyard.airflow.narration import Story, attempt_of
 from servers import wait_until
 from stack import AirflowStack, Gate, Gpuyard
+
+from pipelines.definition import load_definition
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +41,16 @@ class World:
     gate: Gate
     airflow: AirflowStack
     mlflow_uri: str
+
+    def saved_cursor(self, dag_id: str) -> int:
+        """The cursor a trigger of the DAG saved in its task's XCom (-1: none yet)."""
+        with sqlite3.connect(self.airflow.home / "airflow.db") as conn:
+            row = conn.execute(
+                "SELECT value FROM xcom WHERE dag_id = ? AND key = 'gpuyard_cursor'", (dag_id,)
+            ).fetchone()
+        if row is None:
+            return -1
+        return int(json.loads(row[0]) if isinstance(row[0], str | bytes) else row[0])
 
     def store_rows(self, dag_id: str) -> list[tuple[str, str]]:
         """The task state store of a DAG's runs, read from Airflow's database."""
@@ -80,6 +93,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     from mlflow.tracking import MlflowClient
 
     MlflowClient(mlflow_uri).search_experiments()  # creates the schema once, before jobs race to
+    definition = yaml.safe_load(load_definition("flights_delay").path.read_text())
+    definition["data"]["root"] = str(root / "pipeline")
+    definition["promotion"] |= {"model": "cases-model", "require_approval": True}
+    definition["mlflow"] = {"tracking_uri": mlflow_uri}
+    (root / "approval.yaml").write_text(yaml.safe_dump(definition))
     gpuyard = Gpuyard(root / "gpuyard").start()
     gate = Gate(gpuyard.url)
     connection = {"conn_type": "gpuyard", "host": gate.url, "password": gpuyard.token}
@@ -89,13 +107,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         GPUYARD_CASES_CONFIG=str(config),
         GPUYARD_CASES_CHECKPOINTS=(root / "checkpoints").as_uri(),
         GPUYARD_CASES_MLFLOW=mlflow_uri,
+        GPUYARD_CASES_DEFINITION=str(root / "approval.yaml"),
         AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
         AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="5",
     )
     (root / "airflow").mkdir()
     try:
         airflow.start()
-        for case in ("kill_before_store", "kill_while_following", "triggerer_restart", "mark_failed"):
+        for case in (
+            "kill_before_store",
+            "kill_while_following",
+            "triggerer_restart",
+            "mark_failed",
+            "approval",
+        ):
             airflow.wait_for_dag(f"case_{case}")
         yield World(gpuyard, gate, airflow, mlflow_uri)
     finally:
@@ -157,42 +182,164 @@ def test_sigkill_while_following_reattaches_from_the_task_state_store(world: Wor
 NARRATED = re.compile(r"gpuyard job (job-[0-9a-f]+) #(\d+): ")
 
 
-def narrated_seqs(logs: dict[str, str]) -> list[int]:
-    seqs = []
+def told_lines(logs: dict[str, str]) -> list[tuple[int, str]]:
+    """(event seq, line) of every change the task's triggers told, in the order they told them."""
+    told = []
     for name, text in logs.items():
         if ".trigger." not in name:
             continue
-        for line in text.splitlines():
-            match = NARRATED.search(json.loads(line).get("event", ""))
-            if match:
-                seqs.append(int(match.group(2)))
-    return seqs
+        for record in text.splitlines():
+            for line in json.loads(record).get("event", "").split("\n"):  # a record tells a batch
+                if match := NARRATED.search(line):
+                    told.append((int(match.group(2)), line))
+    return told
 
 
 def test_the_trigger_survives_a_triggerer_restart_without_missing_or_repeating(world: World) -> None:
     dag, name = "case_triggerer_restart", "triggerer-restart"
     run = world.airflow.trigger(dag)
+
+    def running_told_and_saved() -> bool:
+        told = told_lines(world.airflow.logs(dag, run, "train"))
+        running = [seq for seq, line in told if "running" in line]
+        return bool(running) and world.saved_cursor(dag) >= running[0]
+
+    wait_until(running_told_and_saved, 240, 0.2, what="the attempt told running and the cursor saved")
+    # The kill lands where the trigger has told everything it was given and saved that: its next
+    # page of events is held in the gate (they happened, nobody told them), and the saved cursor
+    # has caught up with what it told.
+    held = world.gate.hold(lambda m, p, b: m == "GET" and p.startswith("/v1/events") and "job=" not in p)
+    assert held.arrived.wait(120), "the trigger's long poll never answered"
     wait_until(
-        lambda: any(
-            "running" in t for n, t in world.airflow.logs(dag, run, "train").items() if ".trigger." in n
+        lambda: (
+            world.saved_cursor(dag)
+            >= max(seq for seq, _ in told_lines(world.airflow.logs(dag, run, "train")))
         ),
-        240,
-        0.5,
-        what="the trigger to tell the attempt running",
+        60,
+        0.2,
+        what="the cursor saved up to the last told change",
     )
     world.airflow.kill_component("triggerer")
+    held.release()
     [job] = world.gpuyard.jobs(name)
     wait_until(lambda: world.gpuyard.job(job["id"])["state"] == "SUCCEEDED", 180, 0.5, what="the job to end")
     world.airflow.start_component("triggerer")  # the job ended while no triggerer ran
 
     ti = world.airflow.wait_ti(dag, run, "train", DONE)
     assert ti["state"] == "success"
-    told = narrated_seqs(world.airflow.logs(dag, run, "train"))
+    told = [seq for seq, _ in told_lines(world.airflow.logs(dag, run, "train"))]
     detail = world.gpuyard.job(job["id"])
     story = Story()
-    expected = [e["seq"] for e in detail["events"] if story.tell({**e, "job_id": job["id"]}, detail)]
+    expected = [e["seq"] for e in detail["events"] if story.tell(e, attempt_of(detail, e["attempt_id"]))]
     assert sorted(told) == expected  # every change told, none twice, across the two triggerers
     assert len(set(told)) == len(told)
+
+
+def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
+    dag, name = "case_mark_failed", "mark-failed"
+    run = world.airflow.trigger(dag)
+    world.airflow.wait_ti(dag, run, "train", {"deferred"})
+    [job] = wait_until(lambda: [j for j in world.gpuyard.jobs(name) if j["state"] == "RUNNING"], 240, 0.5)
+    response = world.airflow.api.patch(
+        f"/dags/{dag}/dagRuns/{run}/taskInstances/train", json={"new_state": "failed"}
+    )
+    assert response.status_code == 200, response.text
+    wait_until(
+        lambda: world.gpuyard.job(job["id"])["state"] == "CANCELLED", 240, 0.5, what="the job cancelled"
+    )
+    assert world.airflow.ti(dag, run, "train")["state"] == "failed"
+    told = "\n".join(world.airflow.logs(dag, run, "train").values())
+    assert "Trigger cancelled by user action, invoking on_kill" in told
+    assert f"gpuyard job {job['id']}: cancelled (the task was stopped by a user)" in told
+
+
+def registered_version(world: World) -> tuple[str, str]:
+    """A version of `cases-model` and the MLflow run that stands for its DAG run's."""
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(world.mlflow_uri)
+    experiment = mlflow.get_experiment_by_name("cases") or mlflow.get_experiment(
+        mlflow.create_experiment("cases")
+    )
+    parent = mlflow.create_run(experiment.experiment_id).info.run_id
+    if not mlflow.search_registered_models("name = 'cases-model'"):
+        mlflow.create_registered_model("cases-model")
+    version = mlflow.create_model_version("cases-model", source=f"runs:/{parent}/model", run_id=parent)
+    return str(version.version), parent
+
+
+def verdict_for(version: str, parent: str) -> dict[str, Any]:
+    return {
+        "metric": "roc_auc",
+        "candidate": {"version": version, "run_id": parent, "value": 0.71},
+        "champion": None,
+        "promote": True,
+        "reason": "no champion yet; the candidate's roc_auc is 0.7100",
+        "summary": f"| roc_auc | |\n|---|---|\n| candidate (version {version}) | **0.7100** |",
+        "job_id": "job-0000000000000000",
+        "mlflow_run_id": parent,
+    }
+
+
+def parked(world: World, dag: str, run: str) -> None:
+    """The approval task waits for its answer, and the scheduler has seen its first run's process end.
+
+    Answering before the LocalExecutor's report of that process is handled makes Airflow 3.3.2 fail
+    the resumed task ("finished with state success, but the task instance's state attribute is
+    queued"); a person never answers that fast, a test must wait for it.
+    """
+    world.airflow.wait_ti(dag, run, "approve", {"awaiting_input"})
+    reported = (
+        "Received executor event with state success for task instance "
+        f"TaskInstanceKey(dag_id='{dag}', task_id='approve', run_id='{run}'"
+    )
+    wait_until(
+        lambda: reported in (world.airflow.home / "scheduler.log").read_text(), 60, 0.2, what="the report"
+    )
+
+
+def test_the_approval_gate_blocks_publication_until_approved(world: World) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(world.mlflow_uri)
+    version, parent = registered_version(world)
+    dag = "case_approval"
+    run = world.airflow.trigger(dag, {"mlflow_run_id": parent, "verdict": verdict_for(version, parent)})
+    parked(world, dag, run)
+    hitl = world.airflow.api.get(f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails").json()
+    assert f"Promote cases-model version {version} to champion?" == hitl["subject"]
+    assert f"candidate (version {version})" in hitl["body"] and hitl["options"] == ["Approve", "Reject"]
+    assert world.airflow.ti(dag, run, "publish")["state"] is None  # blocked behind the gate
+    with pytest.raises(MlflowException):
+        mlflow.get_model_version_by_alias("cases-model", "champion")
+
+    answer = world.airflow.api.patch(
+        f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails",
+        json={"chosen_options": ["Approve"]},
+    )
+    assert answer.status_code == 200, answer.text
+    assert world.airflow.wait_ti(dag, run, "publish", DONE | {"skipped"})["state"] == "success"
+    champion = mlflow.get_model_version_by_alias("cases-model", "champion")
+    assert str(champion.version) == version and "Approve" in champion.tags["approval"]
+
+
+def test_a_rejection_at_the_gate_is_recorded_and_publishes_nothing(world: World) -> None:
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(world.mlflow_uri)
+    version, parent = registered_version(world)
+    dag = "case_approval"
+    run = world.airflow.trigger(dag, {"mlflow_run_id": parent, "verdict": verdict_for(version, parent)})
+    parked(world, dag, run)
+    answer = world.airflow.api.patch(
+        f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails", json={"chosen_options": ["Reject"]}
+    )
+    assert answer.status_code == 200, answer.text
+    assert world.airflow.wait_ti(dag, run, "publish", DONE | {"skipped"})["state"] == "skipped"
+    tags = mlflow.get_model_version("cases-model", version).tags
+    assert "but not approved by" in tags["rejected"]
+    assert str(mlflow.get_model_version_by_alias("cases-model", "champion").version) != version
 
 
 def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(world: World) -> None:

@@ -1,50 +1,24 @@
-"""How a training task's log tells a job's story: one line per event, from the event and the job.
+"""How a training task's log tells a job's story: a line per event, from the events themselves.
 
-Functions over the API's JSON (an event of `/v1/events`, the job of `/v1/jobs/{id}`): each attempt,
-where it was placed, checkpoints, stop notices, preemptions, the step an attempt resumed from, the
-progress lost, and the final state. A `Story` tells one job's events in order and says each durable
-checkpoint once (heartbeats repeat the newest one). The trigger and the operator's synchronous path
-both tell jobs this way, so a job reads the same whichever way it was followed.
+A `Story` takes one job's events in order (the JSON of `/v1/events`) and says each attempt, where
+it was placed, its durable checkpoints (each step once: heartbeats repeat the newest), stop notices,
+preemptions, the step an attempt resumed from, the progress lost, and the final state. Only an
+interruption (an attempt PREEMPTED, LOST, FAILED or CANCELLED) needs the attempt as the API shows it,
+for the steps it reached and lost (`needs_attempt`); everything else is in the events, so a follower
+of a thousand jobs reads little more than the events. The trigger and the operator's synchronous
+path tell jobs with the same Story, so a job reads the same whichever way it was followed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Mapping
 from typing import Any
 
 TERMINAL_JOB_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
-# Events after which the job's attempts must be read again to tell them (placement, steps).
-NEEDS_ATTEMPTS = frozenset(
-    {
-        "job.scheduled",
-        "attempt.running",
-        "attempt.succeeded",
-        "attempt.failed",
-        "attempt.preempted",
-        "attempt.lost",
-        "attempt.cancelled",
-    }
-)
+INTERRUPTIONS = frozenset({"attempt.preempted", "attempt.lost", "attempt.failed", "attempt.cancelled"})
 QUIET = frozenset({"attempt.launching", "job.running"})  # said better by the events around them
-
-
-def placement_text(placement: Mapping[str, Any]) -> str:
-    """`node-a GPUs 0,1 + node-b GPUs 0,1 (domain d1, site s1)` from an attempt's placement."""
-    nodes = " + ".join(
-        f"{n['node']} GPUs {','.join(str(g) for g in n['gpus'])}" for n in placement.get("nodes") or []
-    )
-    where = ", ".join(f"{k} {placement[k]}" for k in ("domain", "site") if placement.get(k))
-    return f"{nodes or 'no node'}" + (f" ({where})" if where else "")
-
-
-def resumed_from(attempts: Sequence[Mapping[str, Any]], number: int) -> int | None:
-    """The step attempt `number` resumed from: the newest checkpoint of the attempts before it."""
-    steps = [
-        a["checkpoint_step"]
-        for a in attempts
-        if a["number"] < number and a.get("checkpoint_step") is not None
-    ]
-    return max(steps) if steps else None
+PLACED = re.compile(r"attempt (\d+) on (.+)")  # the reason of job.scheduled (store/attempts.py)
 
 
 def lost_steps(attempt: Mapping[str, Any]) -> int | None:
@@ -55,77 +29,104 @@ def lost_steps(attempt: Mapping[str, Any]) -> int | None:
     return max(0, int(step) - int(attempt.get("checkpoint_step") or 0))
 
 
-def describe(event: Mapping[str, Any], job: Mapping[str, Any] | None) -> str | None:
-    """The log line for `event`, or None for events that add nothing. `job` is the job as read after
-    the event (with its attempts) when the event is in NEEDS_ATTEMPTS, else may be None."""
-    kind, data = event["type"], event.get("data") or {}
-    attempts = (job or {}).get("attempts") or []
-    attempt = next((a for a in attempts if a["id"] == event.get("attempt_id")), None)
-    label = f"attempt {attempt['number']}" if attempt else "attempt"
-    why = f": {data['reason']}" if data.get("reason") else ""
-    if kind in QUIET:
-        return None
-    if kind == "job.submitted":
-        gpus, priority = data.get("gpus", "?"), data.get("priority", "?")
-        return f"submitted: {gpus} GPU(s), priority {priority}, team {data.get('team', '?')}"
-    if kind == "job.scheduled":
-        return f"{label} placed on {placement_text(attempt['placement']) if attempt else 'a node'}"
-    if kind == "attempt.running":
-        start = resumed_from(attempts, attempt["number"]) if attempt else None
-        resumes = f", resuming from the checkpoint at step {start}" if start is not None else ", from step 0"
-        return f"{label} running{resumes}"
-    if kind == "attempt.checkpointed":
-        return f"{label} checkpoint at step {data.get('step')}"
-    if kind == "attempt.stop_requested":
-        return f"{label} asked to checkpoint and stop ({data.get('kind', 'stop')}): {data.get('why', '')}"
-    if kind.startswith("attempt."):
-        state = kind.split(".", 1)[1].upper()
-        if attempt is None:
-            return f"attempt {state}{why}"
-        lost = lost_steps(attempt)
-        saved = attempt.get("checkpoint_step")
-        tail = f" at step {attempt.get('step')}" if attempt.get("step") is not None else ""
-        if state != "SUCCEEDED" and lost is not None:
-            tail += f"; last checkpoint step {saved if saved is not None else 'none'}, {lost} step(s) lost"
-        return f"{label} {state}{tail}{why}"
-    if kind == "job.pending":
-        return f"back in the queue{why}"
-    if kind == "job.cancel_requested":
-        return f"cancel requested by {data.get('by', '?')}"
-    if kind == "job.checkpoint_moved":
-        return f"checkpoint copied to site {data.get('site', '?')}: {data.get('to', '')}"
-    if kind in TERMINAL_JOB_EVENTS:
-        return f"job {kind.split('.', 1)[1].upper()}{why}"
-    return f"{kind}{why}"
-
-
-def summary(job: Mapping[str, Any]) -> str:
-    """One line over the whole job: its state, attempts and the progress lost to interruptions."""
-    attempts = job.get("attempts") or []
-    interrupted = [a for a in attempts if a["state"] in ("PREEMPTED", "LOST")]
-    lost = sum(lost_steps(a) or 0 for a in interrupted)
-    return (
-        f"job {job['id']} {job['state']} after {len(attempts)} attempt(s), "
-        f"{len(interrupted)} interrupted, {lost} step(s) lost"
-        + (f": {job['reason']}" if job.get("reason") else "")
-    )
-
-
 class Story:
-    """One job's events told in order; a checkpoint step already told is not told again (heartbeats
-    repeat the newest checkpoint, and a resumed attempt first reports the one it resumed from)."""
+    """One job's events, told in order; it remembers what the next lines need."""
 
     def __init__(self) -> None:
-        self._checkpoint: int | None = None
+        self.numbers: dict[str, int] = {}  # attempt id -> its number
+        self.checkpoint: int | None = None  # the newest durable checkpoint told: where a next attempt resumes
+        self.attempts = 0
+        self.interrupted = 0
+        self.lost = 0
+
+    def needs_attempt(self, event: Mapping[str, Any]) -> bool:
+        """Whether telling `event` needs its attempt from the API (`GET /v1/jobs/{id}`)."""
+        return event["type"] in INTERRUPTIONS
 
     def recall(self, event: Mapping[str, Any]) -> None:
         """Take in an event told before (by an earlier trigger) without telling it again."""
-        self.tell(event, None)
+        self.tell(event)
 
-    def tell(self, event: Mapping[str, Any], job: Mapping[str, Any] | None) -> str | None:
-        if event["type"] == "attempt.checkpointed":
-            step = (event.get("data") or {}).get("step")
-            if step == self._checkpoint:
+    def tell(self, event: Mapping[str, Any], attempt: Mapping[str, Any] | None = None) -> str | None:
+        """The line for `event`, or None when it adds nothing. `attempt` is its attempt as the API
+        shows it, for events that `needs_attempt`."""
+        kind, data = event["type"], event.get("data") or {}
+        why = f": {data['reason']}" if data.get("reason") else ""
+        label = self._label(event.get("attempt_id"))
+        if kind == "job.scheduled":
+            placed = PLACED.match(data.get("reason") or "")
+            self.attempts += 1
+            if placed and event.get("attempt_id"):
+                self.numbers[event["attempt_id"]] = int(placed.group(1))
+            return f"attempt {placed.group(1)} placed on {placed.group(2)}" if placed else f"placed{why}"
+        if kind in QUIET:
+            return None
+        if kind == "job.submitted":
+            gpus, priority = data.get("gpus", "?"), data.get("priority", "?")
+            return f"submitted: {gpus} GPU(s), priority {priority}, team {data.get('team', '?')}"
+        if kind == "attempt.running":
+            resumes = (
+                f"resuming from the checkpoint at step {self.checkpoint}"
+                if self.checkpoint is not None
+                else "from step 0"
+            )
+            return f"{label} running, {resumes}"
+        if kind == "attempt.checkpointed":
+            step = data.get("step")
+            if step == self.checkpoint:
                 return None
-            self._checkpoint = step
-        return describe(event, job)
+            self.checkpoint = step
+            return f"{label} checkpoint at step {step}"
+        if kind == "attempt.stop_requested":
+            return f"{label} asked to checkpoint and stop ({data.get('kind', 'stop')}): {data.get('why', '')}"
+        if kind in INTERRUPTIONS:
+            self.interrupted += 1
+            state = kind.split(".", 1)[1].upper()
+            if attempt is None or attempt.get("step") is None:
+                return f"{label} {state}{why}"
+            lost = lost_steps(attempt) or 0
+            self.lost += lost
+            saved = attempt.get("checkpoint_step")
+            if saved is not None:
+                self.checkpoint = max(saved, self.checkpoint or 0)
+            return (
+                f"{label} {state} at step {attempt['step']}; last checkpoint step "
+                f"{saved if saved is not None else 'none'}, {lost} step(s) lost{why}"
+            )
+        if kind.startswith("attempt."):
+            return f"{label} {kind.split('.', 1)[1].upper()}{why}"
+        if kind == "job.pending":
+            return f"back in the queue{why}"
+        if kind == "job.cancel_requested":
+            return f"cancel requested by {data.get('by', '?')}"
+        if kind == "job.checkpoint_moved":
+            return f"checkpoint copied to site {data.get('site', '?')}: {data.get('to', '')}"
+        if kind in TERMINAL_JOB_EVENTS:
+            return f"job {kind.split('.', 1)[1].upper()}{why}"
+        return f"{kind}{why}"
+
+    def summary(self, job_id: str, state: str, reason: str | None) -> str:
+        """One line over the whole job: its state, attempts and the progress lost to interruptions."""
+        return (
+            f"job {job_id} {state} after {self.attempts} attempt(s), {self.interrupted} interrupted, "
+            f"{self.lost} step(s) lost" + (f": {reason}" if reason else "")
+        )
+
+    def _label(self, attempt_id: str | None) -> str:
+        number = self.numbers.get(attempt_id or "")
+        return f"attempt {number}" if number is not None else "attempt"
+
+
+def attempt_of(job: Mapping[str, Any] | None, attempt_id: str | None) -> Mapping[str, Any] | None:
+    """The attempt `attempt_id` of a job as `GET /v1/jobs/{id}` shows it."""
+    return next((a for a in (job or {}).get("attempts") or [] if a["id"] == attempt_id), None)
+
+
+def tell_batch(story: Story, batch: list[dict[str, Any]], job: Mapping[str, Any] | None) -> list[str]:
+    """The lines of a batch of events (`job`: read after the batch when one of them needs it)."""
+    lines = []
+    for event in batch:
+        line = story.tell(event, attempt_of(job, event.get("attempt_id")))
+        if line:
+            lines.append(f"gpuyard job {event['job_id']} #{event['seq']}: {line}")
+    return lines

@@ -40,3 +40,34 @@ for name, (deferrable, steps, step_s) in CASES.items():
             retries=1,
             retry_delay=dt.timedelta(seconds=1),
         )
+
+
+# The approval gate and publication of the retraining DAGs (pipelines/tasks.py) on a registered
+# version the test made: the run's conf holds the DAG run's MLflow run and the evaluation's verdict.
+if os.environ.get("GPUYARD_CASES_DEFINITION"):
+    from airflow.sdk import Param, chain, get_current_context, task
+
+    from pipelines import tasks as step
+    from pipelines.definition import load_definition
+
+    PIPELINE = load_definition(os.environ["GPUYARD_CASES_DEFINITION"])
+
+    @task(task_id="start")
+    def started() -> dict[str, str]:
+        return {"mlflow_run_id": get_current_context()["params"]["mlflow_run_id"]}
+
+    @task(task_id="evaluate")
+    def evaluated() -> dict[str, object]:
+        return dict(get_current_context()["params"]["verdict"])
+
+    with DAG(
+        "case_approval",
+        schedule=None,
+        start_date=dt.datetime(2026, 1, 1),
+        catchup=False,
+        params={"mlflow_run_id": Param("", type="string"), "verdict": Param({}, type="object")},
+    ):
+        run, verdict = started(), evaluated()
+        gate = step.approval(PIPELINE)
+        published = step.publish(PIPELINE, run, verdict, gate.output)
+        chain(verdict, gate, published)

@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
 from gpuyard.airflow.links import JOB_ID_XCOM, GpuyardJobLink
-from gpuyard.airflow.narration import NEEDS_ATTEMPTS, Story, lost_steps, summary
+from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, lost_steps, tell_batch
 from gpuyard.airflow.triggers.job import GpuJobTrigger
 from gpuyard.client import TERMINAL_STATES, ApiError, GpuyardClient
 
@@ -315,18 +315,20 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
     # -- following in the worker (deferrable=False) -------------------------------------------------
 
     def _follow(self, client: GpuyardClient, job_id: str) -> dict[str, Any]:
-        cursor, job, story = 0, client.job(job_id), Story()
-        while job["state"] not in TERMINAL_STATES:
+        """Tell the job's events from its first until it ends (long polls of `poll_s`)."""
+        cursor, story = 0, Story()
+        while True:
             page = client.events(job_id=job_id, after=cursor, wait_s=self.poll_s)
-            if any(e["type"] in NEEDS_ATTEMPTS for e in page["events"]):
-                job = client.job(job_id)
-            for event in page["events"]:
-                line = story.tell(event, job)
-                if line:
-                    self.log.info(f"gpuyard job {job_id} #{event['seq']}: {line}")
+            events = page["events"]
+            needed = any(story.needs_attempt(event) for event in events)
+            lines = tell_batch(story, events, client.job(job_id) if needed else None)
+            if lines:
+                self.log.info("\n".join(lines))
             cursor = page["cursor"]
-            job = client.job(job_id) if page["events"] else job
-        self.log.info(f"gpuyard {summary(job)}")
+            if any(event["type"] in TERMINAL_JOB_EVENTS for event in events):
+                break
+        job = client.job(job_id)
+        self.log.info(f"gpuyard {story.summary(job_id, job['state'], job.get('reason'))}")
         return job
 
     def _raise_unless_succeeded(self, job: Mapping[str, Any]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 WAIT_S = 20.0  # the long poll's hold; the API answers as soon as an event arrives
 PAGE = 1000
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
+READS_IN_FLIGHT = 8  # followers' own reads at once: a burst queues here, not in the HTTP pool
+SAVES_PER_S = 1.0  # cursor writes through Airflow's supervisor, each a database round trip
+# After each page the poll waits this long before asking again: what changed meanwhile comes as one
+# page, so followers tell in bursts (a job's quick run of changes in one record), and Airflow's
+# triggerer supervisor, which reads its database each time the trigger runner writes to it, wakes
+# a few times a second however many jobs change. The price: up to this much more latency.
+PACE_S = 0.5
 
 
 class Followers:
@@ -40,6 +47,11 @@ class Followers:
         self.cursor: int | None = None  # how far the shared poll has dispatched
         self._queues: dict[str, set[asyncio.Queue[list[dict[str, Any]] | BaseException]]] = {}
         self._pump: asyncio.Task[None] | None = None
+        self._reads = asyncio.Semaphore(READS_IN_FLIGHT)
+        # follower key -> (newest cursor, how to write it); one writer drains them in turn
+        self._unsaved: dict[str, tuple[int, Callable[[int], Awaitable[None]]]] = {}
+        self._wake_saver = asyncio.Event()
+        self._saver: asyncio.Task[None] | None = None
 
     @classmethod
     def of(cls, endpoint: Endpoint) -> Followers:
@@ -47,6 +59,39 @@ class Followers:
         if key not in cls._hubs:
             cls._hubs[key] = cls(endpoint, key)
         return cls._hubs[key]
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        """The job with its attempts (what a follower tells placements and steps from)."""
+        async with self._reads:
+            return await self.client.job(job_id)
+
+    def save(self, key: Mapping[str, Any], cursor: int, write: Callable[[int], Awaitable[None]]) -> None:
+        """Have `write(cursor)` run soon, in turn with every follower's; a newer cursor of the same
+        follower replaces one still waiting."""
+        name = repr(sorted(key.items()))
+        self._unsaved.pop(name, None)
+        self._unsaved[name] = (cursor, write)  # to the back of the line
+        self._wake_saver.set()
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.create_task(self._save_in_turn(), name="gpuyard-cursors")
+
+    def forget(self, key: Mapping[str, Any]) -> None:
+        """Drop a follower's waiting cursor (it ended: nothing of it needs resuming)."""
+        self._unsaved.pop(repr(sorted(key.items())), None)
+
+    async def _save_in_turn(self) -> None:
+        while True:
+            if not self._unsaved:
+                self._wake_saver.clear()
+                await self._wake_saver.wait()
+                continue
+            name = next(iter(self._unsaved))
+            cursor, write = self._unsaved.pop(name)
+            try:
+                await write(cursor)
+            except Exception:  # a lost save costs a repeat after a restart, never the following
+                log.warning("gpuyard: saving a follower's cursor failed", exc_info=True)
+            await asyncio.sleep(1 / SAVES_PER_S)
 
     async def follow(self, job_id: str, cursor: int) -> AsyncIterator[list[dict[str, Any]]]:
         """Batches of `job_id`'s events above `cursor`, oldest first, each event exactly once; an
@@ -60,7 +105,8 @@ class Followers:
         try:
             seen = cursor
             while True:  # the backlog, up to at least where the poll stood when we joined
-                page = await self.client.events(job_id=job_id, after=seen, limit=PAGE)
+                async with self._reads:
+                    page = await self.client.events(job_id=job_id, after=seen, limit=PAGE)
                 fresh = [e for e in page["events"] if e["seq"] > seen]
                 seen = max(seen, page["cursor"])
                 if fresh:
@@ -86,6 +132,8 @@ class Followers:
     async def _close(self) -> None:
         if self._pump is not None:
             self._pump.cancel()
+        if self._saver is not None:
+            self._saver.cancel()
         if self._hubs.get(self.key) is self:
             del self._hubs[self.key]
         await self.client.aclose()
@@ -115,3 +163,5 @@ class Followers:
                 for queue in self._queues.get(job_id, ()):
                     queue.put_nowait(batch)
             self.cursor = page["cursor"]
+            if len(page["events"]) < PAGE:
+                await asyncio.sleep(PACE_S)

@@ -1,13 +1,17 @@
 """GpuJobTrigger: follows one gpuyard job through its events in Airflow's triggerer, until it ends.
 
 It is serialized with the job id, the connection id (never the token: the triggerer reads the
-connection itself), the event cursor it was deferred with and its task instance's key. Each event
-becomes a line of the task's log (the triggerer writes trigger output there; see narration.py), and
-the end of the job fires one TriggerEvent with its outcome.
+connection itself), the event cursor it was deferred with and its task instance's key. Each batch
+of events becomes one record of the task's log, a line per event (the triggerer writes trigger
+output there; see narration.py), and the end of the job fires one TriggerEvent with its outcome.
 
-Restarts: after each batch of events it writes its cursor to an XCom of its task instance
-(`gpuyard_cursor`). A trigger started again (the triggerer restarted, or moved it) resumes from the
-larger of that and the cursor it was deferred with, so a state change is told once and never lost.
+Restarts: after each batch it tells, the trigger hands its cursor to its Followers hub, which
+writes it to an XCom of the task instance (`gpuyard_cursor`) in the background, at most one write a
+second for the whole process (each costs Airflow's supervisor a database round trip; a follower's
+newer cursor replaces its older one while it waits). A trigger started again (the triggerer
+restarted, or moved it) resumes from the larger of that and the cursor it was deferred with: no
+state change is missed, and none told before its save is told again; what a crash caught between
+telling and saving is told once more.
 On a user's mark-failed, clear or mark-success of the deferred task, `on_kill` cancels the job.
 """
 
@@ -22,7 +26,7 @@ from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
-from gpuyard.airflow.narration import NEEDS_ATTEMPTS, TERMINAL_JOB_EVENTS, Story, summary
+from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, tell_batch
 from gpuyard.airflow.triggers.followers import Followers
 from gpuyard.client import TERMINAL_STATES, ApiError, AsyncGpuyardClient, Endpoint
 
@@ -59,30 +63,42 @@ class GpuJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         endpoint = await GpuyardHook(self.gpuyard_conn_id).aendpoint()
         cursor = max(self.cursor, await self._saved_cursor())
-        self.log.info(f"gpuyard job {self.job_id}: following its events after #{cursor}")
         story = await self._recalled(endpoint, cursor)
+        self.log.info(f"gpuyard job {self.job_id}: following its events after #{cursor}")
         followers = Followers.of(endpoint)  # no await between this and follow(): the hub stays open
-        job: dict[str, Any] | None = None
+        outcome: tuple[str, str | None] | None = None
+        summarized = False
         async with aclosing(followers.follow(self.job_id, cursor)) as batches:
-            async for batch in batches:
-                if not batch:  # the backlog is told: the job may have ended while nobody followed
-                    job = await followers.client.job(self.job_id)
-                    if job["state"] in TERMINAL_STATES:
+            try:
+                async for batch in batches:
+                    if not batch:  # the backlog is told: the job may have ended while nobody followed
+                        job = await followers.job(self.job_id)
+                        if job["state"] in TERMINAL_STATES:
+                            outcome = (job["state"], job.get("reason"))
+                            break
+                        continue
+                    needed = any(story.needs_attempt(event) for event in batch)
+                    job = await followers.job(self.job_id) if needed else None
+                    lines = tell_batch(story, batch, job)
+                    cursor = batch[-1]["seq"]
+                    ended = next((e for e in batch if e["type"] in TERMINAL_JOB_EVENTS), None)
+                    if ended is not None:
+                        state = ended["type"].split(".", 1)[1].upper()
+                        outcome = (state, (ended.get("data") or {}).get("reason"))
+                        lines.append(f"gpuyard {story.summary(self.job_id, *outcome)}")
+                        summarized = True
+                    if lines:  # one record per batch: each message wakes Airflow's supervisor loop
+                        self.log.info("\n".join(lines))
+                    if ended is not None:
                         break
-                    continue
-                if any(event["type"] in NEEDS_ATTEMPTS for event in batch):
-                    job = await followers.client.job(self.job_id)
-                self._tell(story, batch, job)
-                cursor = batch[-1]["seq"]
-                await self._save_cursor(cursor)
-                if any(event["type"] in TERMINAL_JOB_EVENTS for event in batch):
-                    job = await followers.client.job(self.job_id)
-                    break
-        assert job is not None
-        self.log.info(f"gpuyard {summary(job)}")
-        yield TriggerEvent(
-            {"job_id": job["id"], "state": job["state"], "reason": job.get("reason"), "cursor": cursor}
-        )
+                    followers.save(self.ti_key, cursor, self._save_cursor)
+            finally:
+                followers.forget(self.ti_key)  # the trigger's event ends the deferral: nothing to save
+        assert outcome is not None
+        state, reason = outcome
+        if not summarized:  # it ended while no trigger followed it
+            self.log.info(f"gpuyard {story.summary(self.job_id, state, reason)}")
+        yield TriggerEvent({"job_id": self.job_id, "state": state, "reason": reason, "cursor": cursor})
 
     async def on_kill(self) -> None:
         client = AsyncGpuyardClient(await GpuyardHook(self.gpuyard_conn_id).aendpoint())
@@ -115,17 +131,17 @@ class GpuJobTrigger(BaseTrigger):
             await client.aclose()
         return story
 
-    def _tell(self, story: Story, batch: list[dict[str, Any]], job: dict[str, Any] | None) -> None:
-        for event in batch:
-            line = story.tell(event, job)
-            if line:
-                self.log.info(f"gpuyard job {self.job_id} #{event['seq']}: {line}")
-
-    # The cursor lives in an XCom of the task instance. The SDK's sync calls work from a worker
-    # thread both in the triggerer and in `airflow dags test`, whose in-process comms have no async path.
+    # The cursor lives in an XCom of the task instance: through the triggerer's async comms, or the
+    # SDK's sync call from a worker thread under `airflow dags test`, whose in-process comms have no
+    # async path.
     async def _saved_cursor(self) -> int:
         saved = await asyncio.to_thread(XCom.get_one, key=CURSOR_XCOM, **self.ti_key)
         return int(saved) if saved is not None else -1
 
     async def _save_cursor(self, cursor: int) -> None:
-        await asyncio.to_thread(XCom.set, CURSOR_XCOM, cursor, **self.ti_key)
+        from airflow.sdk.execution_time import task_runner
+
+        if hasattr(task_runner.SUPERVISOR_COMMS, "asend"):  # the triggerer's comms
+            await XCom.aset(CURSOR_XCOM, cursor, **self.ti_key)
+        else:
+            await asyncio.to_thread(XCom.set, CURSOR_XCOM, cursor, **self.ti_key)

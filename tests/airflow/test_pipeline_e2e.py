@@ -1,0 +1,244 @@
+"""End to end: the repository's flights_delay DAG, run by `airflow dags test` against an embedded
+gpuyard on a small slice of real 2013 flights, with one injected preemption; then the tutorial's
+second pipeline (docs/airflow.md), added from scratch beside it.
+
+The slice is the definition with fewer days, fewer steps and one CPU slot per job; the DAG file
+is the repository's own, pointed at that copy of its definition. The tutorial's pipeline shares
+flights_delay's data root by design, so its data steps (the shared steps this module ran for
+flights_delay just before) are marked done and its own steps run: training set, GPU job,
+evaluation, publication.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from airflow_harness import ROOT, airflow_environment
+from gpuyard.client import GpuyardClient, resolve_endpoint
+from stack import AIRFLOW, Gpuyard
+
+from pipelines.definition import HOME_VARIABLE, load_definition
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a DAG run and a second pipeline
+
+SLICE: dict[str, Any] = {
+    "data": {"run_date": "2013-01-12", "history_days": 10, "training_days": 5, "holdout_days": 2},
+    "spark": {"shuffle_partitions": 2},
+    "job": {"gpus": 1, "max_steps": 60},
+    # step_sleep_s: a step of this tiny model takes milliseconds; the preemption must land mid-run
+    "training": {
+        "train": {"log_every": 10, "step_sleep_s": 0.05},
+        "checkpoint": {"interval_steps": 10},
+        "model": {"hidden": [16]},
+    },
+}
+DATA_STEPS = "ingest|validate_raw|prepare_.*|validate_features|feast_apply|materialize"
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def sliced(definition_text: str, folder: Path, name: str) -> Path:
+    """The definition with the test's slice, written under `folder`; returns its path."""
+    raw = merge(yaml.safe_load(definition_text), SLICE)
+    path = folder / name / "pipeline.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def dag_file(text: str, name: str, definition: Path, dags: Path) -> None:
+    """A pipeline's DAG file, reading the definition at `definition` instead of pipelines/<name>/."""
+    needle = f'load_definition("{name}")'
+    assert needle in text, f"the DAG file reads its definition with {needle}"
+    (dags / f"{name}.py").write_text(text.replace(needle, f'load_definition("{definition}")'))
+
+
+@dataclass
+class Run:
+    code: int
+    log: str
+    env: dict[str, str]
+
+    def xcom(self, dag_id: str, task_id: str, key: str = "return_value") -> Any:
+        with sqlite3.connect(Path(self.env["AIRFLOW_HOME"]) / "airflow.db") as conn:
+            row = conn.execute(
+                "SELECT value FROM xcom WHERE dag_id = ? AND task_id = ? AND key = ?", (dag_id, task_id, key)
+            ).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def states(self, dag_id: str) -> dict[str, str]:
+        with sqlite3.connect(Path(self.env["AIRFLOW_HOME"]) / "airflow.db") as conn:
+            rows = conn.execute(
+                "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ?", (dag_id,)
+            ).fetchall()
+        return {f"{t}[{m}]" if m >= 0 else t: s for t, m, s in rows}
+
+
+def dags_test(env: dict[str, str], dag_id: str, *extra: str) -> Run:
+    done = subprocess.run(
+        [AIRFLOW, "dags", "test", dag_id, *extra],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    return Run(done.returncode, done.stdout + done.stderr, env)
+
+
+@dataclass
+class World:
+    root: Path
+    gpuyard: Gpuyard
+    env: dict[str, str]
+    dags: Path
+    flights: Run
+    preempted: str | None
+
+
+@pytest.fixture(scope="module")
+def world(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
+) -> Iterator[World]:
+    from pipelines.demo import Preemption
+
+    root = tmp_path_factory.mktemp("e2e")
+    monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
+    gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
+    dags = root / "dags"
+    dags.mkdir()
+    definition = sliced(
+        load_definition("flights_delay").path.read_text(), root / "definitions", "flights_delay"
+    )
+    dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
+    (root / "airflow").mkdir()
+    connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
+    env = airflow_environment(
+        root / "airflow",
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
+        **{HOME_VARIABLE: str(root)},
+    )
+    subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
+    admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+    preemption = Preemption(admin)
+    preemption.start()
+    try:
+        flights = dags_test(env, "flights_delay")
+        preemption.stop.set()
+        yield World(root, gpuyard, env, dags, flights, preemption.attempt)
+    finally:
+        preemption.stop.set()
+        admin.close()
+        gpuyard.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_the_dag_runs_end_to_end_and_publishes_a_champion(world: World) -> None:
+    run = world.flights
+    assert run.code == 0 and "DagRun Finished" in run.log, run.log[-5000:]
+    states = run.states("flights_delay")
+    assert set(states.values()) == {"success"}, states
+    assert {"train[0]", "train[1]"} <= set(states)  # one job per grid entry
+    definition = load_definition(world.root / "definitions" / "flights_delay" / "pipeline.yaml")
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(definition.tracking_uri)
+    champion = mlflow.get_model_version_by_alias("flights-delay", "champion")
+    best = run.xcom("flights_delay", "pick_best")
+    assert str(champion.version) == best["model_uri"].rsplit("/", 1)[-1]
+    assert champion.tags["airflow.dag_id"] == "flights_delay"
+    assert champion.tags["gpuyard.job_id"] == best["job_id"]
+    verdict = run.xcom("flights_delay", "evaluate")
+    assert verdict["promote"] and verdict["champion"] is None and 0.5 < verdict["candidate"]["value"] <= 1.0
+
+
+def test_lineage_walks_back_from_the_model_version(world: World) -> None:
+    definition = load_definition(world.root / "definitions" / "flights_delay" / "pipeline.yaml")
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(definition.tracking_uri)
+    version = mlflow.get_model_version_by_alias("flights-delay", "champion")
+    training = mlflow.get_run(version.run_id)  # the version's run is the training run ...
+    parent = mlflow.get_run(training.data.tags["mlflow.parentRunId"])  # ... the DAG run's run its parent
+    assert version.tags["mlflow.parent_run_id"] == parent.info.run_id
+    tags = parent.data.tags
+    assert tags["airflow.dag_id"] == "flights_delay" and tags["airflow.run_id"].startswith("manual__")
+    assert tags["airflow.logical_date"] and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", tags["git.commit"])
+    assert tags["pipeline.definition_sha256"] == definition.digest
+    assert parent.info.status == "FINISHED" and "candidate_roc_auc" in parent.data.metrics
+    sets = world.flights.xcom("flights_delay", "training_set")
+    child = training.data.tags
+    assert child["gpuyard.job_id"] == version.tags["gpuyard.job_id"]
+    assert child["training_set.manifest_sha256"] == sets["train"]["manifest_sha256"]
+    assert (child["feature_service.name"], child["feature_service.version"]) == ("flight_delay_v1", "1")
+    assert {"gpuyard.attempts", "gpuyard.preemptions", "gpuyard.progress_lost_steps_total"} <= set(child)
+
+
+def test_the_training_job_record_shows_the_injected_preemption_and_the_resume(world: World) -> None:
+    assert world.preempted, "no attempt was preempted"
+    job_id = world.preempted.split("-a", 1)[0]
+    job = world.gpuyard.job(job_id)
+    assert job["state"] == "SUCCEEDED"
+    first, second = job["attempts"]
+    assert (first["state"], second["state"]) == ("PREEMPTED", "SUCCEEDED")
+    assert first["checkpoint_step"] > 0  # it saved on the notice ...
+    assert (
+        f"attempt 2 running, resuming from the checkpoint at step {first['checkpoint_step']}"
+        in world.flights.log
+    )
+    assert job["failures"] == 0  # ... and the preemption cost no retry budget
+    from mlflow.tracking import MlflowClient
+
+    definition = load_definition(world.root / "definitions" / "flights_delay" / "pipeline.yaml")
+    mlflow = MlflowClient(definition.tracking_uri)
+    [run] = mlflow.search_runs(
+        [e.experiment_id for e in mlflow.search_experiments()],
+        filter_string=f"tags.`gpuyard.job_id` = '{job_id}'",
+    )
+    assert (run.data.tags["gpuyard.attempts"], run.data.tags["gpuyard.preemptions"]) == ("2", "1")
+
+
+TUTORIAL_FILE = re.compile(r"<!-- tutorial: (\S+) -->\n```\w+\n(.*?)```", re.DOTALL)
+
+
+def test_the_tutorial_adds_a_second_pipeline_from_scratch(world: World) -> None:
+    files = dict(TUTORIAL_FILE.findall((ROOT / "docs" / "airflow.md").read_text()))
+    [definition_name] = [f for f in files if f.endswith("pipeline.yaml")]
+    [dag_name] = [f for f in files if f.startswith("dags/")]
+    name = Path(dag_name).stem
+    assert definition_name == f"pipelines/{name}/pipeline.yaml"
+    assert not (ROOT / definition_name).exists() and not (ROOT / dag_name).exists()  # an addition
+    definition = sliced(files[definition_name], world.root / "definitions", name)
+    dag_file(files[dag_name], name, definition, world.dags)
+
+    run = dags_test(world.env, name, "--mark-success-pattern", DATA_STEPS)
+    assert run.code == 0 and "DagRun Finished" in run.log, run.log[-5000:]
+    states = run.states(name)
+    assert set(states.values()) == {"success"}, states
+    tutorial = load_definition(definition)
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(tutorial.tracking_uri)
+    champion = mlflow.get_model_version_by_alias(tutorial.promotion.model, "champion")
+    assert champion.tags["airflow.dag_id"] == name
+    assert mlflow.get_model_version_by_alias("flights-delay", "champion")  # the first pipeline's stays
