@@ -4,5 +4,6 @@
 `operators.training` the deferrable GpuTrainingOperator, `triggers.job` the trigger that follows a
 job's events (`triggers.followers`: one long poll for every job a process follows), `narration` how
 a job's events read in the task log, `links` the extra link that opens a job. Everything here talks
-to the control plane through `gpuyard.client` only. The thin plugin that Airflow loads is `plugins/gpuyard_plugin.py`.
+to the control plane through `gpuyard.client` only. The thin plugin that Airflow loads is
+`plugins/gpuyard_plugin.py`.
 """
