@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := requirements/constraints.txt
 TORCH := torch==2.13.0
-# Debian packages the suite drives: faketime skews one process's clock in the fault tests.
-SYSTEM_PACKAGES := faketime
+# Debian packages the suite drives: faketime skews one process's clock in the fault tests, chromium is
+# the browser of the UI tests (Playwright drives it; it downloads no browser of its own).
+SYSTEM_PACKAGES := faketime chromium
 
 .PHONY: install demo ui test test-fast lint bench clean
 
