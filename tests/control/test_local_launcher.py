@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,38 @@ def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> 
         what="the adopted workers to finish",
     )
     assert seen[0].outcome == Outcome.SUCCEEDED
+
+
+def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_follow_it(
+    tmp_path: Path,
+) -> None:
+    """A replica whose lead passed mid-pass and the next leader's recovery both launch the attempt
+    they see reserved: the launch lock makes the second follow the first's workers."""
+    from gpuyard.domain.placement import NodeSlice, Placement
+    from gpuyard.launchers.base import LaunchRequest, Outcome
+
+    spec = parse_spec(
+        {
+            "name": "x",
+            "team": "a",
+            "image": "i",
+            "command": ["python", "-c", "import time; time.sleep(2)"],
+            "resources": {"gpus": 2, "gpu_types": ["cpu"]},
+        }
+    )
+    placement = Placement("local", "local", "local", (NodeSlice("local", (0, 1)),))
+    request = LaunchRequest("shared", "job-x", 1, 7, spec, placement, "http://127.0.0.1:9", None)
+    old, new = (LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path) for _ in range(2))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda launcher: launcher.launch(request), (old, new)))
+    assert len(shims("shared")) == 2  # one gang of two, not two gangs
+    assert old.alive() == new.alive() == {"shared": 7}
+    ended: list[Any] = []
+    wait_until(
+        lambda: bool(ended.extend(r for r in new.observe() if r.outcome != Outcome.RUNNING) or ended),
+        what="the followed workers to finish",
+    )
+    assert ended[0].outcome == Outcome.SUCCEEDED
 
 
 WAIT_FOR = (

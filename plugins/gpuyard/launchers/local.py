@@ -14,6 +14,7 @@ file was written: `release` kills by that label.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -86,6 +87,25 @@ def _kill_label(attempt_id: str, *, wait_s: float) -> bool:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (released by the kernel if this process dies)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _recorded_pids(directory: Path) -> list[int] | None:
+    """The worker pids an attempt's launch recorded, or None before any was (or once it was torn)."""
+    try:
+        return [int(pid) for pid in json.loads((directory / "workers.json").read_text())["pids"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @dataclass
 class _Attempt:
     directory: Path
@@ -124,15 +144,24 @@ class LocalLauncher:
     # -- launch and cancel -------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> None:
+        if request.attempt_id in self._attempts:
+            return
         directory = self.root / request.attempt_id
-        if request.attempt_id in self._attempts or (directory / "workers.json").exists():
-            return  # launched before (perhaps by a previous process): never a second set of workers
+        directory.mkdir(parents=True, exist_ok=True)
+        # Two replicas may launch one attempt (one whose lead just passed, and the next leader's
+        # recovery): the first starts the workers, the second follows them. Never a second set.
+        with _exclusive(directory / "launch.lock"):
+            if (pids := _recorded_pids(directory)) is not None:
+                self._attempts[request.attempt_id] = _Attempt(directory, pids, request.fencing_token)
+                return
+            self._start(request, directory)
+
+    def _start(self, request: LaunchRequest, directory: Path) -> None:
         if strays := _processes_of(request.attempt_id):
             # A launcher died between starting workers and recording them: stop them, start afresh.
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        directory.mkdir(parents=True, exist_ok=True)
         gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
         world = max(1, len(gpus))
         port = _free_port()
@@ -300,10 +329,7 @@ class LocalLauncher:
             attempt_id = directory.name
             if attempt_id in self._attempts or (directory / "ended").exists():
                 continue
-            try:
-                pids = json.loads((directory / "workers.json").read_text())["pids"]
-            except (OSError, ValueError, KeyError):
-                pids = None  # the launcher died mid-launch: launch() will clean up and start afresh
+            pids = _recorded_pids(directory)  # None: the launcher died mid-launch; launch() starts afresh
             if attempt_id in live and pids is not None:
                 token = live[attempt_id].fencing_token
                 self._attempts[attempt_id] = _Attempt(directory, pids, token)  # adopt; observe() follows it

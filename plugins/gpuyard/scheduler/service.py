@@ -5,7 +5,8 @@ observed (acknowledging each report once the store has it), renews the leases of
 workers the launcher sees alive, asks attempts to stop that must (cancelled, hung, out of time),
 reaps expired leases, runs the cycle, reserves and launches its placements, and signals every
 attempt asked to stop. Bus messages only wake the loop early; a lost message costs a delay, never a
-job. Replicas elect one leader by a lease row, judged by the database's clock.
+job. Replicas elect one leader by a lease row, judged by the database's clock and fenced by an epoch
+(`store/leadership.py`): a pass begun under a lead that has since passed reserves nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 from gpuyard.store import attempts as attempt_store
+from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
+from gpuyard.store.leadership import Lead, NotLeading
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class SchedulerService:
         self.fleet_now: Callable[[], Fleet] = fleet if callable(fleet) else (lambda: fleet)
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-        self.leading = False
+        self.lead: Lead | None = None  # this replica's lead while it has one
         self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
 
@@ -141,6 +144,7 @@ class SchedulerService:
                 borrowed=placed.borrowed,
                 at=now,
                 lease_ttl_s=self.lease_ttl_s,
+                lead=self.lead,
             )
             if attempt is not None:  # None: another replica or a cancel got there first
                 self.launch(attempt, by_id[placed.job.id])
@@ -304,7 +308,8 @@ class SchedulerService:
             )
 
     def recover(self) -> None:
-        """On taking the lead: adopt or clean up workers, and launch attempts reserved but not launched."""
+        """On taking the lead (each new epoch: a replica that lost and regained it may have missed
+        anything): adopt or clean up workers, and launch attempts reserved but not launched."""
         self._renewed.clear()
         self._signalled.clear()
         with self.engine.connect() as conn:
@@ -314,6 +319,18 @@ class SchedulerService:
         for item in live:
             if item.attempt.state == AttemptState.CREATED:
                 self.launch(item.attempt, item.job)  # idempotent in the launcher: never a second set
+
+    def hold_lead(self) -> bool:
+        """Take or renew the lead; under each new epoch, recover before anything else."""
+        lead = leadership.hold(
+            self.engine, "scheduler", self.holder, now=self.clock(), ttl_s=self.lease_ttl_s / 2
+        )
+        if lead is not None and lead != self.lead:
+            log.info("scheduler %s leads (epoch %d)", self.holder, lead.epoch)
+            self.lead = None  # not leading until recovered: a failed recovery is retried
+            self.recover()
+        self.lead = lead
+        return lead is not None
 
     def step(self) -> None:
         self.apply(self.launcher.observe())
@@ -342,14 +359,7 @@ class SchedulerService:
         next_pass = 0.0
         while not stop.is_set():
             try:
-                leading = attempt_store.hold_leadership(
-                    self.engine, "scheduler", self.holder, now=self.clock(), ttl_s=self.lease_ttl_s / 2
-                )
-                if leading and not self.leading:
-                    log.info("scheduler %s leads", self.holder)
-                    self.recover()
-                self.leading = leading
-                if not leading:
+                if not self.hold_lead():
                     stop.wait(min(interval_s, self.lease_ttl_s / 6))
                     continue
                 woken = self._wait_for_events(bus, stop, observe_s)
@@ -360,6 +370,9 @@ class SchedulerService:
                 else:
                     self.apply(self.launcher.observe())
                     self.renew()
+            except NotLeading as lost:  # the lead passed during this pass: the next leader carries on
+                log.warning("scheduler pass stopped: %s", lost)
+                self.lead = None
             except Exception:  # the loop must outlive any one failure; the store stays the truth
                 log.exception("scheduler pass failed; retrying")
                 stop.wait(interval_s)

@@ -1,5 +1,5 @@
 """Attempts and leases: reserve (attempt + one lease per GPU, one transaction, fencing token),
-heartbeats and launcher renewals, checkpoint records, the end of an attempt, expiry, and leader leases.
+heartbeats and launcher renewals, checkpoint records, the end of an attempt, and expiry.
 
 Lock order, the same in every transaction (docs/concepts.md): the job's row, then its attempt's
 row, then the attempt's lease rows (then the fencing counter). A function that changes an attempt
@@ -33,9 +33,11 @@ from gpuyard.domain.states import (
     StopReason,
 )
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
+from gpuyard.store import leadership
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
+from gpuyard.store.leadership import Lead
 from gpuyard.store.outbox import append_event
-from gpuyard.store.tables import attempts, fencing, jobs, leaders, leases
+from gpuyard.store.tables import attempts, fencing, jobs, leases
 from gpuyard.store.transitions import move_attempt, move_job
 
 LIVE_STATES = (AttemptState.CREATED, AttemptState.LAUNCHING, AttemptState.RUNNING)
@@ -81,15 +83,25 @@ def next_fencing_token(conn: Connection) -> int:
 
 
 def reserve(
-    engine: Engine, job_id: str, placement: Placement, *, borrowed: bool, at: datetime, lease_ttl_s: float
+    engine: Engine,
+    job_id: str,
+    placement: Placement,
+    *,
+    borrowed: bool,
+    at: datetime,
+    lease_ttl_s: float,
+    lead: Lead | None = None,
 ) -> Attempt | None:
     """Create the attempt and lease every GPU of the placement in ONE transaction.
 
     Returns None, changing nothing, when the job is no longer PENDING or a GPU is already leased:
-    the primary key of `leases` (node, gpu) makes a double lease impossible.
+    the primary key of `leases` (node, gpu) makes a double lease impossible. With `lead`, raises
+    NotLeading, changing nothing, unless that lead is still current (`leadership.confirm`).
     """
     try:
         with engine.begin() as conn:
+            if lead is not None:
+                leadership.confirm(conn, lead, now=at)
             job = get(conn, job_id, lock=True)
             if job is None or job.state != JobState.PENDING:
                 return None
@@ -493,23 +505,6 @@ def pending_jobs(conn: Connection, now: datetime) -> list[Job]:
         .order_by(jobs.c.seq)
     )
     return [job_from_row(row) for row in rows]
-
-
-def hold_leadership(engine: Engine, name: str, holder: str, *, now: datetime, ttl_s: float) -> bool:
-    """Take or renew the named leader lease; True while `holder` leads."""
-    expires = now + timedelta(seconds=ttl_s)
-    with engine.begin() as conn:
-        conn.execute(
-            _insert(conn, leaders)
-            .values(name=name, holder=holder, expires_at=expires)
-            .on_conflict_do_nothing()
-        )
-        taken = conn.execute(
-            update(leaders)
-            .where(leaders.c.name == name, (leaders.c.holder == holder) | (leaders.c.expires_at < now))
-            .values(holder=holder, expires_at=expires)
-        )
-        return taken.rowcount == 1
 
 
 def metric_records(conn: Connection, since: datetime) -> tuple[list[AttemptRecord], list[JobRecord]]:

@@ -32,7 +32,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gpuyard.domain.model import Attempt
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, JobState
+from gpuyard.store import leadership
 from gpuyard.store.jobs import attempt_from_row
+from gpuyard.store.leadership import Lead
 from gpuyard.store.tables import UtcDateTime, attempts, fencing, jobs, leases
 from gpuyard.store.transitions import move_job
 
@@ -50,16 +52,25 @@ class Reservation:
 
 
 def reserve_batch(
-    engine: Engine, wanted: Sequence[Reservation], *, at: datetime, lease_ttl_s: float, batch: int = BATCH
+    engine: Engine,
+    wanted: Sequence[Reservation],
+    *,
+    at: datetime,
+    lease_ttl_s: float,
+    batch: int = BATCH,
+    lead: Lead | None = None,
 ) -> list[Attempt | None]:
     """Reserve every placement of `wanted`, `batch` gangs per transaction. Returns, in the same
     order, the attempt created for each, or None for a gang that could not have all its GPUs or whose
-    job is no longer PENDING (nothing of it is written)."""
+    job is no longer PENDING (nothing of it is written). With `lead`, each batch first confirms that
+    lead (`leadership.confirm`); NotLeading stops the reservations, keeping the batches committed."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1 gang, got {batch}")
     reserved: list[Attempt | None] = []
     for first in range(0, len(wanted), batch):
         with engine.begin() as conn:
+            if lead is not None:
+                leadership.confirm(conn, lead, now=at)
             reserved += reserve_in(conn, wanted[first : first + batch], at=at, lease_ttl_s=lease_ttl_s)
     return reserved
 

@@ -184,10 +184,12 @@ fencing = Table(
 )
 
 # Leader election by lease: one scheduler (or reaper) replica holds each name until it expires.
+# `epoch` grows each time the lead changes hands or lapses (store/leadership.py).
 leaders = Table(
     "leaders",
     metadata,
     Column("name", String(32), primary_key=True),
     Column("holder", String(64), nullable=False),
     Column("expires_at", UtcDateTime(), nullable=False),
+    Column("epoch", BigInteger, nullable=False, server_default="0"),
 )

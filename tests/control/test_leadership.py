@@ -1,0 +1,196 @@
+"""Leader leases: judged by the database's clock at the statement, fenced by an epoch, and a pass
+whose lead passed writes nothing (store/leadership.py, SchedulerService.hold_lead)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.domain.spec import parse_spec
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.store import attempts as attempt_store
+from gpuyard.store import jobs as job_store
+from gpuyard.store import leadership
+from gpuyard.store import teams as team_store
+from gpuyard.store.leadership import Lead, NotLeading
+from gpuyard.store.reservations import Reservation, reserve_batch
+from gpuyard.store.tables import attempts, leaders
+from servers import wait_until
+from sqlalchemy import Engine, func, select, text, update
+
+from .conftest import EXAMPLE_SPEC, _empty
+from .test_scheduler_service import FLEET, Clock, RecordingLauncher
+from .test_store_races import interleave
+
+PLACEMENT = Placement("local", "local", "local", (NodeSlice("node-1", (0,)),))
+
+
+def pending_job(engine: Engine) -> str:
+    spec = parse_spec({**EXAMPLE_SPEC, "resources": {"gpus": 1, "gpu_types": ["cpu"]}})
+    return job_store.submit(engine, spec, idempotency_key=None, created_by="t", at=utcnow())[0].id
+
+
+def attempt_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(attempts)).scalar_one())
+
+
+# -- on SQLite, whose clock is the caller's --------------------------------------------------------
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_one_leader_takeover_within_one_lease_period_and_a_new_epoch_each_time(engine: Engine) -> None:
+    clock = Clock()
+
+    def hold(holder: str) -> Lead | None:
+        return leadership.hold(engine, "scheduler", holder, now=clock(), ttl_s=10)
+
+    assert hold("one") == Lead("scheduler", "one", 1)
+    assert hold("two") is None
+    clock.advance(5)
+    assert hold("one") == Lead("scheduler", "one", 1)  # renewed: the same lead
+    clock.advance(9)
+    assert hold("two") is None
+    clock.advance(2)  # "one" died: its lease ran out
+    assert hold("two") == Lead("scheduler", "two", 2)
+    assert hold("one") is None
+    clock.advance(11)
+    assert hold("two") == Lead("scheduler", "two", 3)  # its own lease lapsed: nobody was sure to lead
+
+
+@pytest.fixture
+def scheduler_pair(engine: Engine) -> Iterator[tuple[SchedulerService, SchedulerService, Clock]]:
+    clock = Clock()
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=16, gpu_quota=16), clock())
+    pair = [
+        SchedulerService(
+            engine,
+            RecordingLauncher(),
+            FLEET,
+            api_url=lambda: "http://api",
+            clock=clock,
+            holder=name,
+            lease_ttl_s=20,
+        )
+        for name in ("a", "b")
+    ]
+    yield pair[0], pair[1], clock
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_pass_whose_lead_passed_reserves_nothing(
+    engine: Engine, scheduler_pair: tuple[SchedulerService, SchedulerService, Clock]
+) -> None:
+    a, b, clock = scheduler_pair
+    assert a.hold_lead()
+    submit = {**EXAMPLE_SPEC, "resources": {"gpus": 1, "gpu_types": ["a100"]}}
+    job_store.submit(engine, parse_spec(submit), idempotency_key=None, created_by="t", at=clock())
+    clock.advance(11)  # a's pass is held up past its lease (ttl/2), and b takes the lead
+    assert b.hold_lead()
+    with pytest.raises(NotLeading):
+        a.schedule()
+    assert attempt_count(engine) == 0 and a.launcher.launch_calls == []
+    b.schedule()
+    assert attempt_count(engine) == 1 and len(b.launcher.launch_calls) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_replica_that_lost_and_regained_the_lead_between_two_looks_recovers(
+    engine: Engine, scheduler_pair: tuple[SchedulerService, SchedulerService, Clock]
+) -> None:
+    """While `a` looked away, `b` led and reserved an attempt it never launched (it died). `a` sees
+    only that it leads again, but under a new epoch: it recovers, and launches that attempt."""
+    a, b, clock = scheduler_pair
+    assert a.hold_lead()
+    clock.advance(11)
+    assert b.hold_lead()
+    job_id = pending_job(engine)
+    reserved = attempt_store.reserve(
+        engine, job_id, PLACEMENT, borrowed=False, at=clock(), lease_ttl_s=20, lead=b.lead
+    )
+    assert reserved is not None
+    clock.advance(11)  # b died before launching it
+    assert a.hold_lead() and a.lead is not None and a.lead.epoch == 3
+    assert a.launcher.launch_calls == [reserved.id]
+
+
+# -- on PostgreSQL, whose clock is the server's ----------------------------------------------------
+
+pg = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+
+
+def lapse(engine: Engine) -> None:
+    """The leader's lease passes now, on the database's clock (as if its renewals stopped)."""
+    with engine.begin() as conn:
+        conn.execute(update(leaders).values(expires_at=func.clock_timestamp() - timedelta(seconds=1)))
+
+
+@pg
+def test_a_callers_skewed_clock_neither_takes_a_live_lease_nor_writes_a_past_expiry(engine: Engine) -> None:
+    assert leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30) is not None
+    ahead = utcnow() + timedelta(hours=1)  # two's clock is an hour fast (or its statement was held up)
+    assert leadership.hold(engine, "scheduler", "two", now=ahead, ttl_s=30) is None
+    behind = utcnow() - timedelta(hours=1)
+    assert leadership.hold(engine, "scheduler", "one", now=behind, ttl_s=30) == Lead("scheduler", "one", 1)
+    with engine.connect() as conn:
+        left = conn.execute(
+            select(func.extract("epoch", leaders.c.expires_at - func.clock_timestamp()))
+        ).scalar_one()
+    assert 25 < float(left) <= 30  # the expiry is the database's now plus the lease, not the caller's
+
+
+@pg
+def test_reservations_under_a_lead_that_passed_raise_and_write_nothing(engine: Engine) -> None:
+    _empty(engine)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
+    old = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30)
+    assert old is not None
+    job_id = pending_job(engine)
+    lapse(engine)
+    assert leadership.hold(engine, "scheduler", "two", now=utcnow(), ttl_s=30) == Lead("scheduler", "two", 2)
+    with pytest.raises(NotLeading):
+        attempt_store.reserve(
+            engine, job_id, PLACEMENT, borrowed=False, at=utcnow(), lease_ttl_s=60, lead=old
+        )
+    with pytest.raises(NotLeading):
+        reserve_batch(engine, [Reservation(job_id, PLACEMENT, False)], at=utcnow(), lease_ttl_s=60, lead=old)
+    assert attempt_count(engine) == 0
+
+
+@pg
+def test_the_lead_cannot_change_hands_while_a_reservation_under_it_commits(engine: Engine) -> None:
+    """The reservation confirmed its lead and is paused; the lease then passes on the database's
+    clock, and the next replica's takeover waits on the lease row's lock (probed in pg_stat_activity)
+    until the reservation commits: so the new leader's recovery sees that attempt."""
+    _empty(engine)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
+    lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=1.0)
+    assert lead is not None
+    job_id = pending_job(engine)
+
+    def reserve(paused: Engine) -> object:
+        return attempt_store.reserve(
+            paused, job_id, PLACEMENT, borrowed=False, at=utcnow(), lease_ttl_s=60, lead=lead
+        )
+
+    def take_over(other: Engine) -> tuple[Lead | None, int]:
+        def passed() -> bool:
+            with other.connect() as conn:
+                return bool(conn.execute(text("SELECT clock_timestamp() > :at"), {"at": expiry}).scalar())
+
+        wait_until(passed, what="the lease to pass on the database's clock")
+        taken = leadership.hold(other, "scheduler", "two", now=utcnow(), ttl_s=30)
+        return taken, attempt_count(other)
+
+    with engine.connect() as conn:
+        expiry = conn.execute(select(leaders.c.expires_at)).scalar_one()
+    reserved, (taken, seen) = interleave(engine, reserve, r"(?s)FROM leaders.*FOR SHARE", take_over)
+    assert reserved is not None
+    assert taken == Lead("scheduler", "two", 2) and seen == 1
