@@ -176,6 +176,24 @@ class GpuyardClient:
     def fleet(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/fleet")  # type: ignore[no-any-return]
 
+    def queue(
+        self, *, team: str | None = None, reason: str | None = None, offset: int = 0, limit: int = 50
+    ) -> dict[str, Any]:
+        """One page of the waiting jobs in queue order, each with why it waits, and the teams' use."""
+        params: dict[str, Any] = {"offset": offset, "limit": limit}
+        if team:
+            params["team"] = team
+        if reason:
+            params["reason"] = reason
+        return self._call("GET", "/v1/queue", params=params)  # type: ignore[no-any-return]
+
+    def metrics_summary(self, *, hours: float = 24.0 * 7) -> dict[str, Any]:
+        return self._call("GET", "/v1/metrics/summary", params={"hours": hours})  # type: ignore[no-any-return]
+
+    def metrics_series(self, *, hours: float = 24.0, steps: int = 48) -> dict[str, Any]:
+        """The platform figures per step of the last `hours`: in total and per visible team."""
+        return self._call("GET", "/v1/metrics/series", params={"hours": hours, "steps": steps})  # type: ignore[no-any-return]
+
     def whoami(self) -> dict[str, Any]:
         return self._call("GET", "/v1/whoami")  # type: ignore[no-any-return]
 

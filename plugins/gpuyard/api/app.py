@@ -20,7 +20,15 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard import __version__, metrics
-from gpuyard.api import routes_admin, routes_attempts, routes_events, routes_fleet, routes_health, routes_jobs
+from gpuyard.api import (
+    routes_admin,
+    routes_attempts,
+    routes_events,
+    routes_fleet,
+    routes_health,
+    routes_jobs,
+    routes_queue,
+)
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
@@ -73,6 +81,7 @@ def create_app(
     for router in (
         routes_jobs.router,
         routes_fleet.router,
+        routes_queue.router,
         routes_attempts.router,
         routes_admin.router,
         routes_health.router,

@@ -31,6 +31,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 TOKEN_TTL_S = 0.5
+QUEUE_TTL_S = 2.0
 _MISSING = object()
 
 
@@ -153,3 +154,5 @@ class ApiContext:
     feasibility: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=float("inf")))
     # The platform summary behind /metrics: computed at most once per period, however often scraped.
     scrape_summary: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=30.0, max_entries=1))
+    # The cycle's reading of the queue behind /v1/queue (scheduler/waiting.py): one for every caller.
+    queue_view: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=QUEUE_TTL_S, max_entries=1))

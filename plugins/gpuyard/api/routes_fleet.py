@@ -1,4 +1,5 @@
-"""/v1/fleet (nodes, free and leased GPUs), /v1/jobs/{id}/logs (workers' output), /v1/metrics/summary.
+"""/v1/fleet (nodes, free and leased GPUs), /v1/jobs/{id}/logs (workers' output), /v1/metrics/summary
+and /v1/metrics/series (the same figures over time, in total and per team).
 
 Scoped to the caller: a member sees how many GPUs of each node are free, but which ones are leased
 only for its own team's attempts, and a summary of its own team's jobs; platform admins see all.
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.platform_metrics import Summary, summarize
+from gpuyard.platform_series import Point, series
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
@@ -130,3 +132,40 @@ def metrics_summary(
     """Goodput, queue wait, resumes, cost, lost progress and fair-share attainment, from recorded events:
     of the caller's team, or of the whole platform for platform admins."""
     return platform_summary(ctx, hours, None if caller.is_platform_admin else {caller.team})
+
+
+class SeriesOut(BaseModel):
+    hours: float
+    steps: int
+    total: list[Point] = Field(description="Every visible team together (the whole platform for admins)")
+    teams: dict[str, list[Point]]
+
+
+@router.get("/metrics/series", response_model=SeriesOut)
+def metrics_series(
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    hours: float = Query(24.0, gt=0, le=24.0 * 366, description="Window: the last this many hours."),
+    steps: int = Query(48, ge=1, le=1000, description="Equal steps the window is cut into."),
+) -> SeriesOut:
+    """The summary's figures per step of the window: utilization, goodput, wait p50/p99, resumes,
+    lost progress, cost per job and idle cost; of the caller's team, or of every team for admins."""
+    end = ctx.clock()
+    start = end - timedelta(hours=hours)
+    with ctx.engine.connect() as conn:
+        attempt_records, job_records = attempt_store.metric_records(conn, start)
+        names = sorted(team_store.list_teams(conn))
+    prices = {n.name: float(n.price_per_gpu_hour) for n in ctx.fleet.nodes}
+    fleet_gpus = sum(n.gpus for n in ctx.fleet.nodes)
+    fleet_cost = sum(n.gpus * float(n.price_per_gpu_hour) for n in ctx.fleet.nodes)
+    visible = names if caller.is_platform_admin else [caller.team]
+
+    def of(teams: list[str] | None) -> list[Point]:
+        return series(attempt_records, job_records, prices, fleet_gpus, fleet_cost, start, end, steps, teams)
+
+    return SeriesOut(
+        hours=hours,
+        steps=steps,
+        total=of(None if caller.is_platform_admin else visible),
+        teams={team: of([team]) for team in visible},
+    )

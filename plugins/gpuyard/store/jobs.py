@@ -149,6 +149,32 @@ def page(
     return [job_from_row(r) for r in rows], (rows[-1].seq if more else None)
 
 
+@dataclass(frozen=True)
+class QueuedRow:
+    """A pending job as the queue lists it: the columns only, never the spec (cheap at 10,000 rows)."""
+
+    id: str
+    team: str
+    name: str
+    priority: int
+    gpus: int
+    attempt_count: int
+    created_at: datetime
+    updated_at: datetime
+    not_before: datetime | None
+    cancel_requested: bool
+
+
+def queued(conn: Connection, teams: list[str] | None) -> list[QueuedRow]:
+    """Every PENDING job (of `teams`; None: all), in queue order: priority first, then oldest."""
+    columns = [getattr(jobs.c, name) for name in QueuedRow.__dataclass_fields__]
+    query = select(*columns).where(jobs.c.state == JobState.PENDING.value)
+    if teams is not None:
+        query = query.where(jobs.c.team.in_(teams))
+    rows = conn.execute(query.order_by(jobs.c.priority.desc(), jobs.c.seq))
+    return [QueuedRow(*row) for row in rows]
+
+
 def count_by_state(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))

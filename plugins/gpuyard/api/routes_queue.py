@@ -1,0 +1,132 @@
+"""/v1/queue: the waiting jobs in queue order, each with why it waits as the scheduler says it, and
+the teams' quota, borrowing and use. Filtered and paged on the server (fast with 10,000 waiting).
+
+The reasons come from the pure cycle run on the store's snapshot (scheduler/waiting.py), computed at
+most once every QUEUE_TTL_S for every caller; the rows are read per request without their specs.
+Members see their team's jobs and team only; platform admins see every team.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
+
+from gpuyard.api.auth import ApiContext, context, principal
+from gpuyard.api.problems import PROBLEM_RESPONSES
+from gpuyard.domain.spec import PRIORITY_CLASSES
+from gpuyard.scheduler.policy import POLICIES
+from gpuyard.scheduler.waiting import CODES, QueueView, read_queue, row_reason
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.teams import Principal
+
+router = APIRouter(prefix="/v1", tags=["queue"], responses=PROBLEM_RESPONSES)
+
+PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
+
+
+class QueuedOut(BaseModel):
+    id: str
+    team: str
+    name: str
+    priority: str
+    gpus: int
+    attempts: int = Field(description="Attempts so far: more than 0 means a retry waits")
+    waiting_since: datetime = Field(description="When it last entered the queue")
+    age_s: float = Field(description="Seconds since it was submitted")
+    reason: str = Field(description=f"Why it waits, one of: {', '.join(CODES)}")
+    reason_text: str
+
+
+class TeamQueueOut(BaseModel):
+    name: str
+    gpu_quota: int
+    cohort: str | None
+    weight: float
+    used_gpus: int
+    borrowed_gpus: int
+    waiting_jobs: int
+    waiting_gpus: int
+
+
+class QueuePage(BaseModel):
+    total: int = Field(description="Jobs matching the filters (the page is a slice of them)")
+    offset: int
+    items: list[QueuedOut]
+    reasons: dict[str, int] = Field(description="Waiting jobs per reason, before the reason filter")
+    teams: list[TeamQueueOut]
+    policy: str
+
+
+def _view(ctx: ApiContext) -> QueueView:
+    def load(_: str) -> QueueView:
+        with ctx.engine.connect() as conn:
+            return read_queue(conn, ctx.fleet, POLICIES[ctx.settings.scheduler_policy], ctx.clock())
+
+    return ctx.queue_view.get("queue", load)  # type: ignore[no-any-return]
+
+
+@router.get("/queue", response_model=QueuePage)
+def queue(
+    ctx: ApiContext = Depends(context),
+    caller: Principal = Depends(principal),
+    team: str | None = Query(None, max_length=63),
+    reason: str | None = Query(None, pattern=f"^({'|'.join(CODES)})$", description="One of the reason codes"),
+    offset: int = Query(0, ge=0, le=10_000_000),
+    limit: int = Query(50, ge=1, le=500),
+) -> QueuePage:
+    """Priority first, then oldest: the order the scheduler looks at the queue (before fair share)."""
+    teams = [team] if team is not None else (None if caller.is_platform_admin else [caller.team])
+    if teams is not None and not all(caller.can_see(t) for t in teams):
+        teams = []
+    view = _view(ctx)
+    now = ctx.clock()
+    with ctx.engine.connect() as conn:
+        rows = job_store.queued(conn, teams) if teams != [] else []
+        quotas = team_store.list_teams(conn)
+    reasons = [row_reason(view, r.id, r.not_before, r.cancel_requested, now) for r in rows]
+    counts: dict[str, int] = {}
+    waiting: dict[str, list[int]] = {}
+    for row, why in zip(rows, reasons, strict=True):
+        counts[why.code] = counts.get(why.code, 0) + 1
+        jobs_gpus = waiting.setdefault(row.team, [0, 0])
+        jobs_gpus[0] += 1
+        jobs_gpus[1] += row.gpus
+    matching = [(r, w) for r, w in zip(rows, reasons, strict=True) if reason is None or w.code == reason]
+    shown = sorted(quotas) if teams is None else [t for t in teams if t in quotas]
+    return QueuePage(
+        total=len(matching),
+        offset=offset,
+        items=[
+            QueuedOut(
+                id=r.id,
+                team=r.team,
+                name=r.name,
+                priority=PRIORITY_NAMES.get(r.priority, str(r.priority)),
+                gpus=r.gpus,
+                attempts=r.attempt_count,
+                waiting_since=r.updated_at,
+                age_s=max(0.0, (now - r.created_at).total_seconds()),
+                reason=w.code,
+                reason_text=w.text,
+            )
+            for r, w in matching[offset : offset + limit]
+        ],
+        reasons=counts,
+        teams=[
+            TeamQueueOut(
+                name=name,
+                gpu_quota=quotas[name].gpu_quota,
+                cohort=quotas[name].cohort,
+                weight=quotas[name].weight,
+                used_gpus=view.usage.get(name, 0),
+                borrowed_gpus=view.borrowed.get(name, 0),
+                waiting_jobs=waiting.get(name, [0, 0])[0],
+                waiting_gpus=waiting.get(name, [0, 0])[1],
+            )
+            for name in shown
+        ],
+        policy=ctx.settings.scheduler_policy,
+    )
