@@ -27,6 +27,14 @@ from gpuyard.store.teams import Principal
 router = APIRouter(prefix="/v1", tags=["fleet"], responses=PROBLEM_RESPONSES)
 
 
+class LeaseOut(BaseModel):
+    gpu: int
+    job_id: str
+    job_name: str
+    team: str
+    attempt_id: str
+
+
 class NodeOut(BaseModel):
     name: str
     site: str
@@ -35,6 +43,7 @@ class NodeOut(BaseModel):
     gpu_type: str
     gpus: int
     leased_gpus: list[int] = Field(description="GPUs leased by the caller's team (every team's for admins).")
+    leases: list[LeaseOut] = Field(description="Who holds each of `leased_gpus`: job, attempt, team.")
     free_gpus: int
     gpu_memory_gb: float
     price_per_gpu_hour: float
@@ -47,7 +56,7 @@ def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(princi
     """Every node with its GPUs: how many are free, and which are leased by the caller's team."""
     with ctx.engine.connect() as conn:
         leased = attempt_store.leased_gpus(conn)
-        visible = leased if caller.is_platform_admin else _team_leases(conn, caller.team)
+        visible = _leases(conn, None if caller.is_platform_admin else caller.team)
     return [
         NodeOut(
             name=n.name,
@@ -56,7 +65,8 @@ def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(princi
             domain=n.domain,
             gpu_type=n.gpu_type,
             gpus=n.gpus,
-            leased_gpus=sorted(visible.get(n.name, ())),
+            leased_gpus=sorted(visible.get(n.name, {})),
+            leases=[LeaseOut(gpu=gpu, **held) for gpu, held in sorted(visible.get(n.name, {}).items())],
             free_gpus=n.gpus - len(leased.get(n.name, ())),
             gpu_memory_gb=n.gpu_memory_gb,
             price_per_gpu_hour=n.price_per_gpu_hour,
@@ -67,12 +77,20 @@ def fleet(ctx: ApiContext = Depends(context), caller: Principal = Depends(princi
     ]
 
 
-def _team_leases(conn: Connection, team: str) -> dict[str, set[int]]:
-    held: dict[str, set[int]] = {}
+def _leases(conn: Connection, team: str | None) -> dict[str, dict[int, dict[str, str]]]:
+    """node -> GPU -> the live attempt holding it, of `team` (None: every team)."""
+    held: dict[str, dict[int, dict[str, str]]] = {}
     for item in attempt_store.live(conn):
-        if item.job.team == team:
+        if team is None or item.job.team == team:
+            who = {
+                "job_id": item.job.id,
+                "job_name": item.job.name,
+                "team": item.job.team,
+                "attempt_id": item.attempt.id,
+            }
             for piece in item.attempt.placement.get("nodes", []):
-                held.setdefault(piece["node"], set()).update(piece["gpus"])
+                for gpu in piece["gpus"]:
+                    held.setdefault(piece["node"], {})[gpu] = who
     return held
 
 

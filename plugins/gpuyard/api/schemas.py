@@ -63,6 +63,9 @@ class AttemptOut(BaseModel):
     step: int | None
     checkpoint_url: str | None
     checkpoint_step: int | None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    progress_lost_s: float | None = Field(None, description="Work since the last checkpoint, lost at its end")
 
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptOut:
@@ -78,6 +81,9 @@ class AttemptOut(BaseModel):
             step=attempt.step,
             checkpoint_url=attempt.checkpoint_url,
             checkpoint_step=attempt.checkpoint_step,
+            started_at=attempt.started_at,
+            ended_at=attempt.ended_at,
+            progress_lost_s=attempt.progress_lost_s,
         )
 
 
