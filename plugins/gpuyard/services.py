@@ -38,7 +38,9 @@ ADMIN_TEAM = "platform"
 
 
 def open_store(settings: Settings) -> Engine:
-    engine = make_engine(str(settings.database_url), pool_size=settings.db_pool_size)
+    engine = make_engine(
+        str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
+    )
     migrate(engine)
     return engine
 
@@ -164,7 +166,9 @@ def build_scheduler(
 def app_from_environment() -> Any:
     """ASGI factory for `gpuyard api` workers: settings come from the environment."""
     settings = load_settings()
-    engine = make_engine(str(settings.database_url), pool_size=settings.db_pool_size)
+    engine = make_engine(
+        str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
+    )
     app = create_app(
         settings, engine, fleet=build_fleet(settings), logs=log_reader(settings), clock=database_clock(engine)
     )

@@ -184,7 +184,7 @@ def test_a_black_holed_database_fails_within_the_client_bound_and_the_store_reco
     bounds = DbBounds(statement_timeout_s=1)
     proxied = make_engine(proxied_url, pool_size=4, bounds=bounds)
     token = make_token("a")
-    settings = load_settings(home=tmp_path, database_url=proxied_url)
+    settings = load_settings(home=tmp_path, database_url=proxied_url, db_statement_timeout_seconds=1)
     with TestClient(create_app(settings, proxied)) as api:
         assert api.get("/readyz").status_code == 200  # leaves one idle connection in the pool
         proxy.set("blackhole")
@@ -192,6 +192,10 @@ def test_a_black_holed_database_fails_within_the_client_bound_and_the_store_reco
         response = api.get("/v1/jobs", headers=bearer(token))  # on that connection
         assert response.status_code == 503, response.text
         assert bounds.wait_limit_s - 0.5 < time.monotonic() - started < bounds.wait_limit_s + 3
+        started = time.monotonic()  # the submit path's own pool carries the same bound
+        submitted = api.post("/v1/jobs", json=EXAMPLE_SPEC, headers=bearer(token, **{"Idempotency-Key": "k"}))
+        assert submitted.status_code == 503, submitted.text
+        assert time.monotonic() - started < bounds.wait_limit_s + 3
         started = time.monotonic()
         assert api.get("/healthz").status_code == 200
         ready = api.get("/readyz")  # needs a new connection: the probe gives up first

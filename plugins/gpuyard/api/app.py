@@ -56,7 +56,7 @@ def create_app(
     context = ApiContext(
         settings=settings,
         engine=engine,
-        submitter=submitter_for(engine, pool_size=settings.db_pool_size),
+        submitter=submitter_for(engine, pool_size=settings.db_pool_size, bounds=settings.db_bounds()),
         fleet=fleet or settings.fleet(),
         clock=clock,
         logs=logs,

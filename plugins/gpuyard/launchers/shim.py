@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 STATUS_WIDTH = 16  # bytes: any status, padded with spaces (int() ignores them)
 
 

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.domain.model import Job
 from gpuyard.domain.spec import JobSpec
 from gpuyard.store import jobs as job_store
+from gpuyard.store.db import BoundedAsyncConnection, DbBounds
 
 
 class Submitter(Protocol):
@@ -72,7 +73,7 @@ RETURNING seq
 class PostgresSubmitter:
     """One autocommit statement per submit over a pool of async psycopg connections."""
 
-    def __init__(self, engine: Engine, *, max_size: int, timeout_s: float = 5.0):
+    def __init__(self, engine: Engine, *, max_size: int, bounds: DbBounds, timeout_s: float = 5.0):
         self.engine = engine  # replays read the stored job through the common code
         # libpq's own URL: without SQLAlchemy's "+psycopg" driver suffix. Connections are made in
         # open(), inside the server's event loop.
@@ -82,7 +83,9 @@ class PostgresSubmitter:
             min_size=1,
             max_size=max_size,
             timeout=timeout_s,  # then PoolTimeout: the API answers 503, nothing was written
-            kwargs={"autocommit": True, "connect_timeout": 5},
+            # The engine's bounds: statement timeout, keepalives, and the client's wait limit.
+            connection_class=BoundedAsyncConnection,
+            kwargs={"autocommit": True, **bounds.connect_kwargs()},
             open=False,
         )
 
@@ -109,7 +112,7 @@ class PostgresSubmitter:
         return await run_in_threadpool(lambda: job_store.replay(self.engine, spec, str(idempotency_key)))
 
 
-def submitter_for(engine: Engine, *, pool_size: int) -> Submitter:
+def submitter_for(engine: Engine, *, pool_size: int, bounds: DbBounds) -> Submitter:
     if engine.dialect.name == "postgresql":
-        return PostgresSubmitter(engine, max_size=pool_size)
+        return PostgresSubmitter(engine, max_size=pool_size, bounds=bounds)
     return ThreadedSubmitter(engine)
