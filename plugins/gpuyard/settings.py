@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuyard.bus import redis_streams
@@ -20,6 +20,7 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.domain.tokens import TokenPolicy
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.launchers.registry import LAUNCHERS
 from gpuyard.store.db import DbBounds
 
 
@@ -62,7 +63,7 @@ class Settings(BaseSettings):
     bus: Literal["memory", "redis"] | None = None
     redis_url: str | None = None
     redis_stream: str = Field("gpuyard:events", min_length=1, description="Stream the relay publishes to.")
-    launcher: Literal["local", "kubernetes"] | None = None
+    launcher: str | None = Field(None, description="A name in the launcher registry (LAUNCHERS).")
     fleet_file: Path | None = None
     local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")
     default_quota: TeamQuota = Field(default_factory=TeamQuota)
@@ -111,6 +112,13 @@ class Settings(BaseSettings):
         if config and not path.exists():
             raise SettingsError(f"GPUYARD_CONFIG points at {path}, which does not exist")
         return (init_settings, env_settings, _YamlFile(settings_cls, path))
+
+    @field_validator("launcher")
+    @classmethod
+    def _registered_launcher(cls, name: str | None) -> str | None:
+        if name is not None and name not in LAUNCHERS:
+            raise ValueError(f"expected one of {sorted(LAUNCHERS)}, got {name!r}")
+        return name
 
     @model_validator(mode="after")
     def _resolve(self) -> Settings:

@@ -66,3 +66,13 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path, monkeypatch: py
     settings = load_settings(home=tmp_path / "home", launcher="kubernetes", kubernetes={"in_cluster": False})
     with pytest.raises(SettingsError, match="launcher: kubernetes needs a reachable Kubernetes API"):
         build_launcher(settings)
+
+
+def test_the_launcher_setting_takes_any_registered_name_and_refuses_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = r"launcher: expected one of \['kubernetes', 'local'\], got 'slurm'"
+    with pytest.raises(SettingsError, match=refused):
+        load_settings(home=tmp_path, launcher="slurm")
+    monkeypatch.setitem(LAUNCHERS, "slurm", LAUNCHERS["local"])  # a new launcher: one entry, no other edit
+    assert load_settings(home=tmp_path, launcher="slurm").launcher == "slurm"

@@ -93,10 +93,8 @@ LAUNCHERS: dict[str, LauncherKind] = {
 
 
 def kind(settings: Settings) -> LauncherKind:
-    found = LAUNCHERS.get(settings.launcher)
-    if found is None:
-        raise LauncherUnavailable(f"launcher: expected one of {sorted(LAUNCHERS)}, got {settings.launcher!r}")
-    return found
+    """The entry `settings.launcher` names (the settings refuse a name that is not in LAUNCHERS)."""
+    return LAUNCHERS[str(settings.launcher)]
 
 
 def fleet_source(settings: Settings) -> FleetSource:
