@@ -2,7 +2,8 @@
 
 `host` is a full URL (`http://gpuyard-api:8080`), or a host name completed by `port` and the
 `scheme` extra (default `http`). The optional `ui_url` extra is where the job link points
-(default: the API's own job resource). The token is the connection's password, which Airflow masks
+(default: the API's own job resource; the gpuyard page in Airflow is `/gpuyard`), `mlflow_ui_url`
+where the gpuyard page links a job's MLflow run. The token is the connection's password, which Airflow masks
 in every log; the hook hands it to `gpuyard.client` and nowhere else. As an environment variable:
 
     AIRFLOW_CONN_GPUYARD_DEFAULT='{"conn_type": "gpuyard", "host": "http://127.0.0.1:8080", "password": "T"}'
@@ -21,8 +22,8 @@ class GpuyardConnectionError(ValueError):
     """A `gpuyard` connection lacks what the client needs; the message names the connection and field."""
 
 
-def endpoint_of(conn: Connection) -> Endpoint:
-    """The client endpoint a `gpuyard` connection describes."""
+def api_url_of(conn: Connection) -> str:
+    """The gpuyard API's URL a `gpuyard` connection names."""
     host = (conn.host or "").strip().rstrip("/")
     if not host:
         raise GpuyardConnectionError(
@@ -31,6 +32,12 @@ def endpoint_of(conn: Connection) -> Endpoint:
     if "://" not in host:
         scheme = conn.extra_dejson.get("scheme", "http")
         host = f"{scheme}://{host}" + (f":{conn.port}" if conn.port else "")
+    return host
+
+
+def endpoint_of(conn: Connection) -> Endpoint:
+    """The client endpoint a `gpuyard` connection describes."""
+    host = api_url_of(conn)
     if not conn.password:
         raise GpuyardConnectionError(
             f"connection {conn.conn_id!r}: password must hold a gpuyard team token (`gpuyard token create`)"
@@ -70,6 +77,14 @@ class GpuyardHook(BaseHook):
 
     def job_url(self, job_id: str) -> str:
         return job_url(self.get_connection(self.gpuyard_conn_id), job_id)
+
+    def api_url(self) -> str:
+        """The API's URL alone: the gpuyard page signs its callers in with their own tokens."""
+        return api_url_of(self.get_connection(self.gpuyard_conn_id))
+
+    def extra(self, key: str) -> str | None:
+        value = self.get_connection(self.gpuyard_conn_id).extra_dejson.get(key)
+        return None if value is None else str(value)
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:

@@ -1,0 +1,208 @@
+"""The gpuyard page's FastAPI app: the plugin mounts it in Airflow's API server at /gpuyard, and Airflow's
+navigation shows it (an external view). It can also run on its own (`create_app(api_url=...)`).
+
+It talks to the control plane only through `gpuyard.client`, as the caller: a person signs in with
+their gpuyard token, kept in an HttpOnly cookie scoped to the page, and every read is made with it,
+so a member sees only their team's jobs and figures. A token the API refuses signs the caller out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qs, quote
+
+import httpx
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from gpuyard.airflow.ui import pages
+from gpuyard.client import ApiError, Endpoint, GpuyardClient
+from gpuyard.clock import utcnow
+from gpuyard.scheduler.waiting import CODES
+
+COOKIE = "gpuyard_token"
+FRAGMENT_HEADER = "x-gpuyard-fragment"  # the page's script refreshes <main> alone
+LOG_LINES = 200
+STATIC = Path(__file__).with_name("static")
+
+
+class SignedOut(Exception):
+    """No token, or one the API refused."""
+
+
+def create_app(
+    api_url: Callable[[], str],
+    *,
+    airflow_url: str = "",
+    mlflow_ui_url: Callable[[], str | None] = lambda: None,
+) -> FastAPI:
+    """`api_url`: where the gpuyard API is (read per request: the connection may change);
+    `airflow_url`: the Airflow UI's root for task links ("" when mounted in Airflow itself)."""
+    app = FastAPI(title="gpuyard page", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    def base(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    @contextmanager
+    def client(request: Request) -> Iterator[GpuyardClient]:
+        token = request.cookies.get(COOKIE)
+        if not token:
+            raise SignedOut
+        with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
+            try:
+                yield c
+            except ApiError as error:
+                if error.status == 401:
+                    raise SignedOut from None
+                raise
+
+    def page(request: Request, title: str, render: Callable[[GpuyardClient], str]) -> Response:
+        try:
+            with client(request) as c:
+                who = c.whoami()
+                body = render(c)
+        except SignedOut:
+            response = RedirectResponse(f"{base(request)}/sign-in", status_code=303)
+            response.delete_cookie(COOKIE, path=base(request) or "/")
+            return response
+        except ApiError as error:
+            body, who = f'<p class="error">{pages.e(error)}</p>', None
+        except httpx.TransportError as error:
+            body, who = (
+                f'<p class="error">the gpuyard API at {pages.e(api_url())} is away: {pages.e(error)}</p>',
+                None,
+            )
+        if request.headers.get(FRAGMENT_HEADER):
+            return HTMLResponse(body)
+        return HTMLResponse(pages.layout(base(request), title, body, who))
+
+    @app.get("/", response_class=HTMLResponse)
+    def dashboard(
+        request: Request,
+        team: str | None = Query(None, max_length=63),
+        reason: str | None = Query(None, pattern=f"^({'|'.join(CODES)})?$"),
+        offset: int = Query(0, ge=0, le=10_000_000),
+        limit: int = Query(50, ge=1, le=500),
+    ) -> Response:
+        filters = {"team": team, "reason": reason, "offset": offset, "limit": limit if limit != 50 else None}
+
+        def render(c: GpuyardClient) -> str:
+            queue = c.queue(team=team or None, reason=reason or None, offset=offset, limit=limit)
+            return pages.dashboard(base(request), queue, c.fleet(), filters)
+
+        return page(request, "queue and fleet", render)
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job(request: Request, job_id: str) -> Response:
+        def render(c: GpuyardClient) -> str:
+            found = c.job(job_id)
+            return pages.job_page(base(request), found, utcnow(), _logs(c, found), _links(found))
+
+        return page(request, job_id, render)
+
+    @app.get("/figures", response_class=HTMLResponse)
+    def figures(request: Request, hours: float = Query(24.0, gt=0, le=24.0 * 366)) -> Response:
+        def render(c: GpuyardClient) -> str:
+            series = c.metrics_series(hours=hours, steps=48)
+            return pages.figures(base(request), series, c.metrics_summary(hours=hours))
+
+        return page(request, "figures", render)
+
+    @app.get("/sign-in", response_class=HTMLResponse)
+    def sign_in_form(request: Request) -> Response:
+        return HTMLResponse(
+            pages.layout(base(request), "sign in", pages.sign_in(base(request), None), None, 0)
+        )
+
+    @app.post("/sign-in", response_class=HTMLResponse)
+    async def sign_in(request: Request) -> Response:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        token = (form.get("token") or [""])[0].strip()
+        error = None
+        if not token:
+            error = "token: enter a gpuyard token"
+        else:
+            try:
+                with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
+                    c.whoami()
+            except ApiError as refused:
+                error = f"token: the gpuyard API refused it ({refused.status})"
+            except httpx.TransportError as away:
+                error = f"the gpuyard API at {api_url()} is away: {away}"
+        if error:
+            body = pages.sign_in(base(request), error)
+            return HTMLResponse(pages.layout(base(request), "sign in", body, None, 0), status_code=401)
+        response = RedirectResponse(f"{base(request)}/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path=base(request) or "/")
+        return response
+
+    @app.get("/sign-out")
+    def sign_out(request: Request) -> Response:
+        response = RedirectResponse(f"{base(request)}/sign-in", status_code=303)
+        response.delete_cookie(COOKIE, path=base(request) or "/")
+        return response
+
+    def _links(found: dict) -> dict[str, str]:  # type: ignore[type-arg]
+        """The Airflow task that submitted the job (its labels) and its MLflow run (its tracking store)."""
+        labels = found["spec"].get("labels") or {}
+        links = {}
+        if {"airflow.dag_id", "airflow.run_id", "airflow.task_id"} <= labels.keys():
+            path = "/".join(
+                quote(labels[k], safe="") for k in ("airflow.dag_id", "airflow.run_id", "airflow.task_id")
+            )
+            dag, run, task = path.split("/")
+            url = f"{airflow_url.rstrip('/')}/dags/{dag}/runs/{run}/tasks/{task}"
+            if labels.get("airflow.map_index", "-1") != "-1":
+                url += f"/mapped/{quote(labels['airflow.map_index'])}"
+            links["Airflow task"] = url
+        ui = mlflow_ui_url()
+        tracking = (found["spec"].get("env") or {}).get("MLFLOW_TRACKING_URI")
+        if ui and tracking:
+            run_link = mlflow_run_link(tracking, ui, found["id"])
+            if run_link:
+                links["MLflow run"] = run_link
+        return links
+
+    return app
+
+
+def _logs(c: GpuyardClient, found: dict) -> list[str] | None:  # type: ignore[type-arg]
+    """The newest attempt's last lines; None when there is no attempt or the launcher keeps none."""
+    if not found.get("attempts"):
+        return None
+    try:
+        return list(deque(c.logs(found["id"]), maxlen=LOG_LINES))
+    except ApiError:
+        return None
+
+
+def mlflow_run_link(tracking_uri: str, ui_url: str, job_id: str) -> str | None:
+    """The MLflow UI's page of the run the training runtime tagged with the job's id, if there is one."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        mlflow = MlflowClient(tracking_uri=tracking_uri)
+        experiments = [x.experiment_id for x in mlflow.search_experiments()]
+        runs = mlflow.search_runs(
+            experiments, filter_string=f"tags.`gpuyard.job_id` = '{job_id}'", max_results=1
+        )
+    except Exception:  # an MLflow that is away or refuses costs the link, never the page
+        return None
+    if not runs:
+        return None
+    return f"{ui_url.rstrip('/')}/#/experiments/{runs[0].info.experiment_id}/runs/{runs[0].info.run_id}"
+
+
+def plugin_app() -> FastAPI:
+    """The app the Airflow plugin mounts: the API's URL and MLflow's UI from the `gpuyard_default`
+    connection (its `mlflow_ui_url` extra), task links relative to this Airflow."""
+    from gpuyard.airflow.hooks.gpuyard import GpuyardHook
+
+    return create_app(
+        lambda: GpuyardHook().api_url(), mlflow_ui_url=lambda: GpuyardHook().extra("mlflow_ui_url")
+    )
