@@ -188,11 +188,10 @@ def test_one_failed_rank_ends_the_gang_and_stops_the_others(
     (report,) = collect(launcher, ended("att-7f3a"))
     assert report.outcome is Outcome.FAILED and report.exit_code == 3
     assert report.reason is not None and report.reason.startswith("node rank 1: exited 3")
-    remaining = [p["metadata"]["name"] for p in cluster.pods()]
-    assert remaining == [names[1]]  # rank 0 was deleted; the failed pod stays for its logs
     deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
-    assert [r.name for r in deletes] == [names[0]]
+    assert deletes[0].name == names[0]  # the running rank is stopped first, with its grace period
     assert deletes[0].params["gracePeriodSeconds"] == "30"
+    assert cluster.pods() == []  # then, the store having the ending, the failed pod goes too
 
 
 def test_oom_killed_fails_with_reason(cluster: Cluster, launcher: KubernetesLauncher) -> None:
@@ -219,7 +218,7 @@ def test_image_pull_errors_fail_with_a_clear_reason(
         report.reason
         == f'node rank 0: image pull failed: {reason}: pull "registry.example/llm:1.4": not found'
     )
-    assert [p["metadata"]["name"] for p in cluster.pods()] == [name]  # the waiting rank 1 was stopped
+    assert cluster.pods() == []  # the waiting rank 1 was stopped, and every object went with the ending
 
 
 def test_evicted_pod_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
@@ -399,6 +398,48 @@ def test_foreign_pods_are_left_alone(cluster: Cluster, launcher: KubernetesLaunc
     )
     assert launcher.reconcile({}) == []
     assert [p["metadata"]["name"] for p in cluster.pods()] == ["someone-else"]
+
+
+ENDINGS: dict[str, tuple[Callable[[Cluster, list[str]], Any], Outcome]] = {
+    "succeeded": (lambda c, names: [c.set_pod_status(n, terminated(0)) for n in names], Outcome.SUCCEEDED),
+    "failed": (lambda c, names: c.set_pod_status(names[1], terminated(3)), Outcome.FAILED),
+    "preempted": (
+        lambda c, names: [c.set_pod_status(n, terminated(75, phase="Failed")) for n in names],
+        Outcome.PREEMPTED,
+    ),
+    "evicted": (
+        lambda c, names: c.set_pod_status(names[0], {"phase": "Failed", "reason": "Evicted"}),
+        Outcome.LOST,
+    ),
+    "node-removed": (lambda c, names: c.api.delete_node("gpu-b"), Outcome.LOST),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_an_ended_attempt_leaves_no_object_behind(
+    cluster: Cluster, launcher: KubernetesLauncher, ending: str
+) -> None:
+    """The review counted the Secrets and Services left after attempts ended: each attempt left its two."""
+    end, expected = ENDINGS[ending]
+    cluster.add_node("gpu-c")
+    cluster.add_node("gpu-d")
+    launcher.launch(request("att-other", ("gpu-c", "gpu-d")))  # a neighbour that keeps running
+    names = start_gang(cluster, launcher)
+    counted = {plural: len(cluster.objects(plural)) for plural in ("secrets", "services", "pods")}
+    assert counted == {"secrets": 2, "services": 2, "pods": 4}
+    end(cluster, names)
+    deadline = time.monotonic() + 8
+    while not (reports := [r for r in launcher.observe() if r.attempt_id == "att-7f3a"]):
+        assert time.monotonic() < deadline, "the attempt never ended"
+        time.sleep(0.05)
+    (report,) = reports
+    assert report.outcome is expected
+    assert len(cluster.objects("secrets")) == 2  # kept until the store has the ending
+    launcher.acknowledge(report)
+    key = m.attempt_key("att-other")
+    assert [s["metadata"]["name"] for s in cluster.objects("secrets")] == [key]
+    assert [s["metadata"]["name"] for s in cluster.objects("services")] == [key]
+    assert sorted(p["metadata"]["name"] for p in cluster.pods()) == pod_names("att-other")
 
 
 def test_logs_of_every_rank(cluster: Cluster, launcher: KubernetesLauncher) -> None:

@@ -5,6 +5,8 @@ Service and one pod per node rank; a 409 Conflict means an earlier launch (maybe
 got there first, and the existing object is adopted. Two background threads watch pods and nodes
 (list, then watch from the list's resourceVersion; 410 Gone re-lists) and feed a queue; `observe`
 drains it into a cache of pods and nodes and decides each attempt's fate from ALL its pods (fates.py).
+Once the store has an attempt's ending (`acknowledge`), all its objects are deleted: nothing outlives
+its attempt (its logs outlive it in the cluster's log collection, not in its pods).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class KubernetesLauncher:
         self._pods: dict[str, dict[str, Any]] = {}  # pod name -> last seen object
         self._deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last object when it was deleted
         self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
+        self._ended: dict[str, int] = {}  # attempt key -> gang size: objects to delete (store has the end)
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -406,17 +409,37 @@ class KubernetesLauncher:
                 elif attempt.running and not attempt.running_acknowledged:
                     reports.append(WorkerReport(attempt.attempt_id, Outcome.RUNNING, self._clock()))
         self._delete_pods(teardown, self.config.termination_grace_s)
+        self._clean_up()
         return reports
 
     def acknowledge(self, report: WorkerReport) -> None:
+        """The store has the report. An ending is final there, so the attempt's objects go now."""
         with self._lock:
             attempt = self._attempts.get(report.attempt_id)
             if attempt is None:
                 return
             if report.outcome is Outcome.RUNNING:
                 attempt.running_acknowledged = True
-            else:
-                del self._attempts[report.attempt_id]
+                return
+            del self._attempts[report.attempt_id]
+            self._ended[attempt.key] = attempt.gang_size
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        """Delete the pods, Service and Secret of every attempt whose ending the store has. A pod being
+        stopped keeps its grace period (an equal one does not shorten it); an API error leaves the
+        attempt for the next observe, and a restarted launcher's reconcile deletes what is not live."""
+        with self._lock:
+            ended = dict(self._ended)
+        for key, gang_size in ended.items():
+            names = [m.pod_name(key, rank) for rank in range(gang_size)]
+            try:
+                self._delete_attempt_objects(key, names, self.config.termination_grace_s)
+            except Exception as error:  # API errors, connection resets: retried next pass
+                log.warning("cleaning up attempt objects %s/%s: %s; retrying", self._ns, key, error)
+                continue
+            with self._lock:
+                self._ended.pop(key, None)
 
     def alive(self) -> dict[str, int]:
         """Attempts whose every pod runs (worker container not terminated) on a Ready node."""
