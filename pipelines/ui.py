@@ -1,6 +1,7 @@
 """`make ui`: the Airflow, gpuyard and MLflow UIs on what `make demo` left in .gpuyard/demo/.
 
-Airflow (standalone: api-server, scheduler, dag-processor, triggerer) on its demo home, gpuyard up
+Airflow (standalone: api-server, scheduler, dag-processor, triggerer) on its demo home, with the
+gpuyard page in its navigation (the plugin's app; queue, fleet, jobs' timelines, figures), gpuyard up
 on its demo home (the API and its interactive docs), and the MLflow UI on the pipeline's tracking
 store. Local only (127.0.0.1), no login (every Airflow user is an admin here). Ctrl-C stops them.
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
@@ -9,6 +10,7 @@ Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +35,19 @@ def main() -> int:
     commands = {
         "airflow": (
             [str(BIN / "airflow"), "standalone"],
-            airflow_environment({"conn_type": "gpuyard", "host": f"http://127.0.0.1:{ports['gpuyard']}"})
+            airflow_environment(
+                {
+                    "conn_type": "gpuyard",
+                    "host": f"http://127.0.0.1:{ports['gpuyard']}",
+                    # the job link opens the gpuyard page, which links each job's MLflow run
+                    "extra": json.dumps(
+                        {
+                            "ui_url": f"http://127.0.0.1:{ports['airflow']}/gpuyard",
+                            "mlflow_ui_url": f"http://127.0.0.1:{ports['mlflow']}",
+                        }
+                    ),
+                }
+            )
             | {
                 "AIRFLOW__API__PORT": ports["airflow"],
                 "AIRFLOW__API__HOST": "127.0.0.1",
@@ -70,6 +84,10 @@ def main() -> int:
     }
     print(f"Airflow:  http://127.0.0.1:{ports['airflow']}/dags/{PIPELINE}  (no login)")
     token = DEMO / "gpuyard" / "admin.token"
+    print(
+        f"gpuyard page in Airflow: http://127.0.0.1:{ports['airflow']}/plugin/gpuyard  "
+        f"(sign in with a gpuyard token, e.g. the admin token in {token})"
+    )
     print(f"gpuyard:  http://127.0.0.1:{ports['gpuyard']}/docs  (the API; admin token in {token})")
     print(f"MLflow:   http://127.0.0.1:{ports['mlflow']}/#/models/{definition.promotion.model}")
     print(f"logs in {logs}; Ctrl-C stops all three")
