@@ -1,6 +1,6 @@
 """The batched reserve (store/reservations.py) on SQLite and PostgreSQL: the rows a reserve writes,
-all or nothing per gang, a conflicting gang does not sink its batch, leases on the database's clock,
-and two batches racing for the same GPUs and jobs (the interleaving forced with a held lock)."""
+all or nothing per gang, a conflicting gang does not sink its batch, leases expiring as a single
+reserve's do, and two batches racing for the same GPUs and jobs (the interleaving forced with a held lock)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import pytest
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
+from gpuyard.domain.states import JobState, StaleState
+from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.reservations import Reservation, reserve_batch, reserve_in
 from gpuyard.store.tables import attempts, events, jobs, leases
+from gpuyard.store.transitions import JobMove, move_jobs
 from sqlalchemy import Engine, create_engine, func, select, text, update
 
 from .conftest import EXAMPLE_SPEC
@@ -44,21 +47,16 @@ def table(engine: Engine, query: Any) -> list[Any]:
         return list(conn.execute(query).all())
 
 
-def database_now(engine: Engine) -> datetime:
-    if engine.dialect.name == "sqlite":
-        return datetime.now(UTC)  # SQLite's clock is this machine's
-    with engine.connect() as conn:
-        return conn.execute(select(func.now())).scalar_one()
-
-
 def test_a_batch_writes_what_a_reserve_writes_for_every_gang(engine: Engine) -> None:
     ids = [submit(engine, f"j{i}", gpus=2) for i in range(3)]
     wanted = [
         Reservation(job_id, on("n1", 2 * i, 2 * i + 1), borrowed=i == 2) for i, job_id in enumerate(ids)
     ]
-    before = database_now(engine)
     made = reserve_batch(engine, wanted, at=AT, lease_ttl_s=60.0)
-    after = database_now(engine)
+    single = attempt_store.reserve(
+        engine, submit(engine, "single", gpus=2), on("n2", 0, 1), borrowed=False, at=AT, lease_ttl_s=60.0
+    )
+    assert single is not None
     assert [a.job_id for a in made if a is not None] == ids
     tokens = [a.fencing_token for a in made if a is not None]
     assert len(set(tokens)) == 3 and tokens == sorted(tokens)  # fresh, in the cycle's order
@@ -67,19 +65,20 @@ def test_a_batch_writes_what_a_reserve_writes_for_every_gang(engine: Engine) -> 
         assert attempt is not None and attempt.state.value == "CREATED" and attempt.number == 1
         row = rows[attempt.id]
         assert row.placement == reservation.placement.to_json() and row.borrowed == reservation.borrowed
-        assert row.created_at == AT  # the caller's time; the lease is the database's
-    held = table(engine, select(leases).order_by(leases.c.node, leases.c.gpu_index))
+        assert row.created_at == AT
+    held = table(engine, select(leases).where(leases.c.node == "n1").order_by(leases.c.gpu_index))
     assert [(r.node, r.gpu_index) for r in held] == [("n1", g) for g in range(6)]
+    (alone,) = {r.expires_at for r in table(engine, select(leases).where(leases.c.node == "n2"))}
     by_attempt = {a.id: a for a in made if a is not None}
     for lease in held:
         assert lease.fencing_token == by_attempt[lease.attempt_id].fencing_token
-        # the database's now() + 60 s, whatever the caller's clock (AT is a day off)
-        assert before + timedelta(seconds=59) <= lease.expires_at <= after + timedelta(seconds=61)
+        # `at` + 60 s, the database's time in production (the service's clock), as a single reserve
+        assert lease.expires_at == AT + timedelta(seconds=60) == alone == single.lease_expires_at
         assert rows[lease.attempt_id].lease_expires_at == lease.expires_at
     states = dict(table(engine, select(jobs.c.id, jobs.c.state)))
     assert {states[j] for j in ids} == {"SCHEDULED"}
     scheduled = table(engine, select(events.c.job_id).where(events.c.type == "job.scheduled"))
-    assert sorted(j for (j,) in scheduled) == sorted(ids)
+    assert sorted(j for (j,) in scheduled) == sorted([*ids, single.job_id])
 
 
 def test_a_gang_that_conflicts_leaves_nothing_and_the_rest_of_the_batch_is_reserved(engine: Engine) -> None:
@@ -202,3 +201,15 @@ def test_a_batch_waits_for_a_concurrent_one_then_loses_only_the_gangs_it_conflic
     assert (states[on_gpu], states[taken], states[free]) == ("PENDING", "SCHEDULED", "SCHEDULED")
     held = {(r.node, r.gpu_index) for r in table(engine, select(leases))}
     assert held == {("n1", 0), ("n9", 0), ("n3", 0)}
+
+
+def test_move_jobs_refuses_a_job_not_in_the_expected_state_and_mixed_changes(engine: Engine) -> None:
+    first, second = submit(engine, "m1"), submit(engine, "m2")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == second).values(state="CANCELLED"))
+    moves = [JobMove(job, "r", None, {"attempt_count": 1}) for job in (first, second)]
+    with pytest.raises(StaleState, match=second), engine.begin() as conn:
+        move_jobs(conn, moves, JobState.PENDING, JobState.SCHEDULED, at=AT)
+    assert dict(table(engine, select(jobs.c.id, jobs.c.state)))[first] == "PENDING"  # rolled back
+    with pytest.raises(ValueError, match="changes"), engine.begin() as conn:
+        move_jobs(conn, [moves[0], JobMove(second)], JobState.PENDING, JobState.SCHEDULED, at=AT)

@@ -38,6 +38,7 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
 from gpuyard.store.leadership import Lead, NotLeading
+from gpuyard.store.reservations import Reservation, reserve_batch
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,6 @@ def pending_job(job: Job) -> PendingJob:
         gpu_types=spec.resources.gpu_types,
         priority=spec.priority_value,
         preemptible=spec.preemptible,
-        submitted_at=job.created_at,
         gpu_memory_gb=(spec.resources.gpu_memory_bytes or 0) / 2**30,
         sites=spec.sites,
         tolerations=spec.tolerations,
@@ -136,16 +136,11 @@ class SchedulerService:
         now = self.clock()
         pending, state, by_id = self.snapshot(now)
         result = run_cycle(pending, state, now, self.policy)
-        for placed in result.placed:
-            attempt = attempt_store.reserve(
-                self.engine,
-                placed.job.id,
-                placed.placement,
-                borrowed=placed.borrowed,
-                at=now,
-                lease_ttl_s=self.lease_ttl_s,
-                lead=self.lead,
-            )
+        # One transaction per batch of gangs, each all or nothing, each batch confirming the lead
+        # (store/reservations.py); NotLeading stops the pass, as a single reserve's would.
+        wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
+        made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
+        for placed, attempt in zip(result.placed, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
                 self.launch(attempt, by_id[placed.job.id])
         for eviction in result.evicted:

@@ -30,6 +30,15 @@ def append_event(
     )
 
 
+def append_events(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """`append_event` for many events at once (multi-row inserts): each row has its keyword arguments."""
+    if rows:
+        conn.execute(
+            _INSERT_EVENT,
+            [{"attempt_id": None, "data": {}, **row} for row in rows],
+        )
+
+
 def claim_unpublished(conn: Connection, limit: int) -> list[Event]:
     """Lock a batch of unpublished events. Other relays skip locked rows (PostgreSQL), or wait (SQLite)."""
     rows = conn.execute(

@@ -2,20 +2,22 @@
 
 Each placement becomes what a single reserve writes: an attempt row (CREATED, a fresh fencing token
 from the shared counter, an unguessable id), one `leases` row per GPU, whose primary key (node,
-gpu_index) makes a double lease impossible, and its job moved PENDING -> SCHEDULED by `move_job` with
-its event, in the same transaction. A gang whose job is no longer PENDING, or one of whose GPUs is
-already leased (by another replica, or by an earlier gang of the same batch), gets None and leaves no
-row behind; the rest of the batch goes on.
+gpu_index) makes a double lease impossible, and its job moved PENDING -> SCHEDULED with its event, in
+the same transaction. A gang whose job is no longer PENDING, or one of whose GPUs is already leased
+(by another replica, or by an earlier gang of the same batch), gets None and leaves no row behind;
+the rest of the batch goes on.
 
-Set-based, so a batch costs a few statements plus the job transitions, not a transaction per attempt:
+Set-based, so a batch costs a few statements, not a transaction (and several statements) per attempt:
 its jobs are locked first, in id order (every transaction of the store locks a job before its
 attempts and leases, so two writers of one job queue instead of deadlocking), a block of fencing
 tokens is taken in one update, attempts and leases are inserted in bulk (lease rows in (node, gpu)
 order, so two batches wanting the same GPUs cannot deadlock either, and with ON CONFLICT DO NOTHING),
-and the gangs that did not get every GPU are deleted again before their jobs move.
+the gangs that did not get every GPU are deleted again, and the others' jobs move in one guarded
+statement (`transitions.move_jobs`).
 
-Leases expire on the database's clock: its `now()` plus the lease period, whatever the clock of the
-scheduler's machine says. The attempt's `created_at` is the caller's time.
+Leases expire at `at` plus the lease period, as a single reserve writes them
+(`store.attempts.reserve`): `at` is the database's time in production (the service's clock is
+`store.dbclock.DatabaseClock`), so leases are written and reaped with one clock.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, delete, func, insert, select, type_coerce, update
+from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpuyard.domain.model import Attempt
@@ -35,8 +36,8 @@ from gpuyard.domain.states import AttemptState, JobState
 from gpuyard.store import leadership
 from gpuyard.store.jobs import attempt_from_row
 from gpuyard.store.leadership import Lead
-from gpuyard.store.tables import UtcDateTime, attempts, fencing, jobs, leases
-from gpuyard.store.transitions import move_job
+from gpuyard.store.tables import attempts, fencing, jobs, leases
+from gpuyard.store.transitions import JobMove, move_jobs
 
 # Gangs per transaction: bounds how long a batch holds its job locks and how big its statements get.
 BATCH = 256
@@ -73,18 +74,6 @@ def reserve_batch(
                 leadership.confirm(conn, lead, now=at)
             reserved += reserve_in(conn, wanted[first : first + batch], at=at, lease_ttl_s=lease_ttl_s)
     return reserved
-
-
-def lease_expiry(conn: Connection, lease_ttl_s: float) -> datetime:
-    """The database's time now plus the lease period: PostgreSQL's `now()` (the transaction's
-    start), SQLite's 'now' (this machine's clock, where the database file is)."""
-    if conn.dialect.name == "sqlite":
-        expiry: ColumnElement[Any] = func.strftime(
-            "%Y-%m-%d %H:%M:%f000", "now", f"{lease_ttl_s:+.6f} seconds"
-        )
-    else:
-        expiry = func.now() + timedelta(seconds=lease_ttl_s)
-    return conn.execute(select(type_coerce(expiry, UtcDateTime()))).scalar_one()
 
 
 def fencing_tokens(conn: Connection, count: int) -> range:
@@ -124,7 +113,7 @@ def reserve_in(
     if not chosen:
         return [None] * len(wanted)
     tokens = iter(fencing_tokens(conn, len(chosen)))
-    expires = lease_expiry(conn, lease_ttl_s)  # one instant for the attempt and all its GPUs
+    expires = at + timedelta(seconds=lease_ttl_s)  # one instant for the attempt and all its GPUs
     rows, gpus, attempt_of = [], [], {}
     for job_id, i in chosen.items():
         job, placement = pending[job_id], wanted[i].placement
@@ -175,19 +164,13 @@ def reserve_in(
         conn.execute(delete(leases).where(leases.c.attempt_id.in_(sorted(short))))
         conn.execute(delete(attempts).where(attempts.c.id.in_(sorted(short))))
     kept = {i: a for i, a in attempt_of.items() if a not in short}
+    moves = []
     for i, attempt_id in kept.items():
         reservation = wanted[i]
         number = pending[reservation.job_id].attempt_count + 1
-        move_job(
-            conn,
-            reservation.job_id,
-            JobState.PENDING,
-            JobState.SCHEDULED,
-            at=at,
-            attempt_id=attempt_id,
-            reason=f"attempt {number} on {', '.join(reservation.placement.nodes)}",
-            changes={"attempt_count": number},
-        )
+        reason = f"attempt {number} on {', '.join(reservation.placement.nodes)}"
+        moves.append(JobMove(reservation.job_id, reason, attempt_id, {"attempt_count": number}))
+    move_jobs(conn, moves, JobState.PENDING, JobState.SCHEDULED, at=at)
     made = {
         row.id: attempt_from_row(row)
         for row in conn.execute(select(attempts).where(attempts.c.id.in_(list(kept.values()))))

@@ -1,16 +1,19 @@
 """Applies state-machine transitions as guarded updates, each with its event in the same transaction.
 
-Every state change of a job or an attempt goes through `move_job` or `move_attempt`: the edge is
-checked against domain.states, the UPDATE only matches the expected state, and zero matched rows
-mean another actor got there first (StaleState), never a silent overwrite.
+Every state change of a job or an attempt goes through `move_job` (`move_jobs` for many jobs at once)
+or `move_attempt`: the edge is checked against domain.states, the UPDATE only matches the expected
+state, and zero matched rows mean another actor got there first (StaleState), never a silent
+overwrite.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from gpuyard.domain.states import (
     AttemptState,
@@ -19,7 +22,7 @@ from gpuyard.domain.states import (
     check_attempt_transition,
     check_job_transition,
 )
-from gpuyard.store.outbox import append_event
+from gpuyard.store.outbox import append_event, append_events
 from gpuyard.store.tables import attempts, jobs
 
 
@@ -50,6 +53,57 @@ def move_job(
         attempt_id=attempt_id,
         at=at,
         data={"from": expected.value, "to": target.value, **({"reason": reason} if reason else {})},
+    )
+
+
+@dataclass(frozen=True)
+class JobMove:
+    """One job's part of `move_jobs`: what `move_job` takes besides the edge and the time."""
+
+    job_id: str
+    reason: str | None = None
+    attempt_id: str | None = None
+    changes: Mapping[str, Any] = field(default_factory=dict)
+
+
+def move_jobs(
+    conn: Connection, moves: Sequence[JobMove], expected: JobState, target: JobState, *, at: datetime
+) -> None:
+    """`move_job` for many jobs along one edge, set-based: one guarded UPDATE run for every job (an
+    executemany) and one multi-row insert of their events. Every move changes the same columns. If
+    any job was not in `expected`, StaleState names one, and the caller's transaction must roll back.
+    """
+    check_job_transition(expected, target)
+    if not moves:
+        return
+    columns = sorted(moves[0].changes)
+    for move in moves:
+        if sorted(move.changes) != columns:
+            raise ValueError(f"move_jobs: job {move.job_id} changes {sorted(move.changes)}, not {columns}")
+    values: dict[str, Any] = {"state": target.value, "updated_at": at, "reason": bindparam("_reason")}
+    values |= {column: bindparam(f"_{column}") for column in columns}
+    result = conn.execute(
+        update(jobs).where(jobs.c.id == bindparam("_id"), jobs.c.state == expected.value).values(values),
+        [{"_id": m.job_id, "_reason": m.reason, **{f"_{c}": m.changes[c] for c in columns}} for m in moves],
+    )
+    if result.rowcount != len(moves):
+        ids = [m.job_id for m in moves]
+        states = dict(conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(ids))).all())
+        stale = next(m.job_id for m in moves if states.get(m.job_id) != target.value)
+        raise StaleState("job", stale, expected, states.get(stale))
+    edge = {"from": expected.value, "to": target.value}
+    append_events(
+        conn,
+        [
+            {
+                "type": f"job.{target.value.lower()}",
+                "job_id": m.job_id,
+                "attempt_id": m.attempt_id,
+                "at": at,
+                "data": {**edge, **({"reason": m.reason} if m.reason else {})},
+            }
+            for m in moves
+        ],
     )
 
 
