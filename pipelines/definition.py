@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipelines.config import PipelineConfig
+from pipelines.config import SPARK_FROM_ROWS, PipelineConfig
 from pipelines.errors import ConfigError
 from pipelines.storage import join, normalize_url
 
@@ -99,6 +99,12 @@ class Features(_Section):
 class Spark(_Section):
     master: str = "local[*]"
     shuffle_partitions: int = Field(8, ge=1)
+    engine: Literal["auto", "spark", "pandas"] = Field(
+        "auto", description="the preparation's engine; auto: Spark from spark_from_rows raw rows on"
+    )
+    spark_from_rows: int = Field(
+        SPARK_FROM_ROWS, ge=0, description="the crossover benchmarks/spark_prepare.py measured (docs/data.md)"
+    )
     jobs: tuple[Literal["prepare_flights", "prepare_weather", "prepare_planes"], ...] = SPARK_JOBS
 
 
@@ -239,6 +245,8 @@ class PipelineDefinition(_Section):
             "timezone_overrides": dict(f.timezone_overrides),
             "spark_master": self.spark.master,
             "spark_shuffle_partitions": self.spark.shuffle_partitions,
+            "engine": self.spark.engine,
+            "spark_from_rows": self.spark.spark_from_rows,
             "feast_variant": self.feast.variant,
             "feast_repo_dir": self.feast.repo_dir,
             "feature_service": self.feast.feature_service,

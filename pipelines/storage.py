@@ -1,4 +1,9 @@
-"""The data root: fsspec URLs, date partitions (``<table>/date=YYYY-MM-DD/``) and their replacement."""
+"""The data root: fsspec URLs, dated tables and their replacement.
+
+A dated table is laid out by day (``<table>/date=YYYY-MM-DD/``, the raw landing tables) or by month
+(``<table>/date_month=YYYY-MM/``, rows carrying ``date``: the prepared tables), as spark_jobs/layout.py
+says; readers take either, writers say which they write.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,13 @@ from urllib.parse import urlparse
 import fsspec
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
 from pipelines.errors import ConfigError, MissingDataError
+from spark_jobs import layout
 
 PARTITION_KEY = "date"
 
@@ -81,20 +89,57 @@ def partition_url(table_url: str, day: dt.date) -> str:
     return join(table_url, f"{PARTITION_KEY}={day.isoformat()}")
 
 
-def list_partitions(table_url: str) -> list[dt.date]:
-    """The dates that have a partition under ``table_url`` (empty when the table does not exist)."""
+def _children(table_url: str) -> list[str]:
     fs, path = filesystem(table_url)
     if not fs.exists(path):
         return []
+    return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False)]
+
+
+def partition_key(table_url: str) -> str | None:
+    """``date`` or ``date_month``: how the table is laid out (None when it has no partitions)."""
+    for name in _children(table_url):
+        key = name.split("=", 1)[0]
+        if key in (layout.DAY_KEY, layout.MONTH_KEY) and "=" in name and "." not in name:
+            return key
+    return None
+
+
+def _dataset(table_url: str, key: str) -> ds.Dataset:
+    fs, path = filesystem(table_url)
+    scheme = ds.partitioning(pa.schema([(key, pa.string())]), flavor="hive")
+    return ds.dataset(path, filesystem=fs, format="parquet", partitioning=scheme)
+
+
+def list_partitions(table_url: str) -> list[dt.date]:
+    """The dates a table holds (empty when it does not exist). By day: its partition folders; by
+    month: the distinct ``date`` values of its files (that column only)."""
+    key = partition_key(table_url)
+    if key == layout.MONTH_KEY:
+        dates = pc.unique(_dataset(table_url, key).to_table(columns=[PARTITION_KEY])[PARTITION_KEY])
+        return sorted(dt.date.fromisoformat(str(d)) for d in dates.to_pylist())
     days = []
-    for entry in fs.ls(path, detail=False):
-        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+    for name in _children(table_url):
         if name.startswith(f"{PARTITION_KEY}=") and "." not in name:
             try:
                 days.append(dt.date.fromisoformat(name.split("=", 1)[1]))
             except ValueError:
                 continue
     return sorted(days)
+
+
+def count_rows(table_url: str, start: dt.date, end: dt.date) -> int:
+    """Rows of a table laid out by day for the dates ``start..end`` it holds, from the parquet footers."""
+    fs, _ = filesystem(table_url)
+    rows = 0
+    for day in list_partitions(table_url):
+        if start <= day <= end:
+            _, path = filesystem(partition_url(table_url, day))
+            for file in fs.find(path):
+                if file.endswith(".parquet"):
+                    with fs.open(file, "rb") as handle:
+                        rows += pq.ParquetFile(handle).metadata.num_rows
+    return rows
 
 
 def require_partitions(table_url: str, days: Iterable[dt.date], table: str) -> None:
@@ -153,21 +198,60 @@ def read_table(table_url: str, table: str) -> pd.DataFrame:
 
 
 def read_partitions(table_url: str, days: Iterable[dt.date], table: str) -> pd.DataFrame:
-    """Read the partitions of ``days`` into one DataFrame with a ``date`` column (all must exist)."""
+    """Read the rows of ``days`` into one DataFrame with a ``date`` column (all must exist)."""
     days = sorted(set(days))
     require_partitions(table_url, days, table)
-    fs, _ = filesystem(table_url)
-    frames = []
-    for day in days:
-        _, part_path = filesystem(partition_url(table_url, day))
-        files = sorted(f for f in fs.find(part_path) if f.endswith(".parquet"))
-        for file in files:
-            with fs.open(file, "rb") as handle:
-                frame = pq.read_table(handle).to_pandas()
-            frame[PARTITION_KEY] = day.isoformat()
-            frames.append(frame)
-    if not frames:
+    key = partition_key(table_url) or PARTITION_KEY
+    wanted = pa.array([d.isoformat() for d in days])
+    found = _dataset(table_url, key).to_table(filter=pc.field(PARTITION_KEY).isin(wanted))
+    if key == layout.MONTH_KEY:
+        found = found.drop_columns([layout.MONTH_KEY])
+    if found.num_rows == 0:
         raise MissingDataError(
             f"table {table!r} at {table_url} has empty partitions for {days[0]}..{days[-1]}"
         )
-    return pd.concat(frames, ignore_index=True)
+    frame = found.to_pandas()
+    frame[PARTITION_KEY] = frame[PARTITION_KEY].astype(str)
+    return frame.sort_values(PARTITION_KEY, kind="stable").reset_index(drop=True)
+
+
+def write_months(
+    df: pd.DataFrame, table_url: str, start: dt.date, end: dt.date, sort: Iterable[str] = ()
+) -> list[str]:
+    """Replace the dates ``start..end`` of a table laid out by month with the rows of ``df``.
+
+    The pandas twin of ``spark_jobs.common.write_months``: months the range only partly covers keep
+    their other dates' rows; each month is one file sorted by ``date`` (then ``sort``), staged
+    beside the month and swapped in. Returns the months written.
+    """
+    if partition_key(table_url) == PARTITION_KEY:
+        raise ConfigError(f"table {table_url} is laid out by day; a prepared table is laid out by month")
+    fs, _ = filesystem(table_url)
+    order = [PARTITION_KEY, *sort]
+    written = []
+    in_range = df[PARTITION_KEY].between(start.isoformat(), end.isoformat())
+    if not in_range.all():
+        raise ConfigError(f"write_months {table_url}: rows outside {start}..{end}")
+    month_of_row = df[PARTITION_KEY].str.slice(0, 7)
+    for month in layout.months(start, end):
+        target = join(table_url, layout.partition_name(layout.MONTH_KEY, month))
+        _, target_path = filesystem(target)
+        new = df[month_of_row == month]
+        if fs.exists(target_path):
+            old = pq.read_table(target_path, filesystem=fs).to_pandas()
+            outside = ~old[PARTITION_KEY].astype(str).between(start.isoformat(), end.isoformat())
+            new = pd.concat([old[outside][list(new.columns)], new], ignore_index=True)
+        if new.empty:
+            if fs.exists(target_path):
+                fs.rm(target_path, recursive=True)
+            continue
+        new = new.sort_values(order, kind="stable")
+        staging = f"{target_path}.tmp-{uuid.uuid4().hex[:8]}"
+        fs.makedirs(staging, exist_ok=True)
+        with fs.open(f"{staging}/part-00000.parquet", "wb") as handle:
+            pq.write_table(pa.Table.from_pandas(new, preserve_index=False), handle)
+        if fs.exists(target_path):
+            fs.rm(target_path, recursive=True)
+        fs.mv(staging, target_path, recursive=True)
+        written.append(month)
+    return written

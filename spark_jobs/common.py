@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -15,6 +16,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from spark_jobs import layout
 
 log = logging.getLogger("spark_jobs")
 
@@ -162,7 +165,7 @@ def read_reference(spark: SparkSession, table_url: str, table: str) -> DataFrame
 
 
 def write_dated(frame: DataFrame, table_url: str) -> None:
-    """Write ``frame`` partitioned by ``date``, replacing exactly the dates it holds."""
+    """Write a landing table ``frame`` partitioned by day, replacing exactly the dates it holds."""
     (
         frame.repartition("date")
         .sortWithinPartitions("date")
@@ -170,6 +173,61 @@ def write_dated(frame: DataFrame, table_url: str) -> None:
         .partitionBy("date")
         .parquet(table_url)
     )
+
+
+def _hadoop_fs(spark: SparkSession, url: str) -> tuple[object, object]:
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(url)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path  # type: ignore[attr-defined]
+
+
+def write_months(
+    frame: DataFrame, table_url: str, start: dt.date, end: dt.date, sort: Sequence[str] = ()
+) -> None:
+    """Replace the dates ``start..end`` of a prepared table laid out by month (spark_jobs/layout.py).
+
+    ``frame`` holds the new rows of those dates (with a ``date`` column). Months the range only
+    partly covers keep their other dates' rows. Each month is written as one file, sorted by
+    ``date`` (then ``sort``), into a staging folder first; the finished months then replace the
+    old ones, so a failed job leaves the table as it was.
+    """
+    spark = frame.sparkSession
+    touched = layout.months(start, end)
+    fresh = frame.withColumn(layout.MONTH_KEY, F.substring("date", 1, 7))
+    fs, root = _hadoop_fs(spark, table_url)
+    if fs.exists(root):  # type: ignore[attr-defined]
+        names = [s.getPath().getName() for s in fs.listStatus(root)]  # type: ignore[attr-defined]
+        if any(n.startswith(f"{layout.DAY_KEY}=") for n in names):
+            raise JobInputError(
+                f"prepared table {table_url} is laid out by day (an older layout): delete it and "
+                "prepare its dates again"
+            )
+        kept = (
+            spark.read.parquet(table_url)
+            .where(F.col(layout.MONTH_KEY).isin(touched))
+            .where(~F.col("date").between(start.isoformat(), end.isoformat()))
+        )
+        fresh = fresh.unionByName(kept.select(*fresh.columns))
+    staging = f"{table_url.rstrip('/')}/_staging-{uuid.uuid4().hex[:8]}"
+    (
+        fresh.repartition(layout.MONTH_KEY)
+        .sortWithinPartitions("date", *sort)
+        .write.mode("overwrite")
+        .partitionBy(layout.MONTH_KEY)
+        .parquet(staging)
+    )
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    for month in touched:
+        name = layout.partition_name(layout.MONTH_KEY, month)
+        target, staged = (
+            jvm.org.apache.hadoop.fs.Path(root, name),
+            jvm.org.apache.hadoop.fs.Path(f"{staging}/{name}"),
+        )
+        if fs.exists(target):  # type: ignore[attr-defined]
+            fs.delete(target, True)  # type: ignore[attr-defined]
+        if fs.exists(staged):  # type: ignore[attr-defined]
+            fs.rename(staged, target)  # type: ignore[attr-defined]
+    fs.delete(jvm.org.apache.hadoop.fs.Path(staging), True)  # type: ignore[attr-defined]
 
 
 def parse_overrides(value: str | None) -> dict[str, str]:

@@ -22,6 +22,13 @@ from pyspark.sql import functions as F
 from spark_jobs import common, transforms
 
 OUTPUT_TABLES = ("labels", "flight_schedule", "carrier_delay_stats", "route_delay_stats")
+# the order of the rows within a date in each table's files
+SORT = {
+    "labels": ("flight_id",),
+    "flight_schedule": ("flight_id",),
+    "carrier_delay_stats": ("carrier", "event_timestamp"),
+    "route_delay_stats": ("route", "event_timestamp"),
+}
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ def run(
         outputs = build_outputs(spark, flights, start, end, params)
         for table, frame in outputs.items():
             with common.stage(f"prepare_flights {start}..{end}: write {table}"):
-                common.write_dated(frame, f"{output_url}/{table}")
+                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table])
     finally:
         flights.unpersist()
 

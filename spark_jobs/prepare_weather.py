@@ -33,8 +33,12 @@ def run(
     overrides: Mapping[str, str] | None = None,
 ) -> None:
     with common.stage(f"prepare_weather {start}..{end}"):
-        common.write_dated(
-            build_output(spark, input_url, start, end, overrides or {}), f"{output_url}/origin_weather"
+        common.write_months(
+            build_output(spark, input_url, start, end, overrides or {}),
+            f"{output_url}/origin_weather",
+            start,
+            end,
+            ("origin", "event_timestamp"),
         )
 
 

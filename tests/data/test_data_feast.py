@@ -38,7 +38,9 @@ def test_point_in_time_join_never_uses_a_later_value(feast_config, tmp_path) -> 
         data_root=storage.normalize_url(str(tmp_path)), feast_repo_dir=str(tmp_path / "repo")
     )
     shutil.copytree(storage.local_path(feast_config.data_root) + "/prepared", tmp_path / "prepared")
-    labels = pd.read_parquet(tmp_path / "prepared" / "labels" / "date=2013-01-11")
+    labels = storage.read_partitions(
+        storage.join(config.data_root, "prepared", "labels"), [dt.date(2013, 1, 11)], "labels"
+    )
     label = labels[labels["carrier"] == "UA"].sort_values("event_timestamp").iloc[20]
     event = label["event_timestamp"]
     assert event.minute != 0  # the hourly feature row at the top of the hour comes before it
@@ -49,9 +51,10 @@ def test_point_in_time_join_never_uses_a_later_value(feast_config, tmp_path) -> 
             "carrier_flights": [1, 1],
             "carrier_mean_arr_delay": [PLANTED_EARLIER, PLANTED_LATER],
             "carrier_late_share": [0.0, 1.0],
+            "date": ["2013-01-11", "2013-01-11"],
         }
     )
-    target = tmp_path / "prepared" / "carrier_delay_stats" / "date=2013-01-11" / "planted.parquet"
+    target = tmp_path / "prepared" / "carrier_delay_stats" / "date_month=2013-01" / "planted.parquet"
     existing = pq.read_schema(next((target.parent).glob("part-*.parquet")))
     pq.write_table(pa.Table.from_pandas(planted, preserve_index=False).cast(existing), target)
 
@@ -102,8 +105,8 @@ def test_training_set_and_manifest(feast_config) -> None:
 
 def test_online_and_offline_values_agree(feast_config) -> None:
     at = pd.Timestamp("2013-01-13 05:00", tz="UTC")  # the end of the materialized window
-    labels = pd.read_parquet(
-        storage.local_path(storage.join(feast_config.data_root, "prepared", "labels", "date=2013-01-12"))
+    labels = storage.read_partitions(
+        storage.join(feast_config.data_root, "prepared", "labels"), [dt.date(2013, 1, 12)], "labels"
     )
     last = labels.sort_values("event_timestamp").iloc[-1]
     entity = {

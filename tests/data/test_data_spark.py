@@ -53,11 +53,11 @@ def test_rerunning_a_date_gives_the_same_output(prepared_config, spark) -> None:
         pd.testing.assert_frame_equal(
             old.sort_values(keys).reset_index(drop=True), new.sort_values(keys).reset_index(drop=True)
         )
-    # the re-run replaced the partition: one data file, no duplicates
-    part = storage.local_path(
-        storage.join(prepared_config.data_root, "prepared", "labels", "date=2013-01-11")
-    )
-    assert len([f for f in os.listdir(part) if f.endswith(".parquet")]) == 1
+    # the re-run replaced that date within its month: one data file, the other dates kept
+    prepared = storage.local_path(storage.join(prepared_config.data_root, "prepared", "labels"))
+    assert os.listdir(prepared) == ["date_month=2013-01"]
+    assert len([f for f in os.listdir(f"{prepared}/date_month=2013-01") if f.endswith(".parquet")]) == 1
+    assert set(_read(prepared_config, "labels")["date"]) == {"2013-01-10", "2013-01-11", "2013-01-12"}
 
 
 def _independent_arrivals(config) -> pd.DataFrame:
