@@ -32,7 +32,7 @@ with DAG(
     run = step.start(PIPELINE)
     landed = step.ingest(PIPELINE, run)
     raw_checked = step.validate_raw(PIPELINE, run)
-    prepared = step.prepare(PIPELINE)  # one SparkSubmitOperator per Spark job
+    prepared = step.prepare(PIPELINE)  # the Spark jobs, or pandas below spark.spark_from_rows
     features_checked = step.validate_features(PIPELINE, run)
     applied = step.feast_apply(PIPELINE, run)
     materialized = step.materialize(PIPELINE, run)
@@ -41,6 +41,7 @@ with DAG(
     candidates = step.train(PIPELINE, sets)  # one GPU job per grid entry
     best = step.pick_best(PIPELINE, sets, candidates)
     verdict = step.evaluate(PIPELINE, run, best, sets)
+    parity = step.training_serving_parity(PIPELINE, run, best, sets)
     gate = step.approval(PIPELINE) if PIPELINE.promotion.require_approval else None
     published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
     done = step.finish(PIPELINE, run)
@@ -48,3 +49,4 @@ with DAG(
     chain(landed, raw_checked, prepared, features_checked, applied, materialized, sets)
     chain(sets_checked, candidates)
     chain(verdict, *([gate] if gate else []), published, done)
+    chain(materialized, parity, published)

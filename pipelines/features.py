@@ -112,6 +112,11 @@ def _utc(value: dt.datetime | dt.date) -> dt.datetime:
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
+def serving_instant(config: PipelineConfig) -> dt.datetime:
+    """Where a run's materialization ends (UTC): 06:00 after its last day, every arrival of it in."""
+    return dt.datetime.combine(config.end_date + dt.timedelta(days=1), dt.time(6, 0), tzinfo=dt.UTC)
+
+
 def materialize(
     config: PipelineConfig, end: dt.datetime | dt.date, start: dt.datetime | dt.date | None = None
 ) -> list[str]:

@@ -23,6 +23,7 @@ from airflow.sdk import (
     AssetOrTimeSchedule,
     CronTriggerTimetable,
     Param,
+    TaskGroup,
     TriggerRule,
     get_current_context,
     task,
@@ -169,8 +170,7 @@ def spark_connection(definition: PipelineDefinition) -> str:
     return conn_id
 
 
-def prepare(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
-    """One SparkSubmitOperator per Spark job of the definition, over the run's prepared days."""
+def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
     config = definition.step_config()  # the days come from the run: templates below
     start, end = START.format(field="prepare_start"), START.format(field="run_date")
     return [
@@ -187,7 +187,38 @@ def prepare(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
     ]
 
 
-@task(task_id="validate_features")
+def _run_window() -> dict[str, Any]:
+    return get_current_context()["ti"].xcom_pull(task_ids="start")
+
+
+@task(task_id="prepare_pandas")
+def _prepare_pandas(path: str) -> dict[str, str]:
+    run = _run_window()
+    config = _config(path, run)
+    return prepare_step.prepare(config, config.start_date, config.end_date, engine="pandas")
+
+
+@task.branch(task_id="choose_engine")
+def _choose_engine(path: str, spark_tasks: list[str]) -> list[str]:
+    config = _config(path, _run_window())
+    engine, _ = prepare_step.resolve_engine(config, config.start_date, config.end_date)
+    return spark_tasks if engine == "spark" else ["prepare_pandas"]
+
+
+def prepare(definition: PipelineDefinition) -> TaskGroup:
+    """The preparation: one SparkSubmitOperator per Spark job, or the pandas engine in one task.
+    With `engine: auto` a branch picks by the rows the run reads (pipelines/prepare.py)."""
+    engine = definition.spark.engine
+    with TaskGroup("prepare", prefix_group_id=False) as group:
+        spark = _spark_jobs(definition) if engine in ("auto", "spark") else []
+        pandas = _prepare_pandas(str(definition.path)) if engine in ("auto", "pandas") else None
+        if engine == "auto":
+            _choose_engine(str(definition.path), [t.task_id for t in spark]) >> [*spark, pandas]
+    return group
+
+
+# after the preparation's branch: the engine not taken is skipped
+@task(task_id="validate_features", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
 def _validate_features(path: str, run: dict[str, Any]) -> list[str]:
     from pipelines import validate
 
@@ -214,8 +245,7 @@ def _materialize(path: str, run: dict[str, Any]) -> list[str]:
     from pipelines import features
 
     config = _config(path, run)
-    end = dt.datetime.combine(config.end_date + dt.timedelta(days=1), dt.time(6, 0))
-    return features.materialize(config, end)
+    return features.materialize(config, features.serving_instant(config))
 
 
 def materialize(definition: PipelineDefinition, run: Any) -> Any:
@@ -350,6 +380,24 @@ def _evaluate(path: str, run: dict[str, Any], best: dict[str, Any], sets: dict[s
 def evaluate(definition: PipelineDefinition, run: Any, best: Any, sets: Any) -> Any:
     """The candidate against the champion on the held-out days, by the definition's metric."""
     return _evaluate(str(definition.path), run, best, sets)
+
+
+@task(task_id="training_serving_parity")
+def _parity(path: str, run: dict[str, Any], best: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    from pipelines import lineage, parity
+
+    definition = _definition(path)
+    report = parity.check(
+        _config(path, run), best["model_uri"], sets["train"]["manifest_url"], definition.tracking_uri
+    )
+    lineage.log_to_run(run["mlflow_run_id"], definition, report.metrics())
+    return report.as_dict()
+
+
+def training_serving_parity(definition: PipelineDefinition, run: Any, best: Any, sets: Any) -> Any:
+    """The candidate sees online what it saw in training: features read from the online store and
+    its predictions on them against the offline training-set path (publication waits for it)."""
+    return _parity(str(definition.path), run, best, sets)
 
 
 def approval(definition: PipelineDefinition) -> HITLOperator:

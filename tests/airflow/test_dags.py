@@ -53,10 +53,13 @@ def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
     order = [
         ("start", "ingest"),
         ("ingest", "validate_raw"),
-        ("validate_raw", "prepare_flights"),
-        ("validate_raw", "prepare_weather"),
-        ("validate_raw", "prepare_planes"),
+        ("validate_raw", "choose_engine"),  # spark.engine: auto
+        ("choose_engine", "prepare_flights"),
+        ("choose_engine", "prepare_weather"),
+        ("choose_engine", "prepare_planes"),
+        ("choose_engine", "prepare_pandas"),
         ("prepare_flights", "validate_features"),
+        ("prepare_pandas", "validate_features"),
         ("validate_features", "feast_apply"),
         ("feast_apply", "materialize"),
         ("materialize", "training_set"),
@@ -66,6 +69,9 @@ def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
         ("train", "pick_best"),
         ("pick_best", "evaluate"),
         ("evaluate", "publish"),
+        ("materialize", "training_serving_parity"),
+        ("pick_best", "training_serving_parity"),
+        ("training_serving_parity", "publish"),
         ("publish", "finish"),
     ]
     for upstream, downstream in order:
