@@ -1,4 +1,5 @@
-"""`gpuyard sim`: replay a Philly-format trace on a fleet under one or more policies, print the figures.
+"""`gpuyard sim`: replay a Philly-format trace on a fleet under one or more policies, print the figures
+(a narrow table; `--wide` every column) and write a chart of the run beside it (sim/charts.py).
 
 A plain function with typer annotations; the CLI registers it as a command.
 """
@@ -19,6 +20,9 @@ from gpuyard.sim.run import POLICY_NAMES, check_policy, simulate
 from gpuyard.sim.trace import TraceError, parse_time, read_trace
 from rich.console import Console
 from rich.table import Table
+
+# The narrow table's columns (sim/metrics.py COLUMNS keys): what fits a 100-column terminal.
+NARROW = ("policy", "jobs", "avg_jct_h", "p99_jct_h", "p99_wait_h", "utilization", "goodput", "preemptions")
 
 
 def _time(value: str | None, option: str) -> object:
@@ -59,8 +63,20 @@ def sim(
         float,
         typer.Option("--cycle-period", min=0.0, help="Seconds of events applied before one cycle; 0: each."),
     ] = 0.0,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column (a terminal of 240 characters).")
+    ] = False,
+    chart: Annotated[
+        Path | None,
+        typer.Option(
+            "--chart",
+            help="Where the run's PNG goes [default: .gpuyard/sim/<trace>-<policies>.png]; '-': none.",
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
+    from gpuyard.sim.charts import Recorder, write_chart  # matplotlib: only when a sim runs
+
     try:
         policies = [check_policy(name.strip()) for name in policy.split(",") if name.strip()]
         jobs = read_trace(trace, _time(start, "--start"), _time(end, "--end"), min_duration)  # type: ignore[arg-type]
@@ -72,22 +88,41 @@ def sim(
             seed=seed,
             cycle_period_s=cycle_period,
         )
-        summaries = []
+        summaries, runs = [], []
         for chosen in policies:
             began = time.perf_counter()
-            result = simulate(jobs, chosen_fleet, chosen, config, quota_rule=quota_rule, progress=not as_json)
+            recorder = Recorder()
+            result = simulate(
+                jobs,
+                chosen_fleet,
+                chosen,
+                config,
+                quota_rule=quota_rule,
+                progress=not as_json,
+                observer=recorder.record,
+            )
             summary = summarize(result)
             summaries.append((summary, time.perf_counter() - began))
+            runs.append((result, recorder))
     except (TraceError, ValueError, SimulationError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    drawn = None
+    if str(chart) != "-" and jobs:
+        default = Path(".gpuyard") / "sim" / f"{trace.stem}-{'-'.join(policies)}.png"
+        drawn = write_chart(runs, chart or default, title=trace.name)
     if as_json:
         typer.echo(json.dumps([{**s.as_dict(), "wall_s": round(w, 2)} for s, w in summaries], indent=2))
         return
+    columns = COLUMNS if wide else tuple(c for c in COLUMNS if c[0] in NARROW)
     table = Table(title=f"{trace.name}: {len(jobs)} jobs, {sum(n.gpus for n in chosen_fleet.nodes)} GPUs")
-    for _, title, _ in COLUMNS:
+    for _, title, _ in columns:
         table.add_column(title, justify="left" if title == "policy" else "right")
     table.add_column("wall s", justify="right")
     for summary, wall in summaries:
-        table.add_row(*(fmt.format(getattr(summary, key)) for key, _, fmt in COLUMNS), f"{wall:.1f}")
-    Console(width=240).print(table)
+        table.add_row(*(fmt.format(getattr(summary, key)) for key, _, fmt in columns), f"{wall:.1f}")
+    Console(width=240 if wide else 100).print(table)
+    if not wide:
+        typer.echo("(--wide: every column)")
+    if drawn is not None:
+        typer.echo(f"chart: {drawn}")
