@@ -31,17 +31,22 @@ from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.db import make_engine, migrate, require_head
 from gpuyard.store.dbclock import database_clock
 
 ADMIN_TEAM = "platform"
 
 
 def open_store(settings: Settings) -> Engine:
+    """The store's engine, its schema migrated (embedded) or checked to be at head (production:
+    `gpuyard migrate` runs once; raises SchemaNotAtHead naming it)."""
     engine = make_engine(
         str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
     )
-    migrate(engine)
+    if settings.migrate_at_start:
+        migrate(engine)
+    else:
+        require_head(engine)
     return engine
 
 

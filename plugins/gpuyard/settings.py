@@ -21,6 +21,7 @@ from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.domain.tokens import TokenPolicy
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.registry import LAUNCHERS
+from gpuyard.launchers.worker_env import WorkerUsers
 from gpuyard.store.db import DbBounds
 
 
@@ -74,6 +75,11 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
     db_pool_size: int = Field(16, ge=1)
+    migrate_at_start: bool | None = Field(
+        None,
+        description="Processes migrate the schema as they start; default: embedded yes, production no "
+        "(run `gpuyard migrate` once; replicas refuse a schema that is not at head).",
+    )
     # Bounds on waiting (docs/faults.md: what each component does when they fire).
     db_statement_timeout_seconds: float = Field(
         DbBounds.statement_timeout_s,
@@ -97,6 +103,14 @@ class Settings(BaseSettings):
         None, description="URL workers use to reach the API; default: where it listens."
     )
     worker_dir: Path | None = Field(None, description="Working directory of local workers; default: cwd.")
+    worker_users: WorkerUsers = Field(
+        "auto",
+        description="Local workers run as their team's user where the launcher is root: on, off, or auto "
+        "(on when every user may run this environment's interpreter; docs/security.md).",
+    )
+    worker_env_passthrough: tuple[str, ...] = Field(
+        (), description="Names of the launcher's environment passed to local workers, beyond the allowlist."
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -127,6 +141,8 @@ class Settings(BaseSettings):
             self.bus = "redis" if production else "memory"
         if self.launcher is None:
             self.launcher = "kubernetes" if production else "local"
+        if self.migrate_at_start is None:
+            self.migrate_at_start = not production
         if self.database_url is None:
             if production:
                 raise ValueError("database_url (GPUYARD_DATABASE_URL) is required with profile=production")

@@ -56,6 +56,17 @@ def test_deployments() -> None:
     assert service["spec"]["selector"] == deployments["gpuyard-api"]["spec"]["selector"]["matchLabels"]
 
 
+def test_the_schema_is_migrated_by_one_job_with_the_deployments_image_and_settings() -> None:
+    (job,) = by_kind("Job").values()
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (container["command"], container["args"]) == (["gpuyard"], ["migrate"])
+    api = by_kind("Deployment")["gpuyard-api"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == api["image"] and container["envFrom"] == api["envFrom"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
+    assert job["spec"]["ttlSecondsAfterFinished"]  # gone after a while: the next apply migrates again
+
+
 def test_settings() -> None:
     config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
     assert config["GPUYARD_PROFILE"] == "production"

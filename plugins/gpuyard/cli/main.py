@@ -7,7 +7,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import uvicorn
@@ -25,6 +25,9 @@ from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.sim.cli import sim
 from gpuyard.store import teams as team_store
 from training.planner_cli import plan
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 app = typer.Typer(help="gpuyard: a GPU training platform's control plane.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
@@ -68,6 +71,17 @@ def _settings(home: Path | None, **overrides: Any) -> Settings:
 def _fail(message: str, code: int = 1) -> Any:
     err.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+def _store(settings: Settings) -> Engine:
+    """The store, or a clear exit when its schema is not at head (production: run `gpuyard migrate`)."""
+    from gpuyard.services import open_store
+    from gpuyard.store.db import SchemaNotAtHead
+
+    try:
+        return open_store(settings)
+    except SchemaNotAtHead as error:
+        return _fail(str(error))
 
 
 def _client(home: Path | None, url: str | None, token: str | None) -> AdminClient:
@@ -125,12 +139,11 @@ def up(
         ensure_admin_token,
         local_inventory,
         log_reader,
-        open_store,
         relay_loop,
     )
 
     settings = _settings(home, host=host, port=port)
-    engine = open_store(settings)
+    engine = _store(settings)
     token_path = ensure_admin_token(engine, settings)
     bus = make_bus(settings)
     fleet = build_fleet(settings)
@@ -183,7 +196,7 @@ def scheduler(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import build_launcher, build_scheduler, fleet_source, open_store
+    from gpuyard.services import build_launcher, build_scheduler, fleet_source
 
     settings = _settings(home)
     if settings.bus != "redis":
@@ -192,7 +205,7 @@ def scheduler(home: Home = None) -> None:
         )
     if not settings.api_url:
         _fail("api_url (GPUYARD_API_URL): workers need the API's address to send heartbeats")
-    engine = open_store(settings)
+    engine = _store(settings)
     try:
         service = build_scheduler(
             settings, engine, build_launcher(settings), fleet_source(settings), lambda: str(settings.api_url)
@@ -214,12 +227,10 @@ def api(
     workers: Annotated[int, typer.Option(min=1, help="Server processes.")] = 2,
 ) -> None:
     """Run the HTTP API alone (production: run `gpuyard relay` beside it)."""
-    from gpuyard.services import open_store
-
     settings = _settings(home)
     if settings.bus == "memory" and workers > 1:
         _fail("bus=memory lives inside one process: use `gpuyard up`, or set GPUYARD_BUS=redis")
-    open_store(settings).dispose()  # migrate once, before the workers start
+    _store(settings).dispose()  # the schema is at head (or migrated, embedded) before workers start
     uvicorn.run(
         "gpuyard.services:app_from_environment",
         factory=True,
@@ -237,19 +248,47 @@ def relay(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import open_store, relay_loop
+    from gpuyard.services import relay_loop
 
     settings = _settings(home)
     if settings.bus != "redis":
         _fail(
             "bus: a relay in its own process needs bus=redis (the in-process bus lives inside `gpuyard up`)"
         )
-    engine = open_store(settings)
+    engine = _store(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     err.print(f"relay: publishing {settings.database_url} -> {settings.redis_url}")
     relay_loop(engine, make_bus(settings), settings)(stop)
+
+
+@app.command()
+def migrate(home: Home = None) -> None:
+    """Bring the store's schema to this version's head (production: once per upgrade, as the
+    gpuyard-migrate Job does). Concurrent runs take turns under a PostgreSQL advisory lock."""
+    from sqlalchemy.exc import OperationalError
+
+    from gpuyard.store.db import make_engine
+    from gpuyard.store.db import migrate as upgrade
+
+    def waiting() -> None:
+        err.print("another migration holds the lock; waiting for it")
+
+    settings = _settings(home)
+    engine = make_engine(str(settings.database_url), pool_size=1, bounds=settings.db_bounds())
+    where = engine.url.render_as_string(hide_password=True)
+    err.print(f"migrating {where}")
+    try:
+        before, after = upgrade(engine, on_wait=waiting)
+    except OperationalError as error:
+        _fail(f"database_url: cannot migrate {where}: {error.orig}")
+    finally:
+        engine.dispose()
+    if before == after:
+        err.print(f"schema already at head ({after})")
+    else:
+        err.print(f"schema migrated: {before or 'empty'} -> {after}")
 
 
 @token_app.command("create")
@@ -265,7 +304,6 @@ def token_create(
 ) -> None:
     """Create a token directly in the store and print it once (it is stored only as a hash)."""
     from gpuyard.domain.spec import dns_label
-    from gpuyard.services import open_store
 
     try:
         parsed_role = team_store.Role(role)
@@ -281,7 +319,7 @@ def token_create(
         expires_at = settings.tokens.expiry(now, now + lifetime if lifetime else None)
     except TokenLifetimeError as error:
         _fail(f"--expires-in: {error}", code=2)
-    engine = open_store(settings)
+    engine = _store(settings)
     with engine.begin() as conn:
         created = team_store.ensure_team(conn, team, settings.default_quota, now)
         token = team_store.create_token(conn, team, parsed_role, now, description, expires_at=expires_at)

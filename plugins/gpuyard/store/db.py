@@ -14,7 +14,7 @@ Bounds on a PostgreSQL connection (docs/faults.md says what each component does 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,14 +194,72 @@ def migration_bounds(connection: Connection) -> Iterator[None]:
         driver.wait_limit_s = limit  # type: ignore[union-attr]
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision (idempotent)."""
+# The advisory lock every migration takes ("gpuy"), so replicas and Jobs started at once never race.
+MIGRATION_LOCK = 0x67707579
+
+
+class SchemaNotAtHead(RuntimeError):
+    """The database's schema is not the revision this code needs; the message says what to run."""
+
+
+def _alembic_config() -> Any:
     # Imported here: alembic costs a second of start-up to every process that only reads settings.
-    from alembic import command
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision of the migrations shipped with this code."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None, f"no migrations under {MIGRATIONS}"
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision the database is at; None for a database never migrated."""
+    from alembic.migration import MigrationContext
+
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _try_lock(connection: Connection) -> bool:
+    return bool(connection.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK})").scalar())
+
+
+def migrate(engine: Engine, on_wait: Callable[[], None] | None = None) -> tuple[str | None, str]:
+    """Bring the schema to the newest revision (idempotent); returns (revision before, after).
+
+    On PostgreSQL the transaction first takes the advisory lock `MIGRATION_LOCK`, so concurrent
+    migrations run one after the other (the later ones find the schema at head and do nothing);
+    `on_wait` is called when another holds it. SQLite's `BEGIN IMMEDIATE` serializes them already.
+    """
+    from alembic import command
+
+    config = _alembic_config()
     with engine.begin() as connection, migration_bounds(connection):
+        if connection.dialect.name == "postgresql" and not _try_lock(connection):
+            if on_wait is not None:
+                on_wait()
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        before = current_revision(connection)
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+        return before, head_revision()
+
+
+def require_head(engine: Engine) -> None:
+    """Refuse a database whose schema is not at this code's head (production replicas never migrate)."""
+    with engine.connect() as connection:
+        current = current_revision(connection)
+    head = head_revision()
+    if current != head:
+        found = f"revision {current}" if current else "no revision (never migrated)"
+        raise SchemaNotAtHead(
+            f"the database schema is at {found}, this gpuyard needs revision {head}: "
+            "run `gpuyard migrate` (deploy/: the gpuyard-migrate Job) before starting it"
+        )
