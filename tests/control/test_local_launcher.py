@@ -213,7 +213,10 @@ def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_fo
     old, new = (LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path) for _ in range(2))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda launcher: launcher.launch(request), (old, new)))
-    assert len(shims("shared")) == 2  # one gang of two, not two gangs
+    followed = {tuple(launcher._attempts["shared"].pids) for launcher in (old, new)}
+    assert len(followed) == 1 and len(next(iter(followed))) == 2  # one gang of two, followed by both
+    wait_until(lambda: len(shims("shared")) == 2, what="the gang's two shims to start")
+    assert set(shims("shared")) == set(next(iter(followed)))  # and no second gang
     assert old.alive() == new.alive() == {"shared": 7}
     ended: list[Any] = []
     wait_until(

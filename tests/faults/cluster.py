@@ -11,6 +11,7 @@ true (FAKETIME_DONT_FAKE_MONOTONIC=1; `clockskew/sitecustomize.py` works around 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -78,6 +79,17 @@ class Cluster:
             "FAKETIME_CACHE_DURATION": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(SKEW), os.environ.get("PYTHONPATH")])),
             "FAULTS_LOG": "1",
+            # The workers keep their scheduler's skewed clock (the sandbox passes nothing else on).
+            "GPUYARD_WORKER_ENV_PASSTHROUGH": json.dumps(
+                [
+                    "LD_PRELOAD",
+                    "FAKETIME_DONT_FAKE_MONOTONIC",
+                    "FAKETIME_CACHE_DURATION",
+                    "FAKETIME_TIMESTAMP_FILE",
+                    "PYTHONPATH",
+                    "FAULTS_LOG",
+                ]
+            ),
         }
         cli = [sys.executable, "-m", "gpuyard.cli"]
         commands = {

@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,15 +51,48 @@ def attempt_id(request: pytest.FixtureRequest) -> Iterator[str]:
     worker_env.remove_sandbox(name)
 
 
+def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_server(
+    tmp_path: Path, secrets: FileSecretStore, attempt_id: str
+) -> None:
+    job = request(attempt_id, env={"MODE": "fast"}, env_from_secret={"API_KEY": "api-key"})
+    sandbox = worker_env.prepare(
+        job,
+        tmp_path / "attempts",
+        secrets,
+        team_users=False,
+        inherited=SERVER_ENV,
+        passthrough=("TZ", "NOPE"),
+    )
+    env = sandbox.environment({"RANK": "0", "GPUYARD_ATTEMPT_ID": attempt_id})
+    assert env["LANG"] == "C.UTF-8" and env["TZ"] == "UTC"
+    assert env["MODE"] == "fast" and env["API_KEY"] == "the-value"
+    assert env["RANK"] == "0" and env["GPUYARD_ATTEMPT_ID"] == attempt_id
+    assert env["PATH"] == f"{Path(sys.executable).parent}:{worker_env.SYSTEM_PATH}"
+    assert env["HOME"] == env["TMPDIR"] == str(sandbox.directory)
+    leaked = [k for k, v in env.items() if "/srv" in v or "credential" in v or "pw@" in v]
+    assert leaked == [] and "GPUYARD_HOME" not in env and "PYTHONPATH" not in env and "NOPE" not in env
+    assert stat.S_IMODE(sandbox.directory.stat().st_mode) == 0o700
+    assert sandbox.directory.parent == worker_env.sandboxes_root()
+    passed = worker_env.prepare(
+        job,
+        tmp_path / "attempts",
+        secrets,
+        team_users=False,
+        inherited=SERVER_ENV,
+        passthrough=("PYTHONPATH",),
+    )
+    assert passed.environment({})["PYTHONPATH"] == "/srv/gpuyard/plugins"  # the operator chose to
+
+
 def test_a_job_naming_a_missing_secret_does_not_start(
     tmp_path: Path, secrets: FileSecretStore, attempt_id: str
 ) -> None:
     job = request(attempt_id, env_from_secret={"API_KEY": "api-key", "OTHER": "gone"})
     with pytest.raises(SecretNotFound, match="team a has no secret named 'gone'"):
-        worker_env.prepare(job, tmp_path / "attempts", secrets)
+        worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=False)
     other_team = request(attempt_id, team="b", env_from_secret={"API_KEY": "api-key"})
     with pytest.raises(SecretNotFound):  # team b cannot name team a's secret
-        worker_env.prepare(other_team, tmp_path / "attempts", secrets)
+        worker_env.prepare(other_team, tmp_path / "attempts", secrets, team_users=False)
 
 
 @as_root
@@ -121,4 +155,49 @@ def test_an_interpreter_in_a_closed_directory_is_named_before_any_worker_starts(
     interpreter.write_text("#!/bin/sh\n")
     interpreter.chmod(0o755)
     with pytest.raises(worker_env.SandboxError, match="is closed to other users"):
-        worker_env._check_runnable_by_others(interpreter)
+        worker_env._check_runnable_by_others(str(interpreter))
+
+
+@as_root
+def test_the_workers_own_directory_belongs_to_its_team_s_user(
+    tmp_path: Path, secrets: FileSecretStore, attempt_id: str
+) -> None:
+    job = request(attempt_id, command=["sh", "-c", "true"])
+    sandbox = worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=True, inherited={})
+    assert sandbox.identity is not None and sandbox.identity.name == "gpuyard-a"
+    found = sandbox.directory.stat()
+    assert (found.st_uid, found.st_gid) == (sandbox.identity.uid, sandbox.identity.gid)
+    drop = [sys.executable, "-m", "gpuyard.launchers.privilege_drop"]
+    assert sandbox.command(["sh", "-c", "true"]) == [
+        *drop,
+        str(sandbox.identity.uid),
+        str(sandbox.identity.gid),
+        "--",
+        "sh",
+        "-c",
+        "true",
+    ]
+    with pytest.raises(worker_env.SandboxError, match="not found on the workers' PATH"):
+        worker_env.prepare(
+            request(attempt_id, command=["no-such-tool"]), tmp_path / "attempts", secrets, team_users=True
+        )
+
+
+@as_root
+def test_auto_changes_users_only_where_every_user_may_run_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        base = Path(scratch)
+        base.chmod(0o755)
+        (base / "open").mkdir(mode=0o755)
+        (base / "closed").mkdir(mode=0o700)
+        for place in ("open", "closed"):
+            (base / place / "python").write_text("#!/bin/sh\n")
+            (base / place / "python").chmod(0o755)
+        monkeypatch.setattr(sys, "executable", str(base / "open" / "python"))
+        assert worker_env.team_users("auto") and worker_env.team_users("on")
+        assert not worker_env.team_users("off")
+        monkeypatch.setattr(sys, "executable", str(base / "closed" / "python"))
+        assert not worker_env.team_users("auto")  # workers stay the launcher's user, with a warning
+        assert worker_env.team_users("on")  # on: each job's command is checked at launch instead

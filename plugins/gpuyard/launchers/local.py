@@ -2,7 +2,9 @@
 
 Each worker runs under `gpuyard.launchers.shim` in its own process group, with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and gpuyard's
-(GPUYARD_API_URL, GPUYARD_ATTEMPT_ID, GPUYARD_FENCING_TOKEN, GPUYARD_CHECKPOINT_URL, GPUYARD_JOB_ID).
+(GPUYARD_API_URL, GPUYARD_ATTEMPT_ID, GPUYARD_FENCING_TOKEN, GPUYARD_CHECKPOINT_URL, GPUYARD_JOB_ID),
+in the sandbox `worker_env` builds: an environment from nothing but an allowlist, the spec and its
+secrets, a directory of its own, and, where the launcher is root, its team's unprivileged user.
 Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (pids and fencing
 token), one log and one exit-status file per rank, and `ended` once the store has the attempt's
 end. That directory is what lets a restarted launcher (or another scheduler replica on this machine)
@@ -14,7 +16,6 @@ file was written: `release` kills by that label.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuyard.clock import Clock, utcnow
+from gpuyard.launchers import worker_env
 from gpuyard.launchers.base import (
     EXIT_PREEMPTED,
     LaunchRequest,
@@ -34,7 +36,9 @@ from gpuyard.launchers.base import (
     WorkerReport,
     outcome_of_exit,
 )
+from gpuyard.launchers.filelock import exclusive
 from gpuyard.launchers.inventory import LocalInventory
+from gpuyard.secrets.files import FileSecretStore, home_store
 
 
 def _free_port() -> int:
@@ -87,17 +91,6 @@ def _kill_label(attempt_id: str, *, wait_s: float) -> bool:
         time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (released by the kernel if this process dies)."""
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _recorded_pids(directory: Path) -> list[int] | None:
     """The worker pids an attempt's launch recorded, or None before any was (or once it was torn)."""
     try:
@@ -134,10 +127,21 @@ class _Attempt:
 
 class LocalLauncher:
     def __init__(
-        self, root: Path, inventory: LocalInventory, *, workdir: Path | None = None, clock: Clock = utcnow
+        self,
+        root: Path,
+        inventory: LocalInventory,
+        *,
+        workdir: Path | None = None,
+        clock: Clock = utcnow,
+        secrets: FileSecretStore | None = None,
+        worker_users: worker_env.WorkerUsers = "auto",
+        passthrough: tuple[str, ...] = (),
     ):
         self.root, self.inventory, self.clock = root, inventory, clock
         self.workdir = workdir or Path.cwd()
+        self.secrets = secrets or home_store(root.parent)  # root is <home>/attempts
+        self.team_users = worker_env.team_users(worker_users)
+        self.passthrough = passthrough
         self.root.mkdir(parents=True, exist_ok=True)
         self._attempts: dict[str, _Attempt] = {}
 
@@ -150,13 +154,17 @@ class LocalLauncher:
         directory.mkdir(parents=True, exist_ok=True)
         # Two replicas may launch one attempt (one whose lead just passed, and the next leader's
         # recovery): the first starts the workers, the second follows them. Never a second set.
-        with _exclusive(directory / "launch.lock"):
+        with exclusive(directory / "launch.lock"):
             if (pids := _recorded_pids(directory)) is not None:
                 self._attempts[request.attempt_id] = _Attempt(directory, pids, request.fencing_token)
                 return
             self._start(request, directory)
 
     def _start(self, request: LaunchRequest, directory: Path) -> None:
+        # Secrets, identity and own directory first: a job that cannot have them does not start.
+        sandbox = worker_env.prepare(
+            request, self.root, self.secrets, team_users=self.team_users, passthrough=self.passthrough
+        )
         if strays := _processes_of(request.attempt_id):
             # A launcher died between starting workers and recording them: stop them, start afresh.
             for pid in strays:
@@ -168,10 +176,7 @@ class LocalLauncher:
         children: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(world):
             env = {
-                **os.environ,
-                **request.spec.env,
                 **request.env,
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(rank),
@@ -185,10 +190,8 @@ class LocalLauncher:
                 "GPUYARD_CHECKPOINT_URL": request.checkpoint_url or "",
                 "GPUYARD_GPU_TYPE": self.inventory.gpu_type,
             }
-            if self.inventory.real_gpus:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpus[rank])
-            else:
-                env["CUDA_VISIBLE_DEVICES"] = ""  # CPU slots: honest about having no GPU
+            # CPU slots: no device, honest about having no GPU
+            env["CUDA_VISIBLE_DEVICES"] = str(gpus[rank]) if self.inventory.real_gpus else ""
             with open(directory / f"rank{rank}.log", "ab") as log:
                 process = subprocess.Popen(
                     [
@@ -197,10 +200,10 @@ class LocalLauncher:
                         "gpuyard.launchers.shim",
                         str(directory / f"rank{rank}.exit"),
                         "--",
-                        *request.spec.command,
+                        *sandbox.command(request.spec.command),
                     ],
                     cwd=self.workdir,
-                    env=env,
+                    env=sandbox.environment(env),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -257,6 +260,7 @@ class LocalLauncher:
             return
         (tracked.directory / "ended").write_text(report.outcome.value)
         del self._attempts[report.attempt_id]
+        worker_env.remove_sandbox(report.attempt_id)  # every worker ended: its HOME and TMPDIR go
 
     def alive(self) -> dict[str, int]:
         return {
@@ -340,6 +344,7 @@ class LocalLauncher:
                             pid, signal.SIGKILL
                         )
                 (directory / "ended").write_text("ORPHAN")
+                worker_env.remove_sandbox(attempt_id)
         return [
             WorkerReport(
                 attempt_id,

@@ -17,6 +17,7 @@ from gpuyard.domain.fleet import Fleet, load_fleet
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import discover
 from gpuyard.launchers.local import LocalLauncher, attempt_logs
+from gpuyard.secrets.files import home_store
 
 if TYPE_CHECKING:
     from gpuyard.settings import Settings
@@ -51,7 +52,14 @@ def _local_logs(settings: Settings) -> LogReader:
 
 
 def _local(settings: Settings) -> Launcher:
-    return LocalLauncher(attempts_dir(settings), discover(settings.local_slots), workdir=settings.worker_dir)
+    return LocalLauncher(
+        attempts_dir(settings),
+        discover(settings.local_slots),
+        workdir=settings.worker_dir,
+        secrets=home_store(settings.home),
+        worker_users=settings.worker_users,
+        passthrough=settings.worker_env_passthrough,
+    )
 
 
 def _kubernetes(settings: Settings) -> Launcher:

@@ -7,11 +7,18 @@ HOME and TMPDIR (the worker's own directory), USER and LOGNAME; then the job's `
 (rendezvous, GPUYARD_*, CUDA_VISIBLE_DEVICES), which the spec cannot name. The server's GPUYARD_HOME,
 database URL, tokens and cloud credentials never reach a worker.
 
-Identity: when the launcher runs as root, a team's workers run as the team's own unprivileged user
-(uid = gid = WORKER_UID_BASE + n; n is given to each team once, on its first launch, and kept in
-`<launcher root>/worker-uids.json`), through `privilege_drop`: no supplementary groups,
-no_new_privs, umask 077. Teams therefore cannot read each other's files, processes or environments
-(nor the control plane's home, mode 0700). When the launcher is not root, workers run as its user.
+`passthrough` (setting `worker_env_passthrough`) adds names the operator chooses (a profiler's
+LD_PRELOAD, a proxy): nothing else of the server's environment reaches a worker.
+
+Identity (setting `worker_users`): when the launcher runs as root, a team's workers run as the
+team's own unprivileged user (uid = gid = WORKER_UID_BASE + n; n is given to each team once, on its
+first launch, and kept in `<launcher root>/worker-uids.json`), through `privilege_drop`: no
+supplementary groups, no_new_privs, umask 077. Teams therefore cannot read each other's files,
+processes or environments (nor the control plane's home, mode 0700). That needs a command every user
+may run: `on` refuses to start a job whose command is not (naming the closed directory); `auto` (the
+default) is `on` when the launcher's own interpreter is runnable by every user (the jobs of
+gpuyard's Python environment then run too) and otherwise runs workers as the launcher's user,
+warning once; `off` never changes users. When the launcher is not root, workers run as its user.
 
 Own directory: `<system temp>/gpuyard-sandboxes-<launcher uid>/<attempt id>`, mode 0700, owned by
 the worker's user; it outlives the attempt until `remove_sandbox`.
@@ -20,19 +27,21 @@ the worker's user; it outlives the attempt until `remove_sandbox`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
 import json
+import logging
 import os
 import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpuyard.launchers.base import LaunchRequest
+from gpuyard.launchers.filelock import exclusive
 from gpuyard.secrets.files import FileSecretStore
 
 INHERITED = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_NUMERIC", "TZ", "LD_LIBRARY_PATH")
@@ -40,6 +49,8 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 WORKER_UID_BASE = 300_000_000  # far above login users (1000+) and the usual subordinate ranges (100000+)
 MAX_TEAMS = 1_000_000
 IDENTITIES_FILE = "worker-uids.json"
+
+log = logging.getLogger(__name__)
 
 
 class SandboxError(OSError):
@@ -73,12 +84,34 @@ class WorkerSandbox:
         return [*drop, str(self.identity.uid), str(self.identity.gid), "--", *command]
 
 
+WorkerUsers = Literal["auto", "on", "off"]
+WORKER_PATH = f"{Path(sys.executable).parent}{os.pathsep}{SYSTEM_PATH}"
+
+
+def team_users(mode: WorkerUsers) -> bool:
+    """Whether workers run as their team's user under this launcher (see the module's docstring)."""
+    if mode == "off" or os.geteuid() != 0:
+        return False
+    if mode == "on":
+        return True
+    closed = _closed_to_others(Path(sys.executable))
+    if closed is not None:
+        log.warning(
+            "worker_users=auto: workers run as root, since other users cannot run this environment's "
+            "interpreter (%s); build it from an interpreter every user may run (docs/security.md)",
+            closed,
+        )
+    return closed is None
+
+
 def prepare(
     request: LaunchRequest,
     launcher_root: Path,
     secrets: FileSecretStore,
     *,
+    team_users: bool,
     inherited: Mapping[str, str] = os.environ,
+    passthrough: Sequence[str] = (),
 ) -> WorkerSandbox:
     """Resolve the job's secrets, its team's identity, and create the attempt's own directory.
 
@@ -88,14 +121,14 @@ def prepare(
     if Path(request.attempt_id).name != request.attempt_id:
         raise SandboxError(f"attempt id {request.attempt_id!r} cannot name a directory")
     values = secrets.read(spec.team, spec.env_from_secret.values()) if spec.env_from_secret else {}
-    identity = team_identity(launcher_root, spec.team) if os.geteuid() == 0 else None
+    identity = team_identity(launcher_root, spec.team) if team_users and os.geteuid() == 0 else None
     if identity is not None:
-        _check_runnable_by_others(Path(sys.executable))
+        _check_runnable_by_others(spec.command[0])
     directory = _own_directory(request.attempt_id, identity)
     user = identity.name if identity else getpass.getuser()
     base = {
-        **{name: inherited[name] for name in INHERITED if name in inherited},
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{SYSTEM_PATH}",
+        **{name: inherited[name] for name in (*INHERITED, *passthrough) if name in inherited},
+        "PATH": WORKER_PATH,
         "HOME": str(directory),
         "TMPDIR": str(directory),
         "USER": user,
@@ -110,7 +143,7 @@ def team_identity(launcher_root: Path, team: str) -> WorkerIdentity:
     """The team's worker user, given once and for good (a lock makes concurrent launchers agree)."""
     launcher_root.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = launcher_root / IDENTITIES_FILE
-    with _locked(launcher_root / f"{IDENTITIES_FILE}.lock"):
+    with exclusive(launcher_root / f"{IDENTITIES_FILE}.lock"):
         given: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
         if team not in given:
             if len(given) >= MAX_TEAMS:
@@ -123,29 +156,29 @@ def team_identity(launcher_root: Path, team: str) -> WorkerIdentity:
     return WorkerIdentity(uid=uid, gid=uid, name=f"gpuyard-{team}")
 
 
-def _check_runnable_by_others(interpreter: Path) -> None:
-    """A worker user (neither owner nor group of anything here) must be able to run the interpreter:
-    every directory on the way to it enterable by others, the file executable by others."""
-    target = interpreter.resolve()
+def _closed_to_others(program: Path) -> str | None:
+    """Why a worker user (neither owner nor group of anything here) cannot run `program`, or None:
+    every directory on the way to it must be enterable by others, the file executable by them."""
+    target = program.resolve()
     for directory in reversed(target.parents):
         if not directory.stat().st_mode & stat.S_IXOTH:
-            raise SandboxError(
-                f"worker users cannot run {interpreter} (it is {target}): {directory} is closed to other "
-                f"users (mode {directory.stat().st_mode & 0o777:o}); build the environment from an "
-                "interpreter every user may run, such as /usr/bin/python3 (docs/security.md)"
-            )
+            mode = directory.stat().st_mode & 0o777
+            return f"{program} is {target}, and {directory} is closed to other users (mode {mode:o})"
     if not target.stat().st_mode & stat.S_IXOTH:
-        raise SandboxError(f"worker users cannot run {target}: it is not executable by other users")
+        return f"{target} is not executable by other users"
+    return None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _check_runnable_by_others(command: str) -> None:
+    found = shutil.which(command, path=WORKER_PATH) if os.sep not in command else command
+    if found is None:
+        raise SandboxError(f"command {command!r} is not found on the workers' PATH ({WORKER_PATH})")
+    closed = _closed_to_others(Path(found))
+    if closed is not None:
+        raise SandboxError(
+            f"worker users cannot run {command!r}: {closed}; a job's command must be runnable by every "
+            "user (build the environment from an interpreter such as /usr/bin/python3, docs/security.md)"
+        )
 
 
 def sandboxes_root() -> Path:
