@@ -38,11 +38,13 @@ class Relay:
             self.bus.publish([Message.from_event(event) for event in batch])
             mark_published(conn, [event.seq for event in batch], self.clock())
         metrics.events_published.inc(len(batch))
+        log.debug("relay: published %d events (seq %d..%d)", len(batch), batch[0].seq, batch[-1].seq)
         return len(batch)
 
     def run(self, stop: threading.Event, *, poll_s: float = 0.05, max_backoff_s: float = 5.0) -> None:
         """Until `stop` is set: drain, then poll. Outages of the bus or the database only delay."""
-        backoff = poll_s
+        log.info("relay started: batches of %d, polling every %gs", self.batch_size, poll_s)
+        backoff, failures = poll_s, 0
         while not stop.is_set():
             try:
                 published = self.run_once()
@@ -52,8 +54,10 @@ class Relay:
                 else:
                     log.exception("relay: publishing failed; retrying in %.1fs", backoff)
                 stop.wait(backoff)
-                backoff = min(backoff * 2, max_backoff_s)
+                backoff, failures = min(backoff * 2, max_backoff_s), failures + 1
                 continue
-            backoff = poll_s
+            if failures:
+                log.info("relay: publishing again after %d failed tries", failures)
+            backoff, failures = poll_s, 0
             if published < self.batch_size:
                 stop.wait(poll_s)

@@ -171,6 +171,7 @@ def build_scheduler(
 def app_from_environment() -> Any:
     """ASGI factory for `gpuyard api` workers: settings come from the environment."""
     settings = load_settings()
+    settings.configure_logging()
     engine = make_engine(
         str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
     )

@@ -22,6 +22,7 @@ from gpuyard.domain.tokens import TokenPolicy
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.registry import LAUNCHERS
 from gpuyard.launchers.worker_env import WorkerUsers
+from gpuyard.observability import logs
 from gpuyard.store.db import DbBounds
 
 
@@ -75,6 +76,12 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
     db_pool_size: int = Field(16, ge=1)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Server processes log records at this level and above."
+    )
+    log_format: Literal["text", "json"] | None = Field(
+        None, description="text (key=value lines) or json (one object a line); default: json in production."
+    )
     migrate_at_start: bool | None = Field(
         None,
         description="Processes migrate the schema as they start; default: embedded yes, production no "
@@ -141,6 +148,8 @@ class Settings(BaseSettings):
             self.bus = "redis" if production else "memory"
         if self.launcher is None:
             self.launcher = "kubernetes" if production else "local"
+        if self.log_format is None:
+            self.log_format = "json" if production else "text"
         if self.migrate_at_start is None:
             self.migrate_at_start = not production
         if self.database_url is None:
@@ -158,6 +167,10 @@ class Settings(BaseSettings):
         if self.fleet_file is not None and not self.fleet_file.exists():
             raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
         return self
+
+    def configure_logging(self) -> None:
+        """The logging of a server process (api, scheduler, relay, up, migrate)."""
+        logs.configure(self.log_level, str(self.log_format))
 
     def db_bounds(self) -> DbBounds:
         return DbBounds(

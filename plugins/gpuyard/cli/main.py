@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from datetime import timedelta
@@ -29,6 +30,7 @@ from training.planner_cli import plan
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+log = logging.getLogger("gpuyard.cli")
 app = typer.Typer(help="gpuyard: a GPU training platform's control plane.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -66,6 +68,20 @@ def _settings(home: Path | None, **overrides: Any) -> Settings:
     if settings.home.stat().st_uid == os.geteuid():
         settings.home.chmod(0o700)  # the store, the admin token, the secrets: the control plane's only
     return settings
+
+
+def _server_settings(home: Path | None, **overrides: Any) -> Settings:
+    """The settings of a server process (up, api, scheduler, relay, migrate), its logging set up."""
+    settings = _settings(home, **overrides)
+    settings.configure_logging()
+    return settings
+
+
+def _hidden(url: str | None) -> str:
+    """A database URL fit for a log line: its password masked."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(str(url)).render_as_string(hide_password=True)
 
 
 def _fail(message: str, code: int = 1) -> Any:
@@ -142,7 +158,7 @@ def up(
         relay_loop,
     )
 
-    settings = _settings(home, host=host, port=port)
+    settings = _server_settings(home, host=host, port=port)
     engine = _store(settings)
     token_path = ensure_admin_token(engine, settings)
     bus = make_bus(settings)
@@ -175,7 +191,8 @@ def up(
             create_app(settings, engine, fleet=fleet, logs=log_reader(settings)),
             host=host,
             port=port,
-            log_level="warning",
+            log_level=settings.log_level.lower(),
+            log_config=None,  # gpuyard's own logging (settings.configure_logging)
             access_log=False,
         ),
         settings.home,
@@ -198,7 +215,7 @@ def scheduler(home: Home = None) -> None:
 
     from gpuyard.services import build_launcher, build_scheduler, fleet_source
 
-    settings = _settings(home)
+    settings = _server_settings(home)
     if settings.bus != "redis":
         _fail(
             "bus: a scheduler in its own process needs bus=redis (the in-process bus is inside `gpuyard up`)"
@@ -215,7 +232,9 @@ def scheduler(home: Home = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    err.print(f"scheduler {service.holder}: policy {settings.scheduler_policy}, launcher {settings.launcher}")
+    log.info(
+        "scheduler %s: policy %s, launcher %s", service.holder, settings.scheduler_policy, settings.launcher
+    )
     service.run(stop, bus=make_bus(settings))
 
 
@@ -227,7 +246,7 @@ def api(
     workers: Annotated[int, typer.Option(min=1, help="Server processes.")] = 2,
 ) -> None:
     """Run the HTTP API alone (production: run `gpuyard relay` beside it)."""
-    settings = _settings(home)
+    settings = _server_settings(home)
     if settings.bus == "memory" and workers > 1:
         _fail("bus=memory lives inside one process: use `gpuyard up`, or set GPUYARD_BUS=redis")
     _store(settings).dispose()  # the schema is at head (or migrated, embedded) before workers start
@@ -237,7 +256,8 @@ def api(
         host=host,
         port=port,
         workers=workers,
-        log_level="warning",
+        log_level=settings.log_level.lower(),
+        log_config=None,  # each worker sets up gpuyard's logging (services.app_from_environment)
         access_log=False,
     )
 
@@ -250,7 +270,7 @@ def relay(home: Home = None) -> None:
 
     from gpuyard.services import relay_loop
 
-    settings = _settings(home)
+    settings = _server_settings(home)
     if settings.bus != "redis":
         _fail(
             "bus: a relay in its own process needs bus=redis (the in-process bus lives inside `gpuyard up`)"
@@ -259,7 +279,7 @@ def relay(home: Home = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    err.print(f"relay: publishing {settings.database_url} -> {settings.redis_url}")
+    log.info("relay: publishing %s -> stream %s", _hidden(settings.database_url), settings.redis_stream)
     relay_loop(engine, make_bus(settings), settings)(stop)
 
 
@@ -273,12 +293,12 @@ def migrate(home: Home = None) -> None:
     from gpuyard.store.db import migrate as upgrade
 
     def waiting() -> None:
-        err.print("another migration holds the lock; waiting for it")
+        log.info("another migration holds the lock; waiting for it")
 
-    settings = _settings(home)
+    settings = _server_settings(home)
     engine = make_engine(str(settings.database_url), pool_size=1, bounds=settings.db_bounds())
-    where = engine.url.render_as_string(hide_password=True)
-    err.print(f"migrating {where}")
+    where = _hidden(settings.database_url)
+    log.info("migrating %s", where)
     try:
         before, after = upgrade(engine, on_wait=waiting)
     except OperationalError as error:
@@ -286,9 +306,9 @@ def migrate(home: Home = None) -> None:
     finally:
         engine.dispose()
     if before == after:
-        err.print(f"schema already at head ({after})")
+        log.info("schema already at head (%s)", after)
     else:
-        err.print(f"schema migrated: {before or 'empty'} -> {after}")
+        log.info("schema migrated: %s -> %s", before or "empty", after)
 
 
 @token_app.command("create")
