@@ -19,7 +19,9 @@ import uvicorn
 from gpuyard.api.app import create_app
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.base import LaunchRequest, Outcome
 from gpuyard.launchers.inventory import LocalInventory
 from gpuyard.launchers.local import LocalLauncher, _alive, _processes_of
 from gpuyard.scheduler.service import SchedulerService
@@ -152,25 +154,34 @@ def test_a_preempted_worker_resumes_from_its_checkpoint(
     assert f"resumed from step {resumed_at}" in logs and "finished at step 40" in logs
 
 
-def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> None:
-    from gpuyard.domain.placement import NodeSlice, Placement
-    from gpuyard.launchers.base import LaunchRequest, Outcome
-
+def gang(attempt_id: str, *, sleep_s: float, launched_before: bool = False) -> LaunchRequest:
+    """A launch of two workers that sleep, then exit 0."""
     spec = parse_spec(
         {
             "name": "x",
             "team": "a",
             "image": "i",
-            "command": ["python", "-c", "import time; time.sleep(3)"],
+            "command": ["python", "-c", f"import time; time.sleep({sleep_s})"],
             "resources": {"gpus": 2, "gpu_types": ["cpu"]},
         }
     )
     placement = Placement("local", "local", "local", (NodeSlice("local", (0, 1)),))
+    return LaunchRequest(
+        attempt_id,
+        "job-x",
+        1,
+        7,
+        spec,
+        placement,
+        "http://127.0.0.1:9",
+        None,
+        launched_before=launched_before,
+    )
 
+
+def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> None:
     def request(attempt_id: str) -> LaunchRequest:
-        return LaunchRequest(
-            attempt_id, "job-x", 1, 7, spec, placement, "http://127.0.0.1:9", None, launched_before=True
-        )
+        return gang(attempt_id, sleep_s=3, launched_before=True)
 
     first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
     first.launch(request("kept"))
@@ -196,20 +207,7 @@ def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_fo
 ) -> None:
     """A replica whose lead passed mid-pass and the next leader's recovery both launch the attempt
     they see reserved: the launch lock makes the second follow the first's workers."""
-    from gpuyard.domain.placement import NodeSlice, Placement
-    from gpuyard.launchers.base import LaunchRequest, Outcome
-
-    spec = parse_spec(
-        {
-            "name": "x",
-            "team": "a",
-            "image": "i",
-            "command": ["python", "-c", "import time; time.sleep(2)"],
-            "resources": {"gpus": 2, "gpu_types": ["cpu"]},
-        }
-    )
-    placement = Placement("local", "local", "local", (NodeSlice("local", (0, 1)),))
-    request = LaunchRequest("shared", "job-x", 1, 7, spec, placement, "http://127.0.0.1:9", None)
+    request = gang("shared", sleep_s=2)
     old, new = (LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path) for _ in range(2))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda launcher: launcher.launch(request), (old, new)))
