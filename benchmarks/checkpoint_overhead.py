@@ -42,15 +42,27 @@ MODES = ("none", "sync", "async")
 
 
 class Bench:
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, world: distributed.World,
-                 args: argparse.Namespace, root: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        world: distributed.World,
+        args: argparse.Namespace,
+        root: str,
+    ) -> None:
         self.model, self.opt, self.world, self.args = model, opt, world, args
         g = torch.Generator().manual_seed(world.rank)
         self.x = torch.randn(args.batch, args.features, generator=g).to(world.device)
         self.y = (torch.rand(args.batch, generator=g) > 0.5).float().to(world.device)
         self.ckpt = {
-            mode: Checkpointer(CheckpointStore(f"{root}/{mode}"), world.rank, world.world_size,
-                               world.checkpoint_group, async_save=mode == "async", keep_last=1)
+            mode: Checkpointer(
+                CheckpointStore(f"{root}/{mode}"),
+                world.rank,
+                world.world_size,
+                world.checkpoint_group,
+                async_save=mode == "async",
+                keep_last=1,
+            )
             for mode in ("sync", "async")
         }
         self.step = 0
@@ -83,8 +95,13 @@ class Bench:
 
 
 def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root: str, out: Any) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(args.threads)
     world = distributed.init("auto")
     torch.manual_seed(0)
@@ -110,8 +127,9 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-4)
     torch.distributed.barrier()
     start = time.perf_counter()
-    loader = Checkpointer(CheckpointStore(f"{root}/async"), world.rank, world.world_size,
-                          world.checkpoint_group)
+    loader = Checkpointer(
+        CheckpointStore(f"{root}/async"), world.rank, world.world_size, world.checkpoint_group
+    )
     manifest = loader.find_latest(verify_checksums=True)
     assert manifest is not None, "no complete checkpoint to restore"
     verify_s = time.perf_counter() - start
@@ -120,19 +138,35 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, root
     restore_s = time.perf_counter() - start
     same = all(torch.equal(a, b) for a, b in zip(bench.snapshot, fresh.parameters(), strict=True))
     if rank == 0:
-        out.put({"params": count_parameters(base), "times": times, "stalls": stalls, "verify_s": verify_s,
-                 "restore_s": restore_s, "restored_equal": same})
+        out.put(
+            {
+                "params": count_parameters(base),
+                "times": times,
+                "stalls": stalls,
+                "verify_s": verify_s,
+                "restore_s": restore_s,
+                "restored_equal": same,
+            }
+        )
     distributed.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds (each: `every` steps in each of the 3 modes)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds (each: `every` steps in each of the 3 modes)",
+    )
     parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     parser.add_argument("--width", type=int, default=5000, help="hidden width of the MLP")
-    parser.add_argument("--layers", type=int, default=5,
-                        help="hidden layers (5 of width 5000: 4 x 5000^2 + 64 x 5000 ~ 100M parameters)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=5,
+        help="hidden layers (5 of width 5000: 4 x 5000^2 + 64 x 5000 ~ 100M parameters)",
+    )
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32, help="rows per worker per step")
     parser.add_argument("--workers", type=int, default=2)
@@ -146,29 +180,40 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuyard-ckpt-bench-") as tmp:
         root = Path(args.dir or tmp).resolve().as_uri()
         out = mp.get_context("spawn").Queue()
-        mp.start_processes(worker, args=(args.workers, port, args, root, out), nprocs=args.workers,
-                           start_method="spawn")
+        mp.start_processes(
+            worker, args=(args.workers, port, args, root, out), nprocs=args.workers, start_method="spawn"
+        )
         r = out.get(timeout=10)
 
     total = {mode: sum(r["times"][mode]) for mode in MODES}
     steps = args.rounds * args.every
     overhead = {mode: 1 - total["none"] / total[mode] for mode in ("sync", "async")}
     stall = statistics.mean(r["stalls"]["async"])
-    print(f"model: {r['params'] / 1e6:.1f}M parameters, AdamW, {args.workers} workers, "
-          f"{'cuda' if torch.cuda.is_available() else 'cpu'}, batch {args.batch}/worker, "
-          f"{args.rounds} rounds x {args.every} steps per mode, one checkpoint per {args.every} steps")
+    print(
+        f"model: {r['params'] / 1e6:.1f}M parameters, AdamW, {args.workers} workers, "
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'}, batch {args.batch}/worker, "
+        f"{args.rounds} rounds x {args.every} steps per mode, one checkpoint per {args.every} steps"
+    )
     for mode in MODES:
         blocks = ", ".join(f"{t:.1f}" for t in r["times"][mode])
         print(f"  {mode:<6} {steps / total[mode]:7.3f} steps/s  (blocks: {blocks} s)")
     for mode in ("sync", "async"):
-        print(f"  {mode} stall per checkpoint: {statistics.mean(r['stalls'][mode]):.3f} s "
-              f"({', '.join(f'{s:.2f}' for s in r['stalls'][mode])})")
-    print(f"  restore: {r['restore_s']:.3f} s (find newest + verify sha256: {r['verify_s']:.3f} s); "
-          f"restored weights identical: {r['restored_equal']}")
-    print(f"  throughput lost at one checkpoint per {args.every} steps: sync {overhead['sync']:.1%}, "
-          f"async {overhead['async']:.1%} (target: async <= 5%)")
-    print(f"RESULT async_overhead={overhead['async']:.4f} sync_overhead={overhead['sync']:.4f} "
-          f"stall_s={stall:.4f} restore_s={r['restore_s']:.4f}")
+        print(
+            f"  {mode} stall per checkpoint: {statistics.mean(r['stalls'][mode]):.3f} s "
+            f"({', '.join(f'{s:.2f}' for s in r['stalls'][mode])})"
+        )
+    print(
+        f"  restore: {r['restore_s']:.3f} s (find newest + verify sha256: {r['verify_s']:.3f} s); "
+        f"restored weights identical: {r['restored_equal']}"
+    )
+    print(
+        f"  throughput lost at one checkpoint per {args.every} steps: sync {overhead['sync']:.1%}, "
+        f"async {overhead['async']:.1%} (target: async <= 5%)"
+    )
+    print(
+        f"RESULT async_overhead={overhead['async']:.4f} sync_overhead={overhead['sync']:.4f} "
+        f"stall_s={stall:.4f} restore_s={r['restore_s']:.4f}"
+    )
 
 
 if __name__ == "__main__":

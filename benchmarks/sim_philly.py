@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import markdown_table, slowdown_table, summarize, team_slowdown_table
+from gpuyard.sim.metrics import report, result_line, summarize
 from gpuyard.sim.run import simulate
 from gpuyard.sim.trace import parse_time, read_trace
 
@@ -67,40 +67,13 @@ def main() -> None:
         wall = time.perf_counter() - began
         print(f"{name}: {wall:.1f} s wall, {summaries[name].cycles} cycles", flush=True)
     print()
-    print(markdown_table(list(summaries.values())))
-    print()
-    print("Slowdown (JCT / max(duration, 10 s)) per job size class:")
-    print()
-    print(slowdown_table(list(summaries.values())))
-    print()
-    print("Slowdown per team (worst / p99.9):")
-    print()
-    print(team_slowdown_table(list(summaries.values())))
-    print()
-    for summary in summaries.values():
-        if summary.preemptions:
-            print(f"{summary.policy} preemptions by rule: {summary.preemptions_by_rule}")
+    print(report(list(summaries.values())))
     print()
     if set(UPPER_BOUNDS) & set(summaries):
         print("oracle-sjf knows every job's true duration: an upper bound, not a baseline; no ratio uses it.")
         print()
-    if set(POLICIES) - set(summaries):
-        return
-    ours = summaries["gpuyard"]
-
-    def ratio(a: float, b: float) -> float:
-        if b == 0:  # an idle window: nobody waited
-            return 1.0 if a == 0 else float("inf")
-        return a / b
-
-    print(
-        f"RESULT avg_jct_vs_fifo={ratio(ours.avg_jct_h, summaries['fifo'].avg_jct_h):.3f} "
-        f"avg_jct_vs_tiresias={ratio(ours.avg_jct_h, summaries['tiresias'].avg_jct_h):.3f} "
-        f"p99_wait_vs_fifo_backfill={ratio(ours.p99_wait_h, summaries['fifo-backfill'].p99_wait_h):.3f} "
-        f"util_vs_fifo_backfill={ratio(ours.utilization, summaries['fifo-backfill'].utilization):.3f} "
-        f"goodput={ours.goodput:.3f} "
-        f"jain_vs_kueue={ratio(ours.jain, summaries['kueue'].jain):.3f}"
-    )
+    if set(POLICIES) <= set(summaries):
+        print(result_line(summaries))
 
 
 if __name__ == "__main__":

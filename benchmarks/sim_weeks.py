@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import Summary, summarize
+from gpuyard.sim.metrics import Summary, ratio, summarize
 from gpuyard.sim.run import simulate
 from gpuyard.sim.trace import read_trace
 
@@ -51,12 +51,6 @@ def run_one(
     began = time.perf_counter()
     summary = summarize(simulate(jobs, standard_fleet(nodes), policy, SimConfig()))
     return start, nodes, policy, summary, time.perf_counter() - began
-
-
-def ratio(a: float, b: float) -> float:
-    if b == 0:  # an idle week: nobody waited
-        return 1.0 if a == 0 else float("inf")
-    return a / b
 
 
 def main() -> None:

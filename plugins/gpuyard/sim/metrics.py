@@ -228,3 +228,41 @@ def team_slowdown_table(summaries: list[Summary]) -> str:
         cells = [_tail(s.slowdown_by_team.get(team, Tail(0, 0.0, 0.0))) for s in summaries]
         rows.append(f"| {team} | {jobs} | " + " | ".join(cells) + " |")
     return "\n".join([head, rule, *rows])
+
+
+def ratio(ours: float, theirs: float) -> float:
+    """ours / theirs; 1 when both are 0 (an idle window: nobody waited)."""
+    if theirs == 0:
+        return 1.0 if ours == 0 else float("inf")
+    return ours / theirs
+
+
+BASELINES = ("fifo", "fifo-backfill", "kueue", "tiresias")
+
+
+def result_line(summaries: dict[str, Summary]) -> str:
+    """The benchmarks' RESULT line: gpuyard against each baseline, the figure each target names."""
+    ours = summaries["gpuyard"]
+    return (
+        f"RESULT avg_jct_vs_fifo={ratio(ours.avg_jct_h, summaries['fifo'].avg_jct_h):.3f} "
+        f"avg_jct_vs_tiresias={ratio(ours.avg_jct_h, summaries['tiresias'].avg_jct_h):.3f} "
+        f"p99_wait_vs_fifo_backfill={ratio(ours.p99_wait_h, summaries['fifo-backfill'].p99_wait_h):.3f} "
+        f"util_vs_fifo_backfill={ratio(ours.utilization, summaries['fifo-backfill'].utilization):.3f} "
+        f"goodput={ours.goodput:.3f} "
+        f"jain_vs_kueue={ratio(ours.jain, summaries['kueue'].jain):.3f}"
+    )
+
+
+def report(summaries: list[Summary]) -> str:
+    """The figures table, the slowdown tails per size class and per team, preemptions per rule."""
+    parts = [
+        markdown_table(summaries),
+        "Slowdown (JCT / max(duration, 10 s)) per job size class, worst / p99.9:",
+        slowdown_table(summaries),
+        "Slowdown per team, worst / p99.9:",
+        team_slowdown_table(summaries),
+        "\n".join(
+            f"{s.policy} preemptions by rule: {s.preemptions_by_rule}" for s in summaries if s.preemptions
+        ),
+    ]
+    return "\n\n".join(part for part in parts if part)
