@@ -93,9 +93,7 @@ class _Eligibility:
     def __init__(self, state: ClusterState):
         self.state = state
         self._cache = _static_cache(state)
-        self.domain_free: dict[DomainKey, int] = {
-            d: state.free_in(nodes) for d, nodes in state.domains.items()
-        }
+        self.domain_free: dict[DomainKey, int] = dict(state.domain_free())
         self.buckets: dict[int, dict[DomainKey, None]] = {}
         for domain, count in self.domain_free.items():
             self.buckets.setdefault(count, {})[domain] = None
@@ -171,8 +169,10 @@ def place(
     candidates: list[list[Node]] = []
     for domain in eligibility.with_room(job.gpus):  # best fit: fewest free GPUs first
         nodes = domains.get(domain)
-        if nodes is None or state.free_in(nodes) < job.gpus:
+        if nodes is None:
             continue
+        if len(nodes) < len(state.domains[domain]) and state.free_in(nodes) < job.gpus:
+            continue  # (a domain of eligible nodes only has room: `with_room`)
         chosen = _choose_nodes(job, nodes, state, held)
         if chosen:
             candidates.append(chosen)
@@ -196,7 +196,9 @@ def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
     eligibility = _Eligibility(state)
-    preemption = Preemption(state, now, policy)
+    guard = policy.starvation
+    starving = guard.starving_jobs(pending, state, now) if guard is not None else frozenset()
+    preemption = Preemption(state, now, policy, starving)
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
     cohorts = cohorts_of(state)
@@ -209,8 +211,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     # Kinds that failed since the last placement, and why: their later jobs would fail alike, and
     # wait without a look (a backlog of thousands then costs a lookup per job and a search per kind).
     parked: dict[tuple[object, ...], str] = {}
-    for job in policy.order(pending, state, now):
-        if (why := parked.get(job.kind)) is not None:
+    for job in policy.order(pending, state, now, starving):
+        kind = (job.kind, job.id in starving)  # a starving job has rights its kind's others lack
+        if (why := parked.get(kind)) is not None:
             result.waiting[job.id] = why
             continue
         admitted: str | None = "nominal"
@@ -219,9 +222,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             if asked not in admissions:
                 admissions[asked] = admit(job, state, cohorts)
             admitted = admissions[asked]
-        alike = (job.kind, admitted)
+        alike = (kind, admitted)
         if alike in failed:
-            result.waiting[job.id] = parked[job.kind] = failed[alike]
+            result.waiting[job.id] = parked[kind] = failed[alike]
             if not policy.backfill:
                 break
             continue
@@ -251,9 +254,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.waiting[job.id] = STOPPING
             continue
         if admitted is None:
-            result.waiting[job.id] = failed[alike] = parked[job.kind] = OVER_QUOTA
+            result.waiting[job.id] = failed[alike] = parked[kind] = OVER_QUOTA
             continue
-        result.waiting[job.id] = failed[alike] = parked[job.kind] = NO_ROOM
+        result.waiting[job.id] = failed[alike] = parked[kind] = NO_ROOM
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
             domains = eligibility.domains(job)
             if domains:

@@ -60,9 +60,9 @@ DYNAMIC_FILTERS: tuple[tuple[str, Filter], ...] = (("free_gpus", free_gpus),)
 
 def pack(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
     """Best fit: prefer the domain left with the fewest free GPUs, so whole domains stay free for gangs."""
-    domain = state.fleet_domain(nodes[0])
-    free_after = sum(len(state.free[n.name]) for n in domain) - job.gpus
-    capacity = sum(n.gpus for n in domain) or 1
+    first = nodes[0]
+    free_after = state.domain_free()[first.domain_key] - job.gpus
+    capacity = sum(n.gpus for n in state.fleet_domain(first)) or 1
     return 100.0 * (1 - free_after / capacity)
 
 

@@ -13,13 +13,73 @@ from operator import attrgetter
 
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
-Order = Callable[[list[PendingJob], ClusterState, datetime], list[PendingJob]]
+# (queue, snapshot, now, ids of the starving jobs) -> the queue in the order jobs are tried
+Order = Callable[[list[PendingJob], ClusterState, datetime, frozenset[str]], list[PendingJob]]
 
 
-def dominant_share(team: str, state: ClusterState) -> float:
-    """GPUs the team holds over its weighted nominal quota: lower is served first."""
+def dominant_share(team: str, state: ClusterState, without: int = 0) -> float:
+    """GPUs the team holds (less `without`) over its weighted nominal quota: lower is served first."""
     quota = state.quota(team)
-    return state.usage.get(team, 0) / (max(quota.gpu_quota, 1) * quota.weight)
+    return (state.usage.get(team, 0) - without) / (max(quota.gpu_quota, 1) * quota.weight)
+
+
+@dataclass(frozen=True)
+class StarvationGuard:
+    """Bounds how long any job waits, relative to its size and to its team's quota.
+
+    A job's bound is `factor x (its run + floor_s) x max(1, share)`: its run is the time it has held
+    GPUs so far (attained GPU-seconds over its GPUs: its size, as far as a non-clairvoyant scheduler
+    knows it), and `share` its team's GPUs in use over its weighted nominal quota (`dominant_share`).
+    A job is starving once the time since it was submitted exceeds its bound. Starving jobs are
+    ordered first in their priority class, oldest first, and a starving job may take GPUs from any
+    settled attempt of no higher class that, requeued now, would be ordered after it: not starving,
+    or starving and submitted later (`preemption.RULES`, "starvation"); no rule lets a job that is not
+    starving take an attempt that would be. So, while its team stays within its quota and the
+    attempts around it are preemptible and of its class, the oldest starving job gets in at once,
+    and a job finishes within about `factor x (duration + floor_s)` of its submission (plus the
+    MIN_RUN_S a victim must have run and its stop checkpoint, and waits behind older starving jobs),
+    in proportion longer as its team is over its quota. As a job runs, its bound grows `factor x
+    share` times faster than its wait: a starving job that starts stops starving after `fed_in_s`,
+    and may then be preempted again by least attained service. Tiresias promotes a job after it
+    waited a multiple of its last run; Kueue and Slurm age priorities.
+    """
+
+    factor: float
+    floor_s: float
+
+    def __post_init__(self) -> None:
+        if self.factor <= 1:
+            raise ValueError(
+                f"StarvationGuard factor must be above 1 (a job would starve as it runs), got {self.factor}"
+            )
+        if self.floor_s <= 0:
+            raise ValueError(f"StarvationGuard floor_s must be positive, got {self.floor_s}")
+
+    def bound_s(self, gpus: int, attained_gpu_s: float, share: float) -> float:
+        return self.factor * (attained_gpu_s / max(gpus, 1) + self.floor_s) * max(1.0, share)
+
+    def overdue_s(
+        self, submitted_s: float, gpus: int, attained_gpu_s: float, share: float, now_s: float
+    ) -> float:
+        """How long past its bound the job is at `now_s` (negative: how long until it)."""
+        return now_s - submitted_s - self.bound_s(gpus, attained_gpu_s, share)
+
+    def starving(
+        self, submitted_s: float, gpus: int, attained_gpu_s: float, share: float, now_s: float
+    ) -> bool:
+        return self.overdue_s(submitted_s, gpus, attained_gpu_s, share, now_s) > 0
+
+    def fed_in_s(self, overdue_s: float, share: float) -> float:
+        """For a running job `overdue_s` past its bound: how long it runs before its bound catches up
+        with its wait (at a constant share). A running job that is not starving never becomes so."""
+        return max(overdue_s, 0.0) / (self.factor * max(1.0, share) - 1)
+
+    def starving_jobs(self, jobs: list[PendingJob], state: ClusterState, now: datetime) -> frozenset[str]:
+        now_s = now.timestamp()
+        shares = {team: dominant_share(team, state) for team in {j.team for j in jobs}}
+        return frozenset(
+            j.id for j in jobs if self.starving(j.age[0], j.gpus, j.attained_gpu_s, shares[j.team], now_s)
+        )
 
 
 def headroom(jobs: list[PendingJob], state: ClusterState) -> dict[str, int]:
@@ -28,7 +88,9 @@ def headroom(jobs: list[PendingJob], state: ClusterState) -> dict[str, int]:
     return {team: state.quota(team).gpu_quota - state.usage.get(team, 0) for team in {j.team for j in jobs}}
 
 
-def kueue_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+def kueue_order(
+    jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
+) -> list[PendingJob]:
     """Kueue's: workloads that fit their team's nominal quota before those that must borrow, then
     priority, then age. Without it, a borrower requeued by a reclaim is re-admitted ahead of the
     reclaiming workload on the GPUs it just gave back, and the two evict each other forever."""
@@ -39,33 +101,40 @@ def kueue_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> l
 _AGE = attrgetter("age")  # oldest first; in C, as queues run to thousands
 
 
-def fifo_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+def fifo_order(
+    jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
+) -> list[PendingJob]:
     return sorted(jobs, key=_AGE)
 
 
-def las_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+def las_order(
+    jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
+) -> list[PendingJob]:
     return sorted(jobs, key=lambda j: (j.las, j.age))
 
 
-def gpuyard_order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
-    """Priority class, then least attained service (2D-LAS), then within-quota before borrowing (as
-    Kueue, so a reclaim is not undone by its own victim), then weighted fair share, then age.
+def gpuyard_order(
+    jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
+) -> list[PendingJob]:
+    """Priority class; within it starving jobs first (`StarvationGuard`), oldest first; then least
+    attained service (2D-LAS), then within-quota before borrowing (as Kueue, so a reclaim is not undone
+    by its own victim), then weighted fair share, then age.
 
     Attained service comes before quota: a team's nominal quota guarantees its work a place ahead of
-    borrowing work that has had as much service, not ahead of less-served work (see `_may_evict`).
+    borrowing work that has had as much service, not ahead of less-served work (see
+    `preemption.RULES`). Starving jobs are served by age, as Tiresias promotes a starving job to its
+    first queue, where the order is first come, first served: otherwise the less-served of them would
+    go first again, and a long run starve among them.
     """
     room = headroom(jobs, state)
     shares = {team: dominant_share(team, state) for team in room}
-    return sorted(
-        jobs,
-        key=lambda j: (
-            -j.priority,
-            j.las,
-            j.gpus > room[j.team],  # borrows
-            shares[j.team],
-            j.age,
-        ),
-    )
+
+    def key(j: PendingJob) -> tuple[object, ...]:
+        if j.id in starving:
+            return (-j.priority, 0, j.age)
+        return (-j.priority, 1, j.las, j.gpus > room[j.team], shares[j.team], j.age)  # borrows
+
+    return sorted(jobs, key=key)
 
 
 @dataclass(frozen=True)
@@ -78,7 +147,12 @@ class Policy:
     preempt_priority: bool  # a higher class may preempt lower-class preemptible attempts
     preempt_las: bool  # a less-served job may preempt a more-served one (2D-LAS)
     reclaim: bool  # a team under its nominal quota reclaims what others borrowed
+    starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
 
+
+# gpuyard's guard: a job waits at most 10 times its run so far plus 10 minutes (x its team's share
+# over quota): slowdown at most about 10 for jobs of more than 10 minutes (docs/scheduler.md).
+GPUYARD_STARVATION = StarvationGuard(factor=10.0, floor_s=600.0)
 
 POLICIES: dict[str, Policy] = {
     policy.name: policy
@@ -132,6 +206,7 @@ POLICIES: dict[str, Policy] = {
             preempt_priority=True,
             preempt_las=True,
             reclaim=True,
+            starvation=GPUYARD_STARVATION,
         ),
     )
 }

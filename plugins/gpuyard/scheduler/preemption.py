@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
-from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.policy import Policy, dominant_share
 from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
 
 DomainKey = tuple[str, str, str]
@@ -50,34 +50,57 @@ def borrowing_without(victim: RunningAttempt, state: ClusterState) -> bool:
     return state.usage.get(victim.team, 0) - victim.gpus >= state.quota(victim.team).gpu_quota
 
 
+class Claim(NamedTuple):
+    """A job looking for victims, as the rules read it."""
+
+    job: PendingJob
+    admitted: str | None  # 'nominal', 'borrow' or None (over quota and the cohort is full)
+    starving: bool  # past its starvation bound (policy.StarvationGuard)
+
+
+class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
+    """A running attempt, as the rules read it this cycle."""
+
+    attempt: RunningAttempt
+    settled: bool  # ran at least MIN_RUN_S
+    starving: bool  # it would be starving if it were requeued now
+    unsaved_gpu_s: float
+    ranks: tuple[float, ...] = ()  # per rule of RULES (`Preemption._ranks`)
+
+
 @dataclass(frozen=True)
 class Rule:
-    """When `victim` may make room for `job` (admitted 'nominal', 'borrow' or None: over quota with a
-    full cohort): the ranks, then `allows`; the first rule of the table that applies gives the reason.
-    """
+    """When a candidate may make room for a claim: the ranks, then `allows`; the first rule of the
+    table that applies gives the reason."""
 
     name: str
     reason: str  # the eviction's reason, formatted with the job's `id` and `team`
     enabled: Callable[[Policy], bool]
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
-    victim_rank: Callable[[RunningAttempt], float]
-    job_rank: Callable[[PendingJob, str | None], float]
-    allows: Callable[[PendingJob, RunningAttempt, Policy, str | None, ClusterState], bool]
+    victim_rank: Callable[[Candidate], float]
+    job_rank: Callable[[Claim], float]
+    allows: Callable[[Claim, Candidate, Policy, ClusterState], bool]
     # Victims taken by this rule must not together take another team below its nominal quota (with
     # its attempts already stopping): it would then be ordered first and evict its way back.
-    keeps_quota: Callable[[Policy, str | None], bool]
+    keeps_quota: Callable[[Policy, Claim], bool]
 
 
-def _class(victim: RunningAttempt) -> float:
-    return -victim.priority
+def _class(candidate: Candidate) -> float:
+    return -candidate.attempt.priority
 
 
-def _job_class(job: PendingJob, admitted: str | None) -> float:
-    return -job.priority
+def _job_class(claim: Claim) -> float:
+    return -claim.job.priority
 
 
-def _never(policy: Policy, admitted: str | None) -> bool:
+def _never(policy: Policy, claim: Claim) -> bool:
     return False
+
+
+def _in_order(claim: Claim, candidate: Candidate) -> bool:
+    """The starving come first in the order of their class: a job that is not starving may not take
+    an attempt that would be, once requeued."""
+    return claim.starving or not candidate.starving
 
 
 RULES: tuple[Rule, ...] = (
@@ -90,7 +113,7 @@ RULES: tuple[Rule, ...] = (
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
-        allows=lambda job, victim, p, admitted, state: admitted is None and victim.team == job.team,
+        allows=lambda claim, c, p, state: claim.admitted is None and c.attempt.team == claim.job.team,
         keeps_quota=_never,
     ),
     # By class, Kueue's borrowWithinCohort: a job within its quota may take any lower class, a
@@ -103,10 +126,10 @@ RULES: tuple[Rule, ...] = (
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
-        allows=lambda job, victim, p, admitted, state: (
-            not p.quota or admitted == "nominal" or borrowing_without(victim, state)
+        allows=lambda claim, c, p, state: (
+            not p.quota or claim.admitted == "nominal" or borrowing_without(c.attempt, state)
         ),
-        keeps_quota=lambda p, admitted: p.quota and admitted != "nominal",
+        keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
     ),
     # 2D-LAS, of any team and whatever its quota (gpuyard orders attained service before quota), and
     # of no higher class.
@@ -115,9 +138,9 @@ RULES: tuple[Rule, ...] = (
         "least attained service: {id} has had less",
         enabled=lambda p: p.preempt_las,
         settled=True,
-        victim_rank=lambda victim: victim.las,
-        job_rank=lambda job, admitted: job.las,
-        allows=lambda job, victim, p, admitted, state: victim.priority <= job.priority,
+        victim_rank=lambda c: c.attempt.las,
+        job_rank=lambda claim: claim.job.las,
+        allows=lambda claim, c, p, state: c.attempt.priority <= claim.job.priority and _in_order(claim, c),
         keeps_quota=_never,
     ),
     # A team under its nominal quota takes borrowed GPUs back, from a team that stays at or above its
@@ -128,20 +151,31 @@ RULES: tuple[Rule, ...] = (
         "reclaim: team {team} needs its quota back",
         enabled=lambda p: p.reclaim,
         settled=True,
-        victim_rank=lambda victim: 1.0 if victim.borrowed else 0.0,
-        job_rank=lambda job, admitted: 0.0 if admitted == "nominal" else 1.0,
-        allows=lambda job, victim, p, admitted, state: (
-            (not p.preempt_las or victim.las >= job.las) and borrowing_without(victim, state)
+        victim_rank=lambda c: 1.0 if c.attempt.borrowed else 0.0,
+        job_rank=lambda claim: 0.0 if claim.admitted == "nominal" else 1.0,
+        allows=lambda claim, c, p, state: (
+            (not p.preempt_las or c.attempt.las >= claim.job.las)
+            and borrowing_without(c.attempt, state)
+            and _in_order(claim, c)
         ),
-        keeps_quota=lambda p, admitted: True,
+        keeps_quota=lambda p, claim: True,
+    ),
+    # A starving job takes GPUs from any settled attempt of no higher class that, requeued, would be
+    # ordered after it (starving jobs go first, oldest first), whatever its 2D-LAS queue; borrowing,
+    # only as priority does (borrowWithinCohort).
+    Rule(
+        "starvation",
+        "starvation: {id} waited past its bound",
+        enabled=lambda p: p.starvation is not None,
+        settled=True,
+        victim_rank=lambda c: 0.5 if c.starving else 1.0,
+        job_rank=lambda claim: 0.0 if claim.starving else 1.0,
+        allows=lambda claim, c, p, state: (
+            c.attempt.priority <= claim.job.priority and (not c.starving or c.attempt.age > claim.job.age)
+        ),
+        keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
     ),
 )
-
-
-class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
-    attempt: RunningAttempt
-    ranks: tuple[float, ...]  # per rule (`_ranks`)
-    unsaved_gpu_s: float
 
 
 class Preemption:
@@ -150,8 +184,9 @@ class Preemption:
     cycle nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
     """
 
-    def __init__(self, state: ClusterState, now: datetime, policy: Policy):
+    def __init__(self, state: ClusterState, now: datetime, policy: Policy, starving: frozenset[str]):
         self.state, self.now, self.policy = state, now, policy
+        self.starving = starving  # ids of the pending jobs past their starvation bound
         self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
         # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
         # costs a lookup per attempt (cleared per search: the floors are the job's).
@@ -159,23 +194,33 @@ class Preemption:
         self.no_victims: set[tuple[object, ...]] = set()
         self._by_domain: dict[DomainKey, list[Candidate]] | None = None
         self._best: list[float] = [NEVER] * len(RULES)  # per rule, the highest rank of any attempt
+        self._domain_best: dict[DomainKey, list[float]] = {}  # the same, per domain
+        self._domain_stopping: set[DomainKey] = set()  # domains with an attempt already stopping
         self._any_stopping = False
         self._stopping: dict[str, int] = {}  # GPUs per team of attempts already asked to stop
 
-    def _ranks(self, attempt: RunningAttempt, settled: bool) -> tuple[float, ...]:
-        """Each rule's rank of the attempt; NEVER where no rule could take it. Rules sharing a rank
+    def _ranks(self, candidate: Candidate) -> tuple[float, ...]:
+        """Each rule's rank of the candidate; NEVER where no rule could take it. Rules sharing a rank
         function (the two priority rules) compute it once."""
         ranks = [NEVER] * len(RULES)
-        if attempt.preemptible:
-            computed: dict[Callable[[RunningAttempt], float], float] = {}
+        if candidate.attempt.preemptible:
+            computed: dict[Callable[[Candidate], float], float] = {}
             for i in self.enabled:
                 rule = RULES[i]
-                if settled or not rule.settled:
+                if candidate.settled or not rule.settled:
                     rank = computed.get(rule.victim_rank)
                     if rank is None:
-                        rank = computed[rule.victim_rank] = rule.victim_rank(attempt)
+                        rank = computed[rule.victim_rank] = rule.victim_rank(candidate)
                     ranks[i] = rank
         return tuple(ranks)
+
+    def _would_starve(self, attempt: RunningAttempt, now_s: float) -> bool:
+        """Would the attempt's job be starving if it were requeued now (its GPUs given back)?"""
+        guard = self.policy.starvation
+        if guard is None:
+            return False
+        share = dominant_share(attempt.team, self.state, without=attempt.gpus)
+        return guard.starving(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s)
 
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
         if self._by_domain is None:
@@ -184,16 +229,22 @@ class Preemption:
             live: list[tuple[float, ...]] = []
             for attempt in self.state.running:
                 p = attempt.placement
-                ranks = self._ranks(attempt, now_s - attempt.started_s >= MIN_RUN_S)
+                settled = now_s - attempt.started_s >= MIN_RUN_S
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
-                self._by_domain.setdefault((p.site, p.cluster, p.domain), []).append(
-                    Candidate(attempt, ranks, unsaved)
+                starving = self._would_starve(attempt, now_s)
+                ranks = self._ranks(Candidate(attempt, settled, starving, unsaved))
+                domain = (p.site, p.cluster, p.domain)
+                self._by_domain.setdefault(domain, []).append(
+                    Candidate(attempt, settled, starving, unsaved, ranks)
                 )
                 if attempt.stopping:
                     self._any_stopping = True
+                    self._domain_stopping.add(domain)
                     self._stopping[attempt.team] = self._stopping.get(attempt.team, 0) + attempt.gpus
                 else:
                     live.append(ranks)
+                    best = self._domain_best.get(domain)
+                    self._domain_best[domain] = list(ranks) if best is None else list(map(max, best, ranks))
             if live:
                 self._best = [max(column) for column in zip(*live, strict=True)]
         return self._by_domain
@@ -202,12 +253,10 @@ class Preemption:
         self.running_by_domain()
         return self._stopping
 
-    def may_find_victims(self, job: PendingJob, admitted: str | None) -> bool:
-        """False when no running attempt can be a victim of `job` under any rule: the bounds."""
+    def may_find_victims(self, claim: Claim) -> bool:
+        """False when no running attempt can be a victim of the claim under any rule: the bounds."""
         self.running_by_domain()
-        return self._any_stopping or any(
-            self._best[i] > RULES[i].job_rank(job, admitted) for i in self.enabled
-        )
+        return self._any_stopping or any(self._best[i] > RULES[i].job_rank(claim) for i in self.enabled)
 
     def mark_stopping(self, victims: list[RunningAttempt]) -> None:
         """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
@@ -223,6 +272,7 @@ class Preemption:
                     if c.attempt.attempt_id == victim.attempt_id:
                         candidates[i] = c._replace(attempt=replace(c.attempt, stopping=True))
                 self._stopping[victim.team] = self._stopping.get(victim.team, 0) + victim.gpus
+                self._domain_stopping.add((p.site, p.cluster, p.domain))
         self._any_stopping = True  # the ranks' bounds stay upper bounds
         self.state.running = [
             replace(a, stopping=True) if a.attempt_id in ids else a for a in self.state.running
@@ -245,27 +295,33 @@ class Preemption:
         victims to give back enough of the cohort's quota to be admitted once they stop.
         """
         state, policy = self.state, self.policy
+        claim = Claim(job, admitted, job.id in self.starving)
         best: tuple[float, list[str], Victims] | None = None
-        # Who may be evicted depends on the shape, class, 2D-LAS queue and admission of the job.
-        memo = (shape, job.priority, job.las, admitted, admitted or job.team)
+        # Who may be evicted depends on the shape, class, 2D-LAS queue, admission and starvation of
+        # the job.
+        memo = (shape, job.priority, job.las, admitted, admitted or job.team, claim.starving)
         if memo in self.no_victims:
             return None
-        if not self.may_find_victims(job, admitted):
+        if not self.may_find_victims(claim):
             self.no_victims.add(memo)
             return None
         by_domain = self.running_by_domain()
-        floors = [rule.job_rank(job, admitted) for rule in RULES]
+        floors = [rule.job_rank(claim) for rule in RULES]
         # The rules that may take some attempt of this cycle from this job (the bounds), in order.
         active = [(i, floors[i], RULES[i]) for i in self.enabled if self._best[i] > floors[i]]
         passes = self._passes
         passes.clear()
-        keeps_quota = [rule.keeps_quota(policy, admitted) for rule in RULES]
+        keeps_quota = [rule.keeps_quota(policy, claim) for rule in RULES]
         stopping = self.stopping_by_team() if policy.quota else {}
         members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
         for domain, nodes in domains.items():
             attempts = by_domain.get(domain)
             if not attempts:
                 continue
+            if domain not in self._domain_stopping:
+                reach = self._domain_best.get(domain)
+                if reach is None or not any(reach[i] > floor for i, floor, _ in active):
+                    continue  # the domain's bounds: no attempt there can be taken by any rule
             if any(n.name in held for n in nodes):
                 continue
             names = {n.name for n in nodes}
@@ -283,7 +339,7 @@ class Preemption:
                     continue  # the prefilter: no rule could apply
                 # The first rule of the table whose ranks and full condition let the job take it.
                 for i, floor, rule in active:
-                    if ranks[i] > floor and rule.allows(job, attempt, policy, admitted, state):
+                    if ranks[i] > floor and rule.allows(claim, candidate, policy, state):
                         victim = Victim(attempt, rule.name, rule.reason.format(id=job.id, team=job.team))
                         options.append((candidate.unsaved_gpu_s, victim, keeps_quota[i]))
                         break

@@ -87,6 +87,7 @@ def running_attempt(attempt: Attempt, job: Job, now: datetime) -> RunningAttempt
         + max(0.0, (now - started).total_seconds())
         * len([g for n in attempt.placement["nodes"] for g in n["gpus"]]),
         stopping=attempt.stop_requested is not None,
+        submitted_at=job.created_at,
     )
 
 

@@ -6,6 +6,7 @@ virtual cluster, and both hand it to the same cycle.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -84,10 +85,15 @@ class RunningAttempt:
     borrowed: bool = False  # admitted on quota lent by the team's cohort
     attained_gpu_s: float = 0.0
     stopping: bool = False  # already asked to stop
-    # Derived once (every cycle reads them for every attempt): GPUs, as POSIX seconds its start and when
-    # its progress was last durable (its newest checkpoint, or its start), and its 2D-LAS queue.
+    # When its job was submitted; None (a snapshot that does not carry it) ranks it as the youngest
+    # job: never starving, and after any pending job in an age order.
+    submitted_at: datetime | None = None
+    # Derived once (every cycle reads them for every attempt): GPUs, as POSIX seconds its start, its
+    # job's submission and when its progress was last durable (its newest checkpoint, or its start),
+    # and its 2D-LAS queue.
     gpus: int = field(init=False, repr=False, compare=False)
     started_s: float = field(init=False, repr=False, compare=False)
+    age: tuple[float, str] = field(init=False, repr=False, compare=False)  # its job's, as PendingJob.age
     saved_s: float = field(init=False, repr=False, compare=False)
     las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
 
@@ -96,6 +102,8 @@ class RunningAttempt:
         object.__setattr__(self, "las", las_queue(self.attained_gpu_s))
         object.__setattr__(self, "gpus", self.placement.gpus)
         object.__setattr__(self, "started_s", self.started_at.timestamp())
+        submitted_s = self.submitted_at.timestamp() if self.submitted_at else math.inf
+        object.__setattr__(self, "age", (submitted_s, self.job_id))
         object.__setattr__(self, "saved_s", saved.timestamp())
 
     def unsaved_gpu_s(self, now: datetime) -> float:
@@ -130,12 +138,24 @@ class ClusterState:
         self.nodes: dict[str, Node] = derived[1]
         self.domains: dict[tuple[str, str, str], list[Node]] = derived[2]
         self.highest_price = derived[3]
+        # Free GPUs per domain, counted on first use and kept by take/give_back: read for every
+        # candidate placement. Change `free` directly only before that first use (snapshot building).
+        self._domain_free: dict[tuple[str, str, str], int] | None = None
 
     def fleet_domain(self, node: Node) -> list[Node]:
         return self.domains[node.domain_key]
 
     def free_in(self, nodes: list[Node]) -> int:
         return sum(len(self.free[n.name]) for n in nodes)
+
+    def domain_free(self) -> dict[tuple[str, str, str], int]:
+        if self._domain_free is None:
+            self._domain_free = {d: self.free_in(nodes) for d, nodes in self.domains.items()}
+        return self._domain_free
+
+    def _count(self, placement: Placement, change: int) -> None:
+        if self._domain_free is not None:
+            self._domain_free[(placement.site, placement.cluster, placement.domain)] += change
 
     @classmethod
     def empty(cls, fleet: Fleet, quotas: dict[str, TeamQuota]) -> ClusterState:
@@ -147,6 +167,7 @@ class ClusterState:
             if missing:
                 raise ValueError(f"GPUs {sorted(missing)} of {piece.node} are not free")
             self.free[piece.node] -= set(piece.gpu_indices)
+        self._count(placement, -placement.gpus)
         self.usage[team] = self.usage.get(team, 0) + placement.gpus
         if borrowed:
             self.borrowed[team] = self.borrowed.get(team, 0) + placement.gpus
@@ -154,6 +175,7 @@ class ClusterState:
     def give_back(self, team: str, placement: Placement, *, borrowed: bool) -> None:
         for piece in placement.slices:
             self.free[piece.node] |= set(piece.gpu_indices)
+        self._count(placement, placement.gpus)
         self.usage[team] = self.usage.get(team, 0) - placement.gpus
         if borrowed:
             self.borrowed[team] = self.borrowed.get(team, 0) - placement.gpus

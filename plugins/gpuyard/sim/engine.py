@@ -236,6 +236,9 @@ class Simulator:
         self.usage: dict[str, int] = {}
         self.borrowed: dict[str, int] = {}
         self.events: list[tuple[float, int, int, object]] = []
+        # When a queued job passes its starvation bound (policy.StarvationGuard), a cycle must run then
+        # even if nothing else happens: (instant, seq, job id, when it was queued).
+        self.wakes: list[tuple[float, int, str, float]] = []
         self.seq = 0
         self.totals = Totals()
         self.done: list[JobResult] = []
@@ -308,13 +311,18 @@ class Simulator:
         live = len(trace) - len(rejected)
         self.arrivals_left = live
         last_t, same_instant = -1.0, 0
-        while self.events and (len(self.done) < live):
-            t = self.events[0][0]
-            until = t + max(self.config.cycle_period_s, 1e-9)
-            while self.events and self.events[0][0] <= until:
-                at, kind, _, payload = heapq.heappop(self.events)
-                t = max(t, at)
-                self._handle(t, kind, payload)
+        while (self.events or self._next_wake() < math.inf) and (len(self.done) < live):
+            wake = self._next_wake()
+            if not self.events or wake < self.events[0][0]:
+                t = wake  # a queued job passes its starvation bound: only a cycle happens
+                self._woken(t)
+            else:
+                t = self.events[0][0]
+                until = t + max(self.config.cycle_period_s, 1e-9)
+                while self.events and self.events[0][0] <= until:
+                    at, kind, _, payload = heapq.heappop(self.events)
+                    t = max(t, at)
+                    self._handle(t, kind, payload)
             if not self.pending:
                 self._record_stranded(t)
             else:
@@ -405,6 +413,36 @@ class Simulator:
     def _now(self, t: float) -> datetime:
         return self.start + timedelta(seconds=t)
 
+    def _share(self, team: str, without: int = 0) -> float:
+        quota = self.quotas.get(team) or TeamQuota(gpu_quota=0)
+        return (self.usage.get(team, 0) - without) / (max(quota.gpu_quota, 1) * quota.weight)
+
+    def _wake_when_starving(self, job: _Job, t: float) -> None:
+        """Queue a cycle for when the queued `job` passes its starvation bound, at today's share of
+        its team (a cycle at that instant that finds it not starving yet, the share having grown,
+        queues the next; a share that falls makes it starve sooner, seen at the next event)."""
+        guard = self.policy.starvation
+        if guard is not None:
+            share = self._share(job.trace.team)
+            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t)
+            if overdue <= 0:  # else it starves already: this cycle sees it
+                self.seq += 1
+                heapq.heappush(self.wakes, (t - overdue + 1e-6, self.seq, job.trace.id, job.pending_since_s))
+
+    def _next_wake(self) -> float:
+        """The next instant a job still queued (since the same time) passes its bound, or inf."""
+        while self.wakes:
+            at, _, job_id, since = self.wakes[0]
+            job = self.pending.get(job_id)
+            if job is not None and job.pending_since_s == since:
+                return at
+            heapq.heappop(self.wakes)
+        return math.inf
+
+    def _woken(self, t: float) -> None:
+        _, _, job_id, _ = heapq.heappop(self.wakes)
+        self._wake_when_starving(self.pending[job_id], t)  # the next wake, if it is not starving yet
+
     def _enqueue(self, job: _Job, t: float) -> None:
         job.pending_since_s = t
         self.pending[job.trace.id] = job
@@ -422,6 +460,7 @@ class Simulator:
         )
         self.queued_sizes[job.gpus] += 1
         self.queued_needs[(job.trace.gpu_types, job.gpus // job.nodes)] += 1
+        self._wake_when_starving(job, t)
 
     def _dequeue(self, job_id: str) -> _Job:
         job = self.pending.pop(job_id)
@@ -452,14 +491,16 @@ class Simulator:
             borrowed=attempt.borrowed,
             attained_gpu_s=job.attained_gpu_s + job.gpus * (t - attempt.start_s),
             stopping=attempt.stop_s is not None,
+            submitted_at=job.trace.submitted_at,
         )
 
     def _next_change(self, attempt: _Attempt, t: float) -> float:
         """When the snapshot of `attempt` next changes what a cycle can read of it.
 
-        That is its next complete checkpoint (what a preemption would lose) or its next 2D-LAS
-        queue; attained service in between is as of the last rebuild, as the cycle reads it only
-        through the LAS queue. Rebuilding every running snapshot at every cycle would dominate.
+        That is its next complete checkpoint (what a preemption would lose), its next 2D-LAS queue,
+        or (with a starvation guard) the instant it would no longer be starving if requeued;
+        attained service in between is as of the last rebuild, as the cycle reads it only through
+        those. Rebuilding every running snapshot at every cycle would dominate.
         """
         if attempt.interval_s == 0:
             return t + 1e-6  # every instant is saved: rebuilt at every cycle
@@ -476,6 +517,13 @@ class Simulator:
             if attained < threshold:
                 nxt = min(nxt, attempt.start_s + (threshold - job.attained_gpu_s) / job.gpus)
                 break
+        guard = self.policy.starvation
+        if guard is not None:
+            share = self._share(job.trace.team, without=job.gpus)
+            attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
+            overdue = guard.overdue_s(job.submitted_s, job.gpus, attained, share, t)
+            if overdue > 0:
+                nxt = min(nxt, t + guard.fed_in_s(overdue, share))
         return max(nxt, t + 1e-6)
 
     def _refresh(self, attempt: _Attempt, t: float) -> None:

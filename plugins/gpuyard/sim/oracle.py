@@ -21,7 +21,9 @@ ORACLE_SJF = "oracle-sjf"
 def oracle_sjf(durations_s: Mapping[str, float]) -> Policy:
     """The policy for one trace: `durations_s` maps each job id to its true run time."""
 
-    def order(jobs: list[PendingJob], state: ClusterState, now: datetime) -> list[PendingJob]:
+    def order(
+        jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
+    ) -> list[PendingJob]:
         return sorted(jobs, key=lambda j: (durations_s[j.id], j.age))
 
     return Policy(

@@ -1,0 +1,118 @@
+"""The starvation guard (scheduler/policy.StarvationGuard): its bound, the order it gives, and the
+preemption rule that lets a starving job in (scheduler/preemption.RULES)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.scheduler.cycle import run_cycle
+from gpuyard.scheduler.policy import POLICIES, StarvationGuard, gpuyard_order
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+GUARD = StarvationGuard(factor=4.0, floor_s=600.0)
+GPUYARD = replace(POLICIES["gpuyard"], starvation=GUARD)
+FLEET = Fleet(
+    nodes=(Node(name="n0", site="east", cluster="c", domain="d0", gpu_type="a100", gpus=8, gpu_memory_gb=80),)
+)
+
+
+def pending(
+    name: str, gpus: int, *, waited_s: float, attained_gpu_s: float = 0.0, priority: int = 0
+) -> PendingJob:
+    return PendingJob(
+        id=name,
+        team="a",
+        gpus=gpus,
+        nodes=1,
+        gpu_types=(),
+        priority=priority,
+        preemptible=True,
+        submitted_at=NOW - timedelta(seconds=waited_s),
+        attained_gpu_s=attained_gpu_s,
+    )
+
+
+def running(name: str, gpus: int, *, submitted_s_ago: float, ran_s: float) -> RunningAttempt:
+    return RunningAttempt(
+        attempt_id=name,
+        job_id=name,
+        team="a",
+        priority=0,
+        preemptible=True,
+        placement=Placement("east", "c", "d0", (NodeSlice("n0", tuple(range(gpus))),)),
+        started_at=NOW - timedelta(seconds=ran_s),
+        last_checkpoint_at=None,
+        attained_gpu_s=gpus * ran_s,
+        submitted_at=NOW - timedelta(seconds=submitted_s_ago),
+    )
+
+
+def state_with(*attempts: RunningAttempt, quota: int = 8) -> ClusterState:
+    state = ClusterState.empty(FLEET, {"a": TeamQuota(gpu_quota=quota)})
+    for attempt in attempts:
+        state.take(attempt.team, attempt.placement, borrowed=False)
+        state.running.append(attempt)
+    return state
+
+
+def test_the_bound_grows_with_the_time_run_and_the_teams_share_over_its_quota() -> None:
+    # factor x (run so far + floor) x max(1, the team's weighted share)
+    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5) == pytest.approx(6400.0)
+    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=2.0) == pytest.approx(12800.0)
+    assert GUARD.bound_s(gpus=1, attained_gpu_s=0.0, share=0.0) == pytest.approx(2400.0)  # the floor
+    assert not GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.0)
+    assert GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.5)
+    # Once it runs, its bound grows 4 times faster than its wait: 600 s past it, fed after 200 s.
+    assert GUARD.overdue_s(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0) == pytest.approx(600.0)
+    assert GUARD.fed_in_s(600.0, 0.5) == pytest.approx(200.0)
+    assert not GUARD.starving(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0)
+    with pytest.raises(ValueError, match="factor"):
+        StarvationGuard(factor=1.0, floor_s=600.0)
+    with pytest.raises(ValueError, match="floor_s"):
+        StarvationGuard(factor=4.0, floor_s=0.0)
+
+
+def test_a_starving_job_is_ordered_first_of_its_class_and_no_higher() -> None:
+    state = state_with()
+    served = pending("served", 8, waited_s=20_000.0, attained_gpu_s=8 * 2000.0)  # > 4 x (2,000 + 600)
+    fresh = pending("fresh", 1, waited_s=10.0)
+    high = pending("high", 1, waited_s=10.0, priority=1)
+    starving = GUARD.starving_jobs([served, fresh, high], state, NOW)
+    assert starving == {"served"}
+    order = gpuyard_order([fresh, served, high], state, NOW, starving)
+    assert [j.id for j in order] == ["high", "served", "fresh"]
+    # Without the guard, least attained service first.
+    assert [j.id for j in gpuyard_order([fresh, served, high], state, NOW, frozenset())] == [
+        "high",
+        "fresh",
+        "served",
+    ]
+
+
+def test_a_starving_job_takes_gpus_of_less_served_work_that_would_not_starve() -> None:
+    served = pending("served", 8, waited_s=20_000.0, attained_gpu_s=8 * 2000.0)
+    short = running("short", 8, submitted_s_ago=300.0, ran_s=200.0)  # less served: LAS would keep it
+    result = run_cycle([served], state_with(short), NOW, GPUYARD)
+    (eviction,) = result.evicted
+    assert eviction.attempt.attempt_id == "short" and eviction.rule == "starvation"
+    # The same job before its bound takes nothing: least attained service protects the short run.
+    patient = replace(served, submitted_at=NOW - timedelta(seconds=10_000.0))  # its bound: 10,400 s
+    assert run_cycle([patient], state_with(short), NOW, GPUYARD).evicted == []
+    assert run_cycle([served], state_with(short), NOW, POLICIES["tiresias"]).evicted == []
+    # An attempt that would be starving itself once requeued is not taken, by it or by a less-served job.
+    old = running("old", 8, submitted_s_ago=50_000.0, ran_s=1000.0)
+    assert run_cycle([served], state_with(old), NOW, GPUYARD).evicted == []
+    # ... unless it is older still: starving jobs are served oldest first.
+    oldest = replace(served, submitted_at=NOW - timedelta(seconds=60_000.0))
+    assert [e.rule for e in run_cycle([oldest], state_with(old), NOW, GPUYARD).evicted] == ["starvation"]
+    newcomer = pending("newcomer", 1, waited_s=10.0)
+    assert run_cycle([newcomer], state_with(old), NOW, GPUYARD).evicted == []
+    assert [e.rule for e in run_cycle([newcomer], state_with(old), NOW, POLICIES["tiresias"]).evicted] == [
+        "least attained service"
+    ]
