@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
+from gpuyard.api.context import Refreshed
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
 from gpuyard.platform_series import series
 from gpuyard.store import teams as team_store
 from gpuyard.store.tables import jobs
+from servers import wait_until
 from sqlalchemy import Engine, update
 
 from .conftest import EXAMPLE_SPEC, bearer
@@ -104,3 +107,25 @@ def test_series_figures_per_step() -> None:
     assert points[2].jobs_finished == 1 and points[2].cost_per_job == 18.0  # 6 GPU-hours at 3.0
     assert points[3].idle_cost == 12.0 and points[0].idle_cost == 6.0
     assert series(attempts, job_list, {}, 4, 0.0, t0, t0 + hour, 1, teams={"b"})[0].leased_gpu_hours == 0.0
+
+
+def test_refreshed_serves_the_value_it_has_while_one_reload_runs() -> None:
+    clock = [0.0]
+    release, reloaded = threading.Event(), threading.Event()
+    loads: list[int] = []
+
+    def load() -> int:
+        loads.append(len(loads))
+        if len(loads) > 1:
+            release.wait(10)
+            reloaded.set()
+        return len(loads)
+
+    value = Refreshed[int](ttl_s=5.0, timer=lambda: clock[0])
+    assert value.get(load) == 1 and value.get(load) == 1 and loads == [0]  # within the period: no load
+    clock[0] = 6.0
+    assert [value.get(load) for _ in range(3)] == [1, 1, 1]  # stale at once, and one reload only
+    release.set()
+    assert reloaded.wait(10)
+    wait_until(lambda: value.get(load) == 2, 10, what="the reloaded value")
+    assert len(loads) == 2

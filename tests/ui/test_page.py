@@ -59,7 +59,7 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
 
     _quota(gpuyard, "a", 2)  # the page refreshes itself: the job leaves the queue for the fleet
     page.wait_for_selector(f'svg.fleet rect.gpu[data-job="{job}"]', timeout=WAIT_MS)
-    assert page.locator(f'tr.job[data-job="{job}"]').count() == 0
+    page.wait_for_selector(f'tr.job[data-job="{job}"]', state="detached", timeout=WAIT_MS)  # out of the queue
     page.screenshot(path=str(artifacts / "2-fleet.png"), full_page=True)
 
     running = wait_until(

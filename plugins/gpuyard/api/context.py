@@ -31,7 +31,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 TOKEN_TTL_S = 0.5
-QUEUE_TTL_S = 2.0
+QUEUE_TTL_S = 10.0
 _MISSING = object()
 
 
@@ -96,6 +96,42 @@ class TtlCache(Generic[K, V]):
             self._entries.clear()
 
 
+class Refreshed(Generic[V]):
+    """One value kept fresh in the background: the first read loads it; a read after `ttl_s` gets the
+    value it has at once and starts one reload in a thread (stale while revalidating), so readers
+    never wait for a slow load once there is a value, and the load runs at most once per period."""
+
+    def __init__(self, ttl_s: float, timer: Callable[[], float] = time.monotonic):
+        self.ttl_s, self._timer = ttl_s, timer
+        self._value: V | None = None
+        self._loaded_at = -float("inf")
+        self._lock = threading.Lock()  # held by the first load only
+        self._flag = threading.Lock()  # guards `_reloading`
+        self._reloading = False
+
+    def get(self, load: Callable[[], V]) -> V:
+        if self._value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value, self._loaded_at = load(), self._timer()
+            return self._value
+        if self._timer() - self._loaded_at > self.ttl_s:
+            with self._flag:
+                start, self._reloading = not self._reloading, True
+            if start:
+                threading.Thread(target=self._reload, args=(load,), daemon=True, name="refresh").start()
+        return self._value
+
+    def _reload(self, load: Callable[[], V]) -> None:
+        try:
+            self._value, self._loaded_at = load(), self._timer()
+        finally:
+            self._reloading = False
+
+    def clear(self) -> None:
+        self._value = None
+
+
 class TokenCache:
     """Bearer token -> Principal, with known and unknown tokens kept apart (see the module docstring)."""
 
@@ -154,5 +190,5 @@ class ApiContext:
     feasibility: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=float("inf")))
     # The platform summary behind /metrics: computed at most once per period, however often scraped.
     scrape_summary: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=30.0, max_entries=1))
-    # The cycle's reading of the queue behind /v1/queue (scheduler/waiting.py): one for every caller.
-    queue_view: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=QUEUE_TTL_S, max_entries=1))
+    # The queue with the cycle's reasons behind /v1/queue (routes_queue.py): one for every caller.
+    queue_view: Refreshed = field(default_factory=lambda: Refreshed(ttl_s=QUEUE_TTL_S))

@@ -1,13 +1,16 @@
 """/v1/queue: the waiting jobs in queue order, each with why it waits as the scheduler says it, and
 the teams' quota, borrowing and use. Filtered and paged on the server (fast with 10,000 waiting).
 
-The reasons come from the pure cycle run on the store's snapshot (scheduler/waiting.py), computed at
-most once every QUEUE_TTL_S for every caller; the rows are read per request without their specs.
-Members see their team's jobs and team only; platform admins see every team.
+The reasons come from the pure cycle run on the store's snapshot (scheduler/waiting.py). That read
+costs what a scheduling pass's does (seconds at 10,000 jobs), so the queue, its reasons and the
+quotas are read together once for every caller and refreshed in the background at most every
+QUEUE_TTL_S (api/context.py `Refreshed`): a request filters and pages in memory, and sees the queue
+as it was at most that long ago. Members see their team's jobs and team only; admins every team.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from fastapi import APIRouter, Depends, Query
@@ -15,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES
+from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import PRIORITY_CLASSES
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.waiting import CODES, QueueView, read_queue, row_reason
@@ -58,14 +62,24 @@ class QueuePage(BaseModel):
     reasons: dict[str, int] = Field(description="Waiting jobs per reason, before the reason filter")
     teams: list[TeamQueueOut]
     policy: str
+    as_of: datetime = Field(description="When the queue and its reasons were read (at most QUEUE_TTL_S ago)")
 
 
-def _view(ctx: ApiContext) -> QueueView:
-    def load(_: str) -> QueueView:
-        with ctx.engine.connect() as conn:
-            return read_queue(conn, ctx.fleet, POLICIES[ctx.settings.scheduler_policy], ctx.clock())
+@dataclass(frozen=True)
+class Queue:
+    """The whole queue as of `at`: its rows in order, the cycle's reading, the teams' quotas."""
 
-    return ctx.queue_view.get("queue", load)  # type: ignore[no-any-return]
+    at: datetime
+    rows: list[job_store.QueuedRow]
+    view: QueueView
+    quotas: dict[str, TeamQuota]
+
+
+def read(ctx: ApiContext) -> Queue:
+    now = ctx.clock()
+    with ctx.engine.connect() as conn:
+        view = read_queue(conn, ctx.fleet, POLICIES[ctx.settings.scheduler_policy], now)
+        return Queue(now, job_store.queued(conn, None), view, team_store.list_teams(conn))
 
 
 @router.get("/queue", response_model=QueuePage)
@@ -81,11 +95,10 @@ def queue(
     teams = [team] if team is not None else (None if caller.is_platform_admin else [caller.team])
     if teams is not None and not all(caller.can_see(t) for t in teams):
         teams = []
-    view = _view(ctx)
-    now = ctx.clock()
-    with ctx.engine.connect() as conn:
-        rows = job_store.queued(conn, teams) if teams != [] else []
-        quotas = team_store.list_teams(conn)
+    queue: Queue = ctx.queue_view.get(lambda: read(ctx))
+    view, quotas, now = queue.view, queue.quotas, ctx.clock()
+    visible = None if teams is None else set(teams)
+    rows = [r for r in queue.rows if visible is None or r.team in visible]
     reasons = [row_reason(view, r.id, r.not_before, r.cancel_requested, now) for r in rows]
     counts: dict[str, int] = {}
     waiting: dict[str, list[int]] = {}
@@ -129,4 +142,5 @@ def queue(
             for name in shown
         ],
         policy=ctx.settings.scheduler_policy,
+        as_of=queue.at,
     )
