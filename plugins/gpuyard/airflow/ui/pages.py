@@ -169,7 +169,7 @@ def _queue_table(base: str, queue: Mapping[str, Any], filters: Mapping[str, Any]
         pager += f' <a class="next" href="{_link(base, filters, offset=offset + limit)}">→ more</a>'
     return (
         f'<p class="policy">in the order the scheduler ({e(queue["policy"])}) looks at them: priority first, '
-        "then age; reasons as its cycle states them now</p>"
+        f"then age; reasons as its cycle states them, as of {e(_short(queue.get('as_of')))}</p>"
         '<table class="queue"><tr><th>job</th><th>team</th><th>priority</th><th>GPUs</th><th>age</th>'
         f'<th>attempts</th><th>why it waits</th></tr>{rows}</table><div class="pager">{pager}</div>'
     )
@@ -178,12 +178,13 @@ def _queue_table(base: str, queue: Mapping[str, Any], filters: Mapping[str, Any]
 def _fleet_legend(fleet: Sequence[Mapping[str, Any]]) -> str:
     total = sum(n["gpus"] for n in fleet)
     free = sum(n["free_gpus"] for n in fleet)
-    unhealthy = sum(n["gpus"] for n in fleet if n.get("taints"))
+    unhealthy = sum(n["gpus"] for n in fleet if svg.unhealthy(n))
     return (
         f'<p class="legend"><span class="swatch" style="background:{svg.FREE}"></span>free {free} '
         f'<span class="swatch" style="background:{svg.OTHERS}"></span>leased {total - free} (coloured: your '
         f'teams\' jobs) <span class="swatch" style="border:2px solid {svg.UNHEALTHY}"></span>unhealthy '
-        f"{unhealthy} · {total} GPUs on {len(fleet)} nodes</p>"
+        f'{unhealthy} <span class="swatch" style="border:1px dashed #888"></span>tainted (spot, reserved) '
+        f"· {total} GPUs on {len(fleet)} nodes</p>"
     )
 
 

@@ -22,11 +22,18 @@ STATE_COLOURS = {
     "CANCELLED": "#7f7f7f",
 }
 CELL, GAP = 14, 2
+# Taints that say a node is unwell (Kubernetes' node-condition taints, and gpuyard's own), as opposed
+# to those that only reserve a node for some jobs (spot capacity, a team's nodes).
+UNHEALTHY_TAINTS = ("node.kubernetes.io/", "gpuyard.io/unhealthy")
 
 
 def colour(key: str) -> str:
     """A stable colour per team (or any key)."""
     return PALETTE[zlib.crc32(key.encode()) % len(PALETTE)]
+
+
+def unhealthy(node: Mapping[str, Any]) -> bool:
+    return any(str(t).startswith(UNHEALTHY_TAINTS) for t in node.get("taints") or ())
 
 
 def _a(value: object) -> str:
@@ -44,7 +51,8 @@ def parse_time(value: str | datetime | None) -> datetime | None:
 
 def fleet_grid(nodes: Sequence[Mapping[str, Any]], width: int = 1100) -> str:
     """Sites, then their fast domains, then nodes as boxes of GPU cells: free, leased by a visible
-    job (its team's colour), leased by another team, or on an unhealthy (tainted) node."""
+    job (its team's colour), leased by another team; an unhealthy node (a node-condition taint) is
+    outlined in red, a node reserved by other taints (spot) dashed."""
     by_domain: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for node in nodes:
         by_domain.setdefault((node["site"], node["cluster"], node["domain"]), []).append(node)
@@ -82,7 +90,7 @@ def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
     h = rows * (CELL + GAP) + 22
     holders = {int(lease["gpu"]): lease for lease in node.get("leases", [])}
     others = max(0, gpus - int(node["free_gpus"]) - len(holders))  # leased, by jobs the caller can't see
-    unhealthy = bool(node.get("taints"))
+    sick = unhealthy(node)
     cells = []
     for gpu in range(gpus):
         cx, cy = 3 + (gpu % columns) * (CELL + GAP), 18 + (gpu // columns) * (CELL + GAP)
@@ -96,17 +104,21 @@ def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
             fill, state, tip, extra = OTHERS, "leased", f"GPU {gpu}: leased by another team", ""
         else:
             fill, state, tip, extra = FREE, "free", f"GPU {gpu}: free", ""
-        if unhealthy:
-            state, tip = f"{state} unhealthy", f"{tip}; node tainted {', '.join(node['taints'])}"
+        if sick:
+            state = f"{state} unhealthy"
+        if node.get("taints"):
+            tip = f"{tip}; node tainted {', '.join(node['taints'])}"
         cells.append(
             f'<rect class="gpu {state}" x="{cx}" y="{cy}" width="{CELL}" height="{CELL}" rx="2" '
             f'fill="{fill}"{extra}><title>{_a(tip)}</title></rect>'
         )
-    border = UNHEALTHY if unhealthy else "#888"
+    border = UNHEALTHY if sick else "#888"
+    dash = ' stroke-dasharray="3 2"' if node.get("taints") and not sick else ""
     label = f"{node['name']} · {node['gpu_type']} · {node['free_gpus']}/{gpus} free"
     box = (
         f'<g class="node" data-node="{_a(node["name"])}"><rect width="{w}" height="{h}" rx="4" '
-        f'fill="white" stroke="{border}"/><text x="3" y="12" class="node-label">{_a(node["name"])}</text>'
+        f'fill="white" stroke="{border}"{dash}/>'
+        f'<text x="3" y="12" class="node-label">{_a(node["name"])}</text>'
         f"<title>{_a(label)}</title>{''.join(cells)}</g>"
     )
     return box, w, h
