@@ -2,8 +2,8 @@
 the teams' quota, borrowing and use. Filtered and paged on the server (fast with 10,000 waiting).
 
 The reasons come from the pure cycle run on the store's snapshot (scheduler/waiting.py). That read
-costs what a scheduling pass's does (seconds at 10,000 jobs), so the queue, its reasons and the
-quotas are read together once for every caller and refreshed in the background at most every
+costs what a scheduling pass's does (seconds at 10,000 jobs), so the queue and its reasons are
+read together once for every caller and refreshed in the background at most every
 QUEUE_TTL_S (api/context.py `Refreshed`): a request filters and pages in memory, and sees the queue
 as it was at most that long ago. Members see their team's jobs and team only; admins every team.
 """
@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES
-from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import PRIORITY_CLASSES
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.waiting import CODES, QueueView, read_queue, row_reason
@@ -67,19 +66,18 @@ class QueuePage(BaseModel):
 
 @dataclass(frozen=True)
 class Queue:
-    """The whole queue as of `at`: its rows in order, the cycle's reading, the teams' quotas."""
+    """The whole queue as of `at`: its rows in order and the cycle's reading of them."""
 
     at: datetime
     rows: list[job_store.QueuedRow]
     view: QueueView
-    quotas: dict[str, TeamQuota]
 
 
 def read(ctx: ApiContext) -> Queue:
     now = ctx.clock()
     with ctx.engine.connect() as conn:
         view = read_queue(conn, ctx.fleet, POLICIES[ctx.settings.scheduler_policy], now)
-        return Queue(now, job_store.queued(conn, None), view, team_store.list_teams(conn))
+        return Queue(now, job_store.queued(conn, None), view)
 
 
 @router.get("/queue", response_model=QueuePage)
@@ -96,7 +94,9 @@ def queue(
     if teams is not None and not all(caller.can_see(t) for t in teams):
         teams = []
     queue: Queue = ctx.queue_view.get(lambda: read(ctx))
-    view, quotas, now = queue.view, queue.quotas, ctx.clock()
+    view, now = queue.view, ctx.clock()
+    with ctx.engine.connect() as conn:  # a small table, read fresh: a team made since is shown
+        quotas = team_store.list_teams(conn)
     visible = None if teams is None else set(teams)
     rows = [r for r in queue.rows if visible is None or r.team in visible]
     reasons = [row_reason(view, r.id, r.not_before, r.cancel_requested, now) for r in rows]
