@@ -34,10 +34,14 @@ class Relay:
         with self.engine.begin() as conn:
             batch = claim_unpublished(conn, self.batch_size)
             if not batch:
+                metrics.relay_lag.set(0)
                 return 0
             self.bus.publish([Message.from_event(event) for event in batch])
-            mark_published(conn, [event.seq for event in batch], self.clock())
+            now = self.clock()
+            mark_published(conn, [event.seq for event in batch], now)
         metrics.events_published.inc(len(batch))
+        metrics.relay_batches.inc()
+        metrics.relay_lag.set(max(0.0, (now - batch[0].at).total_seconds()))
         log.debug("relay: published %d events (seq %d..%d)", len(batch), batch[0].seq, batch[-1].seq)
         return len(batch)
 
@@ -46,9 +50,11 @@ class Relay:
         log.info("relay started: batches of %d, polling every %gs", self.batch_size, poll_s)
         backoff, failures = poll_s, 0
         while not stop.is_set():
+            metrics.relay_loop.set_to_current_time()
             try:
                 published = self.run_once()
             except Exception as error:
+                metrics.relay_failures.inc()
                 if isinstance(error, BusUnavailable | SQLAlchemyError):  # expected in an outage
                     log.warning("relay: %s; retrying in %.1fs", str(error).splitlines()[0], backoff)
                 else:

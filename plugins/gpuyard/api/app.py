@@ -102,7 +102,7 @@ _registered: list[Any] = []
 def _register_collectors(ctx: ApiContext) -> None:
     # One process-wide registry: the newest app's store answers the scrape.
     for collector in _registered:
-        metrics.registry.unregister(collector)
+        metrics.collectors.unregister(collector)
     _registered.clear()
     for collector in (
         metrics.JobStateCollector(lambda: job_store.count_by_state(ctx.engine)),
@@ -110,7 +110,7 @@ def _register_collectors(ctx: ApiContext) -> None:
             lambda: ctx.scrape_summary.get("platform", lambda _: routes_fleet.platform_summary(ctx, 24.0))
         ),
     ):
-        metrics.registry.register(collector)
+        metrics.collectors.register(collector)
         _registered.append(collector)
 
 

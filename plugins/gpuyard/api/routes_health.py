@@ -14,7 +14,7 @@ import anyio
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -64,5 +64,5 @@ async def readyz(request: Request, ctx: ApiContext = Depends(context)) -> dict[s
 
 @router.get("/metrics", response_class=Response)
 async def prometheus(request: Request) -> Response:
-    body = await to_thread.run_sync(generate_latest, metrics.registry, limiter=_limiter(request, "metrics"))
+    body = await to_thread.run_sync(metrics.latest, limiter=_limiter(request, "metrics"))
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
+from gpuyard import metrics
 from gpuyard.bus.base import BusUnavailable, EventBus
 from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
 from gpuyard.clock import Clock, utcnow
@@ -143,7 +144,10 @@ class SchedulerService:
         made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
         for placed, attempt in zip(result.placed, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
+                metrics.scheduler_placements.inc()
                 self.launch(attempt, by_id[placed.job.id])
+        metrics.scheduler_evictions.inc(len(result.evicted))
+        metrics.scheduler_waiting.set(len(result.waiting))
         for eviction in result.evicted:
             attempt_store.request_stop(
                 self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason, kind=StopReason.PREEMPT
@@ -237,6 +241,7 @@ class SchedulerService:
             except Exception:
                 log.exception("attempt %s: report %s not recorded; it comes again", report.attempt_id, report)
                 continue
+            metrics.scheduler_reports.labels(report.outcome.value).inc()
             self.launcher.acknowledge(report)
 
     def renew(self) -> None:
@@ -252,6 +257,7 @@ class SchedulerService:
         }
         for attempt_id in attempt_store.renew(self.engine, due, at=now, lease_ttl_s=self.lease_ttl_s):
             self._renewed[attempt_id] = now
+            metrics.scheduler_leases_renewed.inc()
         for attempt_id in set(self._renewed) - set(alive):
             del self._renewed[attempt_id]
 
@@ -302,6 +308,7 @@ class SchedulerService:
                 reason="lease expired: neither its workers nor its launcher renewed it within the lease",
                 disrupted=True,
             )
+            metrics.scheduler_leases_reaped.inc()
 
     def recover(self) -> None:
         """On taking the lead (each new epoch: a replica that lost and regained it may have missed
@@ -354,14 +361,18 @@ class SchedulerService:
                 log.warning("bus unavailable at start; scheduling from the store until it is back")
         next_pass = 0.0
         while not stop.is_set():
+            metrics.scheduler_loop.set_to_current_time()
             try:
-                if not self.hold_lead():
+                leading = self.hold_lead()
+                metrics.scheduler_leader.set(int(leading))
+                if not leading:
                     stop.wait(min(interval_s, self.lease_ttl_s / 6))
                     continue
                 woken = self._wait_for_events(bus, stop, observe_s)
                 monotonic = time.monotonic()
                 if woken or monotonic >= next_pass:
-                    self.step()
+                    with metrics.scheduler_pass.time():
+                        self.step()
                     next_pass = monotonic + interval_s
                 else:
                     self.apply(self.launcher.observe())
@@ -370,6 +381,7 @@ class SchedulerService:
                 log.warning("scheduler pass stopped: %s", lost)
                 self.lead = None
             except Exception:  # the loop must outlive any one failure; the store stays the truth
+                metrics.scheduler_pass_failures.inc()
                 log.exception("scheduler pass failed; retrying")
                 stop.wait(interval_s)
 
