@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 from gpuyard.airflow.links import GpuyardJobLink
-from gpuyard.airflow.ui.app import plugin_app
+from gpuyard.airflow.ui.mount import PageApp
 
 PAGE_PREFIX = "/gpuyard"
 
@@ -19,7 +19,7 @@ PAGE_PREFIX = "/gpuyard"
 class GpuyardPlugin(AirflowPlugin):
     name = "gpuyard"
     operator_extra_links = [GpuyardJobLink()]
-    fastapi_apps = [{"app": plugin_app(), "url_prefix": PAGE_PREFIX, "name": "gpuyard page"}]
+    fastapi_apps = [{"app": PageApp(), "url_prefix": PAGE_PREFIX, "name": "gpuyard page"}]
     external_views = [
         {
             "name": "gpuyard",

@@ -15,7 +15,6 @@ from urllib.parse import quote, urlencode
 
 from gpuyard.airflow.narration import Story, attempt_of
 from gpuyard.airflow.ui import svg
-from gpuyard.scheduler.waiting import CODES
 
 FIGURES = (  # (field of a series point, chart title, shown as a share)
     ("utilization", "GPU utilization", True),
@@ -128,8 +127,8 @@ def _filters(base: str, queue: Mapping[str, Any], filters: Mapping[str, Any]) ->
         f'<a class="chip{" on" if not filters.get("reason") else ""}" '
         f'href="{_link(base, filters, reason=None, offset=None)}">all {sum(counts.values())}</a>'
     ]
-    for code in CODES:
-        if counts.get(code):
+    for code in sorted(counts):
+        if counts[code]:
             on = " on" if filters.get("reason") == code else ""
             chips.append(
                 f'<a class="chip reason-{code}{on}" data-reason="{code}" '
