@@ -128,8 +128,9 @@ def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
 
 
 def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
-    """One row per attempt from its creation to its end, coloured by its state, with its checkpoints
-    (diamonds), stop notices (triangles) and its end (labelled: PREEMPTED, LOST, ...)."""
+    """One row per attempt from its placement to its end, coloured by its state (lighter while it
+    launches), with its checkpoints (diamonds), stop notices (triangles) and its end (labelled:
+    PREEMPTED, LOST, ...)."""
     attempts = job.get("attempts") or []
     events = job.get("events") or []
     start = parse_time(job["created_at"]) or now
@@ -171,6 +172,13 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
             f'fill="{STATE_COLOURS.get(a["state"], "#999")}">'
             f"<title>{_a(tip)}</title></rect>"
         )
+        started = parse_time(a.get("started_at"))
+        if started is not None and x(started) > x0 + 1:  # placed, its workers not running yet
+            parts.append(
+                f'<rect class="launching" x="{x0:.1f}" y="{y}" width="{x(started) - x0:.1f}" height="20" '
+                f'rx="3" fill="{STATE_COLOURS["LAUNCHING"]}"><title>launching until '
+                f"{started:%H:%M:%S}</title></rect>"
+            )
         if a["state"] not in ("RUNNING", "LAUNCHING", "CREATED"):
             parts.append(
                 f'<text class="end-label" data-state="{_a(a["state"])}" x="{min(x1 + 4, width - 70):.1f}" '
