@@ -63,6 +63,7 @@ def pending_job(job: Job) -> PendingJob:
         gpu_types=spec.resources.gpu_types,
         priority=spec.priority_value,
         preemptible=spec.preemptible,
+        submitted_at=job.created_at,
         gpu_memory_gb=(spec.resources.gpu_memory_bytes or 0) / 2**30,
         sites=spec.sites,
         tolerations=spec.tolerations,
