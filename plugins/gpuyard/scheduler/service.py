@@ -32,12 +32,12 @@ from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, StopReason
 from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
+from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
-from gpuyard.store import teams as team_store
 from gpuyard.store.leadership import Lead, NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
 
@@ -51,46 +51,6 @@ _OUTCOMES = {
     Outcome.PREEMPTED: AttemptState.PREEMPTED,
     Outcome.LOST: AttemptState.LOST,
 }
-
-
-def pending_job(job: Job) -> PendingJob:
-    spec = job.spec
-    return PendingJob(
-        id=job.id,
-        team=job.team,
-        gpus=spec.resources.gpus,
-        nodes=spec.resources.nodes,
-        gpu_types=spec.resources.gpu_types,
-        priority=spec.priority_value,
-        preemptible=spec.preemptible,
-        submitted_at=job.created_at,
-        gpu_memory_gb=(spec.resources.gpu_memory_bytes or 0) / 2**30,
-        sites=spec.sites,
-        tolerations=spec.tolerations,
-        data_uris=tuple(d.uri for d in spec.data),
-        checkpoint_site=job.checkpoint_site,
-        attained_gpu_s=job.attained_gpu_s,
-    )
-
-
-def running_attempt(attempt: Attempt, job: Job, now: datetime) -> RunningAttempt:
-    started = attempt.started_at or attempt.created_at
-    return RunningAttempt(
-        attempt_id=attempt.id,
-        job_id=job.id,
-        team=job.team,
-        priority=job.spec.priority_value,
-        preemptible=job.spec.preemptible,
-        placement=Placement.from_json(attempt.placement),
-        started_at=started,
-        last_checkpoint_at=attempt.checkpoint_at,
-        borrowed=attempt.borrowed,
-        attained_gpu_s=job.attained_gpu_s
-        + max(0.0, (now - started).total_seconds())
-        * len([g for n in attempt.placement["nodes"] for g in n["gpus"]]),
-        stopping=attempt.stop_requested is not None,
-        submitted_at=job.created_at,
-    )
 
 
 class SchedulerService:
@@ -119,21 +79,8 @@ class SchedulerService:
 
     def snapshot(self, now: datetime) -> tuple[list[PendingJob], ClusterState, dict[str, Job]]:
         with self.engine.connect() as conn:
-            waiting = attempt_store.pending_jobs(conn, now)
-            live = attempt_store.live(conn)
-            held = attempt_store.leased_gpus(conn)
-            quotas = team_store.list_teams(conn)
-        state = ClusterState.empty(self.fleet_now(), quotas)
-        for node, gpus in held.items():
-            if node in state.free:
-                state.free[node] -= gpus
-        for item in live:
-            running = running_attempt(item.attempt, item.job, now)
-            state.running.append(running)
-            state.usage[item.job.team] = state.usage.get(item.job.team, 0) + running.gpus
-            if running.borrowed:
-                state.borrowed[item.job.team] = state.borrowed.get(item.job.team, 0) + running.gpus
-        return [pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
+            waiting, state = inputs.read(conn, self.fleet_now(), now)
+        return [inputs.pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
 
     def schedule(self) -> CycleResult:
         now = self.clock()

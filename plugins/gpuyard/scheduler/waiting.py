@@ -16,12 +16,10 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from gpuyard.domain.fleet import Fleet
+from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import NO_ROOM, OVER_QUOTA, STOPPING, run_cycle
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.service import pending_job, running_attempt
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
-from gpuyard.store import attempts as attempt_store
-from gpuyard.store import teams as team_store
 
 CODES = ("quota", "no-room", "reservation", "starting", "behind", "backoff", "cancelling", "other")
 _CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", STOPPING: "reservation"}
@@ -46,20 +44,8 @@ class QueueView:
 
 def snapshot(conn: Connection, fleet: Fleet, now: datetime) -> tuple[list[PendingJob], ClusterState]:
     """What a scheduling pass sees: the schedulable jobs and the cluster (SchedulerService.snapshot)."""
-    waiting = attempt_store.pending_jobs(conn, now)
-    live = attempt_store.live(conn)
-    held = attempt_store.leased_gpus(conn)
-    state = ClusterState.empty(fleet, team_store.list_teams(conn))
-    for node, gpus in held.items():
-        if node in state.free:
-            state.free[node] -= gpus
-    for item in live:
-        running = running_attempt(item.attempt, item.job, now)
-        state.running.append(running)
-        state.usage[item.job.team] = state.usage.get(item.job.team, 0) + running.gpus
-        if running.borrowed:
-            state.borrowed[item.job.team] = state.borrowed.get(item.job.team, 0) + running.gpus
-    return [pending_job(job) for job in waiting], state
+    waiting, state = inputs.read(conn, fleet, now)
+    return [inputs.pending_job(job) for job in waiting], state
 
 
 def read_queue(conn: Connection, fleet: Fleet, policy: Policy, now: datetime) -> QueueView:
