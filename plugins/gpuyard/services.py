@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -18,6 +20,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy import Engine
 
+from gpuyard import metrics
 from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
@@ -26,6 +29,7 @@ from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import LocalInventory, discover
+from gpuyard.observability.probes import ProbeServer, loop_problem, store_problem
 from gpuyard.relay import Relay
 from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.service import SchedulerService
@@ -33,8 +37,10 @@ from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate, require_head
 from gpuyard.store.dbclock import database_clock
+from gpuyard.store.outbox import count_unpublished
 
 ADMIN_TEAM = "platform"
+log = logging.getLogger(__name__)
 
 
 def open_store(settings: Settings) -> Engine:
@@ -111,6 +117,46 @@ class AnnouncingServer(uvicorn.Server):
         with suppress(FileNotFoundError):
             (self.home / SERVER_FILE).unlink()
         await super().shutdown(sockets)
+
+
+def probes(settings: Settings, engine: Engine, component: str) -> ProbeServer:
+    """The probe and metrics server of the `scheduler` or `relay` process, on its port setting: alive
+    while its loop goes round, ready while the store answers."""
+    setting = f"{component}_probe_port"
+    port = getattr(settings, setting)
+    try:
+        server = ProbeServer(
+            settings.probe_host,
+            port,
+            alive=lambda: loop_problem(
+                f"gpuyard_{component}_loop_timestamp_seconds", settings.probe_stall_seconds
+            ),
+            ready=lambda: store_problem(engine),
+        )
+    except OSError as error:
+        raise SettingsError(f"{setting}: cannot listen on {settings.probe_host}:{port}: {error}") from error
+    log.info("%s probes and metrics on %s (/healthz, /readyz, /metrics)", component, server.url)
+    return server
+
+
+def relay_metrics(engine: Engine) -> None:
+    """The relay's scrape also says how many events wait (gpuyard_outbox_backlog)."""
+
+    def backlog() -> int:
+        with engine.connect() as conn:
+            return count_unpublished(conn)
+
+    metrics.collectors.register(metrics.OutboxCollector(backlog))
+
+
+def multiprocess_metrics(settings: Settings) -> Path:
+    """Before `gpuyard api` starts its workers: an empty PROMETHEUS_MULTIPROC_DIR (files a previous run
+    left would add its counts to this one's), so a scrape of any worker sums all of them."""
+    directory = Path(os.environ.get(metrics.MULTIPROC_DIR) or settings.home / "metrics")
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    os.environ[metrics.MULTIPROC_DIR] = str(directory)  # inherited by the workers uvicorn spawns
+    return directory
 
 
 def local_inventory(settings: Settings) -> LocalInventory:

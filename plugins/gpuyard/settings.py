@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(200, ge=1, le=10_000)
     relay_poll_seconds: float = Field(0.05, gt=0)
     db_pool_size: int = Field(16, ge=1)
+    probe_host: str = Field("0.0.0.0", description="Where the scheduler and relay serve their probes.")
+    scheduler_probe_port: int = Field(9101, ge=0, le=65535, description="The scheduler's probes and metrics.")
+    relay_probe_port: int = Field(9102, ge=0, le=65535, description="The relay's probes and metrics.")
+    probe_stall_seconds: float = Field(
+        300.0, ge=1, description="/healthz fails once a scheduler's or relay's loop is stuck this long."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Server processes log records at this level and above."
     )

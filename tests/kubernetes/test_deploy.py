@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import assert_valid
+from gpuyard.settings import load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -54,6 +55,21 @@ def test_deployments() -> None:
     assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
     service = by_kind("Service")["gpuyard-api"]
     assert service["spec"]["selector"] == deployments["gpuyard-api"]["spec"]["selector"]["matchLabels"]
+
+
+def test_scheduler_and_relay_are_probed_and_scraped_on_their_settings_ports(tmp_path: Path) -> None:
+    defaults = load_settings(home=tmp_path)
+    ports = {"gpuyard-scheduler": defaults.scheduler_probe_port, "gpuyard-relay": defaults.relay_probe_port}
+    deployments = by_kind("Deployment")
+    for name, port in ports.items():
+        template = deployments[name]["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        assert container["ports"] == [{"name": "probes", "containerPort": port}]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    api = deployments["gpuyard-api"]["spec"]["template"]
+    assert api["metadata"]["annotations"]["prometheus.io/port"] == "8080"
 
 
 def test_the_schema_is_migrated_by_one_job_with_the_deployments_image_and_settings() -> None:

@@ -77,6 +77,16 @@ def _server_settings(home: Path | None, **overrides: Any) -> Settings:
     return settings
 
 
+def _probes(settings: Settings, engine: Engine, component: str) -> Any:
+    """The scheduler's or relay's probe and metrics server, or a clear exit when it cannot listen."""
+    from gpuyard.services import probes
+
+    try:
+        return probes(settings, engine, component)
+    except SettingsError as error:
+        return _fail(str(error))
+
+
 def _hidden(url: str | None) -> str:
     """A database URL fit for a log line: its password masked."""
     from sqlalchemy.engine import make_url
@@ -235,7 +245,8 @@ def scheduler(home: Home = None) -> None:
     log.info(
         "scheduler %s: policy %s, launcher %s", service.holder, settings.scheduler_policy, settings.launcher
     )
-    service.run(stop, bus=make_bus(settings))
+    with _probes(settings, engine, "scheduler"):
+        service.run(stop, bus=make_bus(settings))
 
 
 @app.command()
@@ -249,7 +260,10 @@ def api(
     settings = _server_settings(home)
     if settings.bus == "memory" and workers > 1:
         _fail("bus=memory lives inside one process: use `gpuyard up`, or set GPUYARD_BUS=redis")
+    from gpuyard.services import multiprocess_metrics
+
     _store(settings).dispose()  # the schema is at head (or migrated, embedded) before workers start
+    log.info("API workers share their metrics through %s", multiprocess_metrics(settings))
     uvicorn.run(
         "gpuyard.services:app_from_environment",
         factory=True,
@@ -268,7 +282,7 @@ def relay(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import relay_loop
+    from gpuyard.services import relay_loop, relay_metrics
 
     settings = _server_settings(home)
     if settings.bus != "redis":
@@ -280,7 +294,9 @@ def relay(home: Home = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("relay: publishing %s -> stream %s", _hidden(settings.database_url), settings.redis_stream)
-    relay_loop(engine, make_bus(settings), settings)(stop)
+    relay_metrics(engine)
+    with _probes(settings, engine, "relay"):
+        relay_loop(engine, make_bus(settings), settings)(stop)
 
 
 @app.command()

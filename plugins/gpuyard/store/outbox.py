@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 
 from gpuyard.domain.model import Event
 from gpuyard.store.tables import events
@@ -49,6 +49,11 @@ def claim_unpublished(conn: Connection, limit: int) -> list[Event]:
         .with_for_update(skip_locked=True)
     )
     return [_event(row) for row in rows]
+
+
+def count_unpublished(conn: Connection) -> int:
+    """Events not yet published (the relay's backlog; a partial index keeps it cheap on PostgreSQL)."""
+    return int(conn.execute(select(func.count()).where(events.c.published_at.is_(None))).scalar() or 0)
 
 
 def mark_published(conn: Connection, seqs: Sequence[int], at: datetime) -> None:
