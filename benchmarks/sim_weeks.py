@@ -6,7 +6,8 @@ fleet size: the standard fleet (`docs/simulator.md`), jobs of at least --min-dur
 of --policies; the table gives gpuyard's average JCT over tiresias' (the target: below 1 everywhere),
 and the other sim_philly ratios. `--workers` runs that many simulations at once.
 
-    .venv/bin/python benchmarks/sim_weeks.py [--trace FILE] [--nodes 40,48,64] [--workers 1]
+    .venv/bin/python benchmarks/sim_weeks.py [--trace FILE] [--nodes 40,48,64] [--weeks 2017-10-01,...]
+        [--workers 1]
 """
 
 from __future__ import annotations
@@ -60,12 +61,19 @@ def main() -> None:
     parser.add_argument("--min-duration", type=float, default=60.0)
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=1, help="simulations run at once")
+    parser.add_argument("--weeks", default="", help="only the weeks starting on these days (YYYY-MM-DD,...)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     policies = args.policies.split(",")
     if not {"gpuyard", "tiresias"} <= set(policies):
         parser.error("--policies must include gpuyard and tiresias (the table compares them)")
     found = weeks(args.trace, args.min_duration)
+    if args.weeks:
+        chosen = set(args.weeks.split(","))
+        unknown = chosen - {f"{s:%Y-%m-%d}" for s, _, _ in found}
+        if unknown:
+            parser.error(f"--weeks: no week of the trace starts on {', '.join(sorted(unknown))}")
+        found = [w for w in found if f"{w[0]:%Y-%m-%d}" in chosen]
     tasks = [
         (args.trace, s, e, args.min_duration, n, p) for s, e, _ in found for n in sizes for p in policies
     ]
