@@ -19,7 +19,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from gpuyard.airflow.ui import pages
+from gpuyard.airflow.ui import mlflow_links, pages
 from gpuyard.client import ApiError, Endpoint, GpuyardClient
 from gpuyard.clock import utcnow
 
@@ -100,7 +100,13 @@ def create_app(
     def job(request: Request, job_id: str) -> Response:
         def render(c: GpuyardClient) -> str:
             found = c.job(job_id)
-            return pages.job_page(base(request), found, utcnow(), _logs(c, found), _links(found))
+            return pages.job_page(
+                base(request),
+                found,
+                utcnow(),
+                _logs(c, found),
+                job_links(found, airflow_url, mlflow_ui_url()),
+            )
 
         return page(request, job_id, render)
 
@@ -146,28 +152,24 @@ def create_app(
         response.delete_cookie(COOKIE, path=base(request) or "/")
         return response
 
-    def _links(found: dict) -> dict[str, str]:  # type: ignore[type-arg]
-        """The Airflow task that submitted the job (its labels) and its MLflow run (its tracking store)."""
-        labels = found["spec"].get("labels") or {}
-        links = {}
-        if {"airflow.dag_id", "airflow.run_id", "airflow.task_id"} <= labels.keys():
-            path = "/".join(
-                quote(labels[k], safe="") for k in ("airflow.dag_id", "airflow.run_id", "airflow.task_id")
-            )
-            dag, run, task = path.split("/")
-            url = f"{airflow_url.rstrip('/')}/dags/{dag}/runs/{run}/tasks/{task}"
-            if labels.get("airflow.map_index", "-1") != "-1":
-                url += f"/mapped/{quote(labels['airflow.map_index'])}"
-            links["Airflow task"] = url
-        ui = mlflow_ui_url()
-        tracking = (found["spec"].get("env") or {}).get("MLFLOW_TRACKING_URI")
-        if ui and tracking:
-            run_link = mlflow_run_link(tracking, ui, found["id"])
-            if run_link:
-                links["MLflow run"] = run_link
-        return links
-
     return app
+
+
+def job_links(found: dict, airflow_url: str, mlflow_ui: str | None) -> dict[str, str]:  # type: ignore[type-arg]
+    """The Airflow task that submitted the job (from its labels) and its MLflow run (its tracking store)."""
+    labels = found["spec"].get("labels") or {}
+    links = {}
+    keys = ("airflow.dag_id", "airflow.run_id", "airflow.task_id")
+    if set(keys) <= labels.keys():
+        dag, run, task = (quote(labels[k], safe="") for k in keys)
+        url = f"{airflow_url.rstrip('/')}/dags/{dag}/runs/{run}/tasks/{task}"
+        if labels.get("airflow.map_index", "-1") != "-1":
+            url += f"/mapped/{quote(labels['airflow.map_index'], safe='')}"
+        links["Airflow task"] = url
+    tracking = (found["spec"].get("env") or {}).get("MLFLOW_TRACKING_URI")
+    if mlflow_ui and tracking and (link := mlflow_links.run_link(tracking, mlflow_ui, found["id"])):
+        links["MLflow run"] = link
+    return links
 
 
 def _logs(c: GpuyardClient, found: dict) -> list[str] | None:  # type: ignore[type-arg]
@@ -178,23 +180,6 @@ def _logs(c: GpuyardClient, found: dict) -> list[str] | None:  # type: ignore[ty
         return list(deque(c.logs(found["id"]), maxlen=LOG_LINES))
     except ApiError:
         return None
-
-
-def mlflow_run_link(tracking_uri: str, ui_url: str, job_id: str) -> str | None:
-    """The MLflow UI's page of the run the training runtime tagged with the job's id, if there is one."""
-    from mlflow.tracking import MlflowClient
-
-    try:
-        mlflow = MlflowClient(tracking_uri=tracking_uri)
-        experiments = [x.experiment_id for x in mlflow.search_experiments()]
-        runs = mlflow.search_runs(
-            experiments, filter_string=f"tags.`gpuyard.job_id` = '{job_id}'", max_results=1
-        )
-    except Exception:  # an MLflow that is away or refuses costs the link, never the page
-        return None
-    if not runs:
-        return None
-    return f"{ui_url.rstrip('/')}/#/experiments/{runs[0].info.experiment_id}/runs/{runs[0].info.run_id}"
 
 
 def plugin_app() -> FastAPI:
