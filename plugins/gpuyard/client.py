@@ -177,14 +177,19 @@ class GpuyardClient:
         return self._call("GET", "/v1/fleet")  # type: ignore[no-any-return]
 
     def queue(
-        self, *, team: str | None = None, reason: str | None = None, offset: int = 0, limit: int = 50
+        self,
+        *,
+        team: str | None = None,
+        reason: str | None = None,
+        job: str | None = None,
+        offset: int = 0,
+        limit: int = 50,
     ) -> dict[str, Any]:
         """One page of the waiting jobs in queue order, each with why it waits, and the teams' use."""
         params: dict[str, Any] = {"offset": offset, "limit": limit}
-        if team:
-            params["team"] = team
-        if reason:
-            params["reason"] = reason
+        for key, value in (("team", team), ("reason", reason), ("job", job)):
+            if value:
+                params[key] = value
         return self._call("GET", "/v1/queue", params=params)  # type: ignore[no-any-return]
 
     def metrics_summary(self, *, hours: float = 24.0 * 7) -> dict[str, Any]:

@@ -66,6 +66,9 @@ def test_queue_says_why_each_job_waits_scoped_to_the_caller(
     assert {item["reason"] for item in only_quota["items"]} == {"quota"}
     page = api.get("/v1/queue", params={"offset": 1, "limit": 2}, headers=bearer(admin)).json()
     assert [i["id"] for i in page["items"]] == [i["id"] for i in everything["items"][1:3]]
+    one = api.get("/v1/queue", params={"job": backoff}, headers=bearer(admin)).json()
+    assert [i["id"] for i in one["items"]] == [backoff] and one["total"] == 1
+    assert api.get("/v1/queue", params={"job": backoff}, headers=bearer(a)).json()["items"] == []  # b's job
     bad = api.get("/v1/queue", params={"reason": "bored"}, headers=bearer(admin))
     assert bad.status_code == 422 and "reason" in bad.json()["errors"][0]["path"]
 

@@ -1,5 +1,6 @@
 """The gpuyard page inside a running Airflow: the plugin mounts the app in Airflow's API server and the
-UI's navigation shows it; a person signs in inside Airflow's frame and sees the queue and the fleet."""
+UI's navigation shows it; a person signs in inside Airflow's frame, sees a waiting job in the queue
+and the fleet, and opens the job."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ import pytest
 from stack import AirflowStack, Gpuyard
 
 WAIT_MS = 30_000
+JOB = {
+    "name": "waits-in-airflow",
+    "team": "a",
+    "image": "python:3.11-slim",
+    "command": ["python", "-c", "print('never placed')"],
+    "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
+}
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +32,11 @@ def test_the_page_is_in_airflows_navigation(
     airflow = AirflowStack(home, tmp_path / "no-dags", AIRFLOW_CONN_GPUYARD_DEFAULT=connection)
     airflow.COMPONENTS = ("api-server",)  # the UI and the plugin's app: nothing else is needed
     (tmp_path / "no-dags").mkdir()
+    with gpuyard.client(gpuyard.admin_token) as admin:  # team a may hold no GPU: its job waits
+        quota = admin.get("/v1/teams/a").json()["quota"] | {"gpu_quota": 0}
+        assert admin.put("/v1/teams/a/quota", json=quota).status_code == 200
+    with gpuyard.client() as member:
+        job = member.post("/v1/jobs", json=JOB).json()["id"]
     try:
         airflow.start()
         plugins = airflow.api.get("/plugins").json()["plugins"]
@@ -39,6 +52,13 @@ def test_the_page_is_in_airflows_navigation(
         frame.locator("section#queue").wait_for(timeout=WAIT_MS)
         frame.locator("svg.fleet rect.gpu").first.wait_for()
         assert "team a" in frame.locator("header").inner_text()
+        assert "over quota" in frame.locator(f'tr.job[data-job="{job}"]').inner_text()
         page.screenshot(path=str(artifacts / "airflow-gpuyard-page.png"), full_page=True)
+        frame.locator(f'tr.job[data-job="{job}"] a').click()
+        frame.locator("section#timeline").wait_for(timeout=WAIT_MS)
+        shown = frame.locator("main").inner_text()
+        assert job in shown and "waits: quota over quota" in shown  # the reason on the job's own page
+        assert frame.locator("svg.timeline rect.wait").count() == 1  # queued since its submission
+        page.screenshot(path=str(artifacts / "airflow-gpuyard-job.png"), full_page=True)
     finally:
         airflow.stop()

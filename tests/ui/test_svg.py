@@ -92,6 +92,7 @@ def test_the_timeline_marks_checkpoints_notices_and_how_each_attempt_ended() -> 
     assert (
         'class="end-label" data-state="PREEMPTED"' in drawn and 'end-label" data-state="RUNNING' not in drawn
     )
+    assert drawn.count('class="wait"') == 2  # before its first attempt, and between the two
     assert drawn.count('class="launching"') == 1  # a1 was placed at 1 min and ran from 2 min
     assert "resumed from step 20" in drawn and "3 s of work lost" in drawn
 

@@ -86,6 +86,7 @@ def queue(
     caller: Principal = Depends(principal),
     team: str | None = Query(None, max_length=63),
     reason: str | None = Query(None, pattern=f"^({'|'.join(CODES)})$", description="One of the reason codes"),
+    job: str | None = Query(None, max_length=64, description="This job only (why it waits, if it does)"),
     offset: int = Query(0, ge=0, le=10_000_000),
     limit: int = Query(50, ge=1, le=500),
 ) -> QueuePage:
@@ -98,7 +99,7 @@ def queue(
     with ctx.engine.connect() as conn:  # a small table, read fresh: a team made since is shown
         quotas = team_store.list_teams(conn)
     visible = None if teams is None else set(teams)
-    rows = [r for r in queue.rows if visible is None or r.team in visible]
+    rows = [r for r in queue.rows if (visible is None or r.team in visible) and job in (None, r.id)]
     reasons = [row_reason(view, r.id, r.not_before, r.cancel_requested, now) for r in rows]
     counts: dict[str, int] = {}
     waiting: dict[str, list[int]] = {}

@@ -100,12 +100,14 @@ def create_app(
     def job(request: Request, job_id: str) -> Response:
         def render(c: GpuyardClient) -> str:
             found = c.job(job_id)
+            waiting = c.queue(job=job_id)["items"] if found["state"] == "PENDING" else []
             return pages.job_page(
                 base(request),
                 found,
                 utcnow(),
                 _logs(c, found),
                 job_links(found, airflow_url, mlflow_ui_url()),
+                waiting[0] if waiting else None,
             )
 
         return page(request, job_id, render)

@@ -196,6 +196,7 @@ def job_page(
     now: datetime,
     logs: Sequence[str] | None,
     links: Mapping[str, str],
+    waiting: Mapping[str, Any] | None = None,
 ) -> str:
     link_html = "".join(
         f'<a class="out" data-link="{e(name)}" href="{e(url)}" target="_top">{e(name)}</a>'
@@ -211,6 +212,11 @@ def job_page(
         + (f" · {e(job['reason'])}" if job.get("reason") else "")
         + f'</p><p class="links">{link_html}</p>'
     )
+    if waiting is not None:
+        header += (
+            f'<p class="waiting">waits: <span class="reason reason-{e(waiting["reason"])}">'
+            f"{e(waiting['reason'])}</span> {e(waiting['reason_text'])}</p>"
+        )
     return (
         header
         + f'<section id="timeline"><h3>Attempts</h3>{svg.timeline(job, now)}{_attempts(job)}</section>'

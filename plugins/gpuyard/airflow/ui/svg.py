@@ -4,7 +4,7 @@ the API's JSON; every mark carries data- attributes (what it shows) and a <title
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -128,7 +128,8 @@ def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
 
 
 def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
-    """One row per attempt from its placement to its end, coloured by its state (lighter while it
+    """A row of the job's waits in the queue (from submission, and after each interrupted attempt),
+    then one row per attempt from its placement to its end, coloured by its state (lighter while it
     launches), with its checkpoints (diamonds), stop notices (triangles) and its end (labelled:
     PREEMPTED, LOST, ...)."""
     attempts = job.get("attempts") or []
@@ -149,13 +150,20 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
     for e in events:
         if e.get("attempt_id") and e["type"].split(".")[-1].upper() in STATE_COLOURS:
             ends[e["attempt_id"]] = parse_time(e["at"]) or end
-    parts = [_axis(start, end, left, plot, 16 + row * max(1, len(attempts)))]
+    parts = [
+        _axis(start, end, left, plot, 16 + row * (1 + len(attempts))),
+        '<text x="0" y="19" class="attempt-label">queued</text>',
+    ]
+    waited_since: datetime | None = start
     for i, a in enumerate(attempts):
-        y = 8 + i * row
+        y = 8 + (i + 1) * row
         begin = parse_time(a["created_at"])
         finish = parse_time(a.get("ended_at")) or (
             ends.get(a["id"]) if a["state"] not in ("CREATED", "LAUNCHING", "RUNNING") else now
         )
+        if waited_since is not None and begin is not None:
+            parts.append(_wait(waited_since, begin, x))
+        waited_since = finish if a["state"] in ("PREEMPTED", "LOST", "FAILED") else None
         nodes = ", ".join(n["node"] for n in a.get("placement", {}).get("nodes", []))
         resumed = f" · resumed from step {a['checkpoint_step']}" if i and a.get("checkpoint_step") else ""
         parts.append(
@@ -200,10 +208,20 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
                     f'd="M{ex - 6:.1f},{y - 2} h12 l-6,9 z" fill="#d62728"><title>'
                     f"{_a(data.get('kind', 'stop'))} notice: {_a(data.get('why', ''))}</title></path>"
                 )
-    height = 40 + row * max(1, len(attempts))
+    if waited_since is not None and job["state"] == "PENDING":
+        parts.append(_wait(waited_since, now, x))
+    height = 40 + row * (1 + len(attempts))
     return (
         f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}">{"".join(parts)}</svg>'
+    )
+
+
+def _wait(since: datetime, until: datetime, x: Callable[[datetime], float]) -> str:
+    seconds = max(0.0, (until - since).total_seconds())
+    return (
+        f'<rect class="wait" x="{x(since):.1f}" y="13" width="{max(2.0, x(until) - x(since)):.1f}" '
+        f'height="8" fill="#c7c7c7"><title>waited {seconds:.0f} s in the queue</title></rect>'
     )
 
 
