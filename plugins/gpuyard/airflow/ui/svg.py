@@ -188,9 +188,16 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
                 f"{started:%H:%M:%S}</title></rect>"
             )
         if a["state"] not in ("RUNNING", "LAUNCHING", "CREATED"):
+            # after the bar when there is room, else inside its end, in white
+            outside = x1 + 4 + 7 * len(a["state"]) < width
+            where = (
+                f'x="{x1 + 4:.1f}" style="font-weight:600"'
+                if outside
+                else f'x="{x1 - 4:.1f}" text-anchor="end" style="font-weight:600;fill:white"'
+            )
             parts.append(
-                f'<text class="end-label" data-state="{_a(a["state"])}" x="{min(x1 + 4, width - 70):.1f}" '
-                f'y="{y + 15}">{_a(a["state"])}</text>'
+                f'<text class="end-label" data-state="{_a(a["state"])}" {where} y="{y + 15}">'
+                f"{_a(a['state'])}</text>"
             )
         for e in events:
             if e.get("attempt_id") != a["id"]:
