@@ -240,6 +240,9 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
     run = world.airflow.trigger(dag)
     world.airflow.wait_ti(dag, run, "train", {"deferred"})
     [job] = wait_until(lambda: [j for j in world.gpuyard.jobs(name) if j["state"] == "RUNNING"], 240, 0.5)
+    # A triggerer runs the task's trigger (it saved a cursor): Airflow calls on_kill only on a running
+    # trigger (docs/airflow.md), and the test before this one restarted the triggerer.
+    wait_until(lambda: world.saved_cursor(dag) >= 0, 120, 0.5, what="a triggerer to run the trigger")
     response = world.airflow.api.patch(
         f"/dags/{dag}/dagRuns/{run}/taskInstances/train", json={"new_state": "failed"}
     )
