@@ -82,6 +82,8 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
     assert "PREEMPTED" in page.inner_text("ol.story")
     page.wait_for_selector("svg.timeline rect.attempt >> nth=1", timeout=WAIT_MS)  # the resume, placed
     page.screenshot(path=str(artifacts / "3-job-timeline.png"), full_page=True)
+    page.click("#logs .other-logs a >> text=attempt 1")  # the preempted attempt's own output
+    assert "preempted at step" in page.inner_text('pre.logs[data-attempt="1"]')
 
     page.goto(f"{page_url}/figures?hours=1")
     assert page.locator("svg.chart").count() == 8

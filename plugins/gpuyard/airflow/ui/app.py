@@ -97,15 +97,17 @@ def create_app(
         return page(request, "queue and fleet", render)
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job(request: Request, job_id: str) -> Response:
+    def job(request: Request, job_id: str, attempt: int | None = Query(None, ge=1, le=100_000)) -> Response:
         def render(c: GpuyardClient) -> str:
             found = c.job(job_id)
             waiting = c.queue(job=job_id)["items"] if found["state"] == "PENDING" else []
+            numbers = [a["number"] for a in found.get("attempts") or []]
+            shown = attempt if attempt in numbers else (numbers[-1] if numbers else None)
             return pages.job_page(
                 base(request),
                 found,
                 utcnow(),
-                _logs(c, found),
+                (shown, _logs(c, job_id, shown)),
                 job_links(found, airflow_url, mlflow_ui_url()),
                 waiting[0] if waiting else None,
             )
@@ -174,12 +176,12 @@ def job_links(found: dict, airflow_url: str, mlflow_ui: str | None) -> dict[str,
     return links
 
 
-def _logs(c: GpuyardClient, found: dict) -> list[str] | None:  # type: ignore[type-arg]
-    """The newest attempt's last lines; None when there is no attempt or the launcher keeps none."""
-    if not found.get("attempts"):
+def _logs(c: GpuyardClient, job_id: str, attempt: int | None) -> list[str] | None:
+    """An attempt's last lines; None when there is no attempt or the launcher keeps no logs."""
+    if attempt is None:
         return None
     try:
-        return list(deque(c.logs(found["id"]), maxlen=LOG_LINES))
+        return list(deque(c.logs(job_id, attempt=attempt), maxlen=LOG_LINES))
     except ApiError:
         return None
 

@@ -194,7 +194,7 @@ def job_page(
     base: str,
     job: Mapping[str, Any],
     now: datetime,
-    logs: Sequence[str] | None,
+    logs: tuple[int | None, Sequence[str] | None],
     links: Mapping[str, str],
     waiting: Mapping[str, Any] | None = None,
 ) -> str:
@@ -221,7 +221,7 @@ def job_page(
         header
         + f'<section id="timeline"><h3>Attempts</h3>{svg.timeline(job, now)}{_attempts(job)}</section>'
         + f'<section id="story"><h3>Events</h3>{_story(job)}</section>'
-        + _logs(logs)
+        + _logs(base, job, *logs)
         + '<section id="spec"><details><summary>spec</summary><pre>'
         + e(json.dumps(job["spec"], indent=2))
         + "</pre></details></section>"
@@ -271,11 +271,20 @@ def _story(job: Mapping[str, Any]) -> str:
     return f'<ol class="story">{"".join(lines)}</ol>'
 
 
-def _logs(logs: Sequence[str] | None) -> str:
+def _logs(base: str, job: Mapping[str, Any], shown: int | None, logs: Sequence[str] | None) -> str:
+    """The last lines of attempt `shown`, with a link to each other attempt's."""
     if logs is None:
         return ""
+    others = " ".join(
+        f'<a href="{base}/jobs/{quote(job["id"])}?attempt={a["number"]}">attempt {a["number"]}</a>'
+        for a in job.get("attempts") or []
+        if a["number"] != shown
+    )
     body = e("\n".join(logs)) if logs else "(no output yet)"
-    return f'<section id="logs"><h3>Logs of the newest attempt</h3><pre class="logs">{body}</pre></section>'
+    return (
+        f'<section id="logs"><h3>Logs of attempt {shown} <span class="other-logs">{others}</span></h3>'
+        f'<pre class="logs" data-attempt="{shown}">{body}</pre></section>'
+    )
 
 
 # -- figures ------------------------------------------------------------------------------------------
