@@ -27,6 +27,9 @@ def _sign_in(browser: Any, page_url: str, token: str) -> Any:
     page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
     page.goto(f"{page_url}/")
     assert page.url.endswith("/sign-in")  # nobody is signed in yet
+    page.fill("input[name=token]", "gy_not-a-token")
+    page.click("button[type=submit]")
+    assert "the gpuyard API refused it (401)" in page.inner_text("main")
     page.fill("input[name=token]", token)
     page.click("button[type=submit]")
     page.wait_for_selector("section#queue")

@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 
 from gpuyard.airflow.ui import mlflow_links, pages
 from gpuyard.client import ApiError, Endpoint, GpuyardClient
@@ -44,6 +45,19 @@ def create_app(
     app = FastAPI(title="gpuyard page", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
+    def refused(token: str) -> str | None:
+        """Why the API does not take `token`, or None when it does."""
+        if not token:
+            return "token: enter a gpuyard token"
+        try:
+            with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
+                c.whoami()
+        except ApiError as error:
+            return f"token: the gpuyard API refused it ({error.status})"
+        except httpx.TransportError as away:
+            return f"the gpuyard API at {api_url()} is away: {away}"
+        return None
+
     def base(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/")
 
@@ -61,6 +75,7 @@ def create_app(
                 raise
 
     def page(request: Request, title: str, render: Callable[[GpuyardClient], str]) -> Response:
+        who = None  # kept when only the render fails: the navigation stays
         try:
             with client(request) as c:
                 who = c.whoami()
@@ -70,12 +85,9 @@ def create_app(
             response.delete_cookie(COOKIE, path=base(request) or "/")
             return response
         except ApiError as error:
-            body, who = f'<p class="error">{pages.e(error)}</p>', None
+            body = f'<p class="error">{pages.e(error)}</p>'
         except httpx.TransportError as error:
-            body, who = (
-                f'<p class="error">the gpuyard API at {pages.e(api_url())} is away: {pages.e(error)}</p>',
-                None,
-            )
+            body = f'<p class="error">the gpuyard API at {pages.e(api_url())} is away: {pages.e(error)}</p>'
         if request.headers.get(FRAGMENT_HEADER):
             return HTMLResponse(body)
         return HTMLResponse(pages.layout(base(request), title, body, who))
@@ -132,17 +144,7 @@ def create_app(
     async def sign_in(request: Request) -> Response:
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         token = (form.get("token") or [""])[0].strip()
-        error = None
-        if not token:
-            error = "token: enter a gpuyard token"
-        else:
-            try:
-                with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
-                    c.whoami()
-            except ApiError as refused:
-                error = f"token: the gpuyard API refused it ({refused.status})"
-            except httpx.TransportError as away:
-                error = f"the gpuyard API at {api_url()} is away: {away}"
+        error = await run_in_threadpool(refused, token)  # the client blocks: not on the event loop
         if error:
             body = pages.sign_in(base(request), error)
             return HTMLResponse(pages.layout(base(request), "sign in", body, None, 0), status_code=401)
