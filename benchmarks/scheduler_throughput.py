@@ -3,12 +3,15 @@
 Fleet: 5,000 nodes x 8 GPUs whose GPU models follow the GPU mix of alibaba_openb_gpu_nodes.csv, in
 fast domains of 4 nodes of one model. Queue: 10,000 pending jobs whose GPU counts follow the Philly
 trace, from its teams, a third of them asking for one GPU model. Measures
-- decisions per second of `run_cycle` (policy gpuyard: quotas, 2D-LAS, head reservation), each
-  pending job placed or told why it waits, median of 3 cycles on a fresh snapshot;
+- decisions per second of `run_cycle` (policy gpuyard: quotas, 2D-LAS, head reservation, starvation
+  guard), each pending job placed or told why it waits, median of 3 cycles on a fresh snapshot (also
+  per CPU-second of this process, with the load average: on a shared machine wall time is not CPU
+  time);
 - placements per second end to end: the cycle plus the reserve of its placements with
-  `gpuyard.store.reservations.reserve_batch` (one transaction per batch of --batch gangs: the attempt
-  rows, one lease row per GPU, the jobs PENDING -> SCHEDULED), against a throwaway database created
-  on the server of --postgres and dropped afterwards;
+  `gpuyard.store.reservations.reserve_batch`, as `SchedulerService.schedule` does (one transaction
+  per batch of --batch gangs: the attempt rows, one lease row per GPU, the jobs PENDING -> SCHEDULED
+  in one statement), against a throwaway database created on the server of --postgres and dropped
+  afterwards;
 - peak RSS of the process.
 
     .venv/bin/python benchmarks/scheduler_throughput.py [--nodes 5000] [--jobs 10000] [--batch 256]
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import random
 import resource
 import statistics
@@ -140,19 +144,23 @@ def main() -> None:
         f"{dict(sorted(Counter(j.gpus for j in queue).items()))}"
     )
 
-    timings, result = [], None
+    timings, cpu, result = [], [], None
     for _ in range(3):
         state = ClusterState.empty(fleet, quotas)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         result = run_cycle(list(queue), state, now, policy)
         timings.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - began_cpu)
     assert result is not None
     decided = len(result.placed) + len(result.waiting)
     cycle_s = statistics.median(timings)
     decisions_per_s = decided / cycle_s
     print(
         f"cycle: {len(result.placed)} placed, {len(result.waiting)} waiting, "
-        f"{', '.join(f'{t:.3f}' for t in timings)} s -> {decisions_per_s:,.0f} decisions/s"
+        f"{', '.join(f'{t:.3f}' for t in timings)} s -> {decisions_per_s:,.0f} decisions/s "
+        f"(CPU {', '.join(f'{t:.3f}' for t in cpu)} s: "
+        f"{decided / statistics.median(cpu):,.0f} per CPU-second; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
 
     # End to end: a fresh cycle, then its placements reserved in batches on a throwaway database.
@@ -203,19 +211,22 @@ def main() -> None:
         state = ClusterState.empty(fleet, quotas)
         began = time.perf_counter()
         result = run_cycle(list(queue), state, now, policy)
+        decided_at = time.perf_counter()
         wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
         made = reserve_batch(engine, wanted, at=stamp, lease_ttl_s=60.0, batch=args.batch)
         reserved = sum(attempt is not None for attempt in made)
         e2e_s = time.perf_counter() - began
+        reserve_s = e2e_s - (decided_at - began)
     finally:
         engine.dispose()
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
     placements_per_s = reserved / e2e_s
     print(
-        f"end to end: {reserved} of {len(result.placed)} placements reserved in {e2e_s:.2f} s, "
-        f"batches of {args.batch} "
-        f"-> {placements_per_s:,.0f} placements/s"
+        f"end to end: {reserved} of {len(result.placed)} placements reserved in {e2e_s:.2f} s "
+        f"(cycle {e2e_s - reserve_s:.2f} s, reserve {reserve_s:.2f} s: "
+        f"{reserved / reserve_s:,.0f} reserves/s), batches of {args.batch} "
+        f"-> {placements_per_s:,.0f} placements/s; load average {os.getloadavg()[0]:.1f}"
     )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
