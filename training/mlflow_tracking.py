@@ -73,7 +73,12 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(self.uri)
         experiment = self.client.get_experiment_by_name(cfg.experiment)
         if experiment is None:
-            location = cfg.artifact_location or Path(workdir, "mlartifacts").resolve().as_uri()
+            location = cfg.artifact_location
+            if location is None and not self.uri.startswith(("http://", "https://")):
+                # A local store would put them in ./mlruns of the working directory: keep them beside
+                # the run's files. A tracking server places them itself (its object store, through
+                # --serve-artifacts): a path here would be inside the worker's pod, lost with it.
+                location = Path(workdir, "mlartifacts").resolve().as_uri()
             self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
         else:
             self.experiment_id = experiment.experiment_id

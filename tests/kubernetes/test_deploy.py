@@ -37,8 +37,10 @@ def test_manifest_is_valid(doc: dict[str, Any]) -> None:
 
 def test_deployments() -> None:
     deployments = by_kind("Deployment")
-    assert set(deployments) == {"gpuyard-api", "gpuyard-scheduler", "gpuyard-relay"}
+    assert set(deployments) == {"gpuyard-api", "gpuyard-scheduler", "gpuyard-relay", "gpuyard-mlflow"}
     for name, deployment in deployments.items():
+        if name == "gpuyard-mlflow":
+            continue  # not a gpuyard command (test_the_mlflow_server_...)
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         assert deployment["spec"]["replicas"] == 2
@@ -81,6 +83,32 @@ def test_the_schema_is_migrated_by_one_job_with_the_deployments_image_and_settin
     assert container["image"] == api["image"] and container["envFrom"] == api["envFrom"]
     assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
     assert job["spec"]["ttlSecondsAfterFinished"]  # gone after a while: the next apply migrates again
+
+
+def test_the_mlflow_server_keeps_runs_in_postgresql_and_the_workers_are_pointed_at_it() -> None:
+    deployment = by_kind("Deployment")["gpuyard-mlflow"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = dict(arg.removeprefix("--").split("=", 1) for arg in container["args"][1:] if "=" in arg)
+    assert container["command"] == ["mlflow"] and container["args"][0] == "server"
+    assert "--serve-artifacts" in container["args"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert args["backend-store-uri"] == "$(MLFLOW_BACKEND_STORE_URI)"
+    assert env["MLFLOW_BACKEND_STORE_URI"] == {
+        "secretKeyRef": {"name": "gpuyard-secrets", "key": "MLFLOW_BACKEND_STORE_URI"}
+    }
+    secret = by_kind("Secret")["gpuyard-secrets"]["stringData"]
+    assert secret["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg://")  # the image has psycopg 3
+    config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
+    assert config["MLFLOW_ARTIFACTS_DESTINATION"].startswith("s3://")
+    service = by_kind("Service")["gpuyard-mlflow"]
+    (port,) = service["spec"]["ports"]
+    url = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port['port']}"
+    assert config["GPUYARD_KUBERNETES__MLFLOW_TRACKING_URI"] == url
+    assert url.removeprefix("http://") in args["allowed-hosts"].split(
+        ","
+    )  # MLflow refuses other Host headers
+    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
 
 
 def test_settings() -> None:

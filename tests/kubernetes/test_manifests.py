@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from conftest import assert_valid
-from gpuyard.launchers.base import Outcome
+from gpuyard.launchers.base import LaunchRequest, Outcome
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, pod_fate
@@ -133,3 +134,18 @@ def test_attempt_fate_over_the_gang() -> None:
     assert attempt_fate({0: done, 1: done}, 2).outcome is Outcome.SUCCEEDED
     assert attempt_fate({0: run, 1: failed}, 2) == PodFate(Outcome.FAILED, "node rank 1: exited 1", 1)
     assert attempt_fate({0: failed, 1: lost}, 2).outcome is Outcome.LOST  # not the job's fault wins
+
+
+def test_workers_log_to_the_platforms_mlflow_server_unless_the_job_names_its_own() -> None:
+    """The review found worker pods logging to an MLflow SQLite file inside the pod, lost with it."""
+    server = "http://gpuyard-mlflow.gpuyard.svc.cluster.local:5000"
+
+    def tracking(config: KubernetesConfig, req: LaunchRequest) -> str | None:
+        (container,) = m.build_pod(req, config, 0, OWNER)["spec"]["containers"]
+        return next((e["value"] for e in container["env"] if e["name"] == "MLFLOW_TRACKING_URI"), None)
+
+    assert tracking(KubernetesConfig(mlflow_tracking_uri=server), request()) == server
+    assert tracking(KubernetesConfig(), request()) is None
+    spec = request().spec.model_copy(update={"env": {"MLFLOW_TRACKING_URI": "http://team"}})
+    own = replace(request(), spec=spec)
+    assert tracking(KubernetesConfig(mlflow_tracking_uri=server), own) == "http://team"

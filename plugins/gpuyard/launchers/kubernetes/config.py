@@ -39,6 +39,11 @@ class KubernetesConfig(BaseModel):
     api_url: StrictStr | None = Field(
         None, description="Control-plane URL the workers heartbeat to; default: the launch request's."
     )
+    mlflow_tracking_uri: StrictStr | None = Field(
+        None,
+        description="MLflow tracking server the workers log to (MLFLOW_TRACKING_URI) unless the job sets "
+        "its own; without it the runtime logs to a SQLite file inside the pod, lost with it.",
+    )
 
     # Node labels: where the fleet comes from.
     gpu_resource: StrictStr = "nvidia.com/gpu"

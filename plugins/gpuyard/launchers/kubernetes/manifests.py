@@ -185,7 +185,8 @@ def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> l
     key = attempt_key(request.attempt_id)
     placement = request.placement
     nproc = max(len(placement.slices[rank].gpu_indices), 1)
-    plain: dict[str, str] = {**request.spec.env, **request.env}
+    platform = {"MLFLOW_TRACKING_URI": config.mlflow_tracking_uri} if config.mlflow_tracking_uri else {}
+    plain: dict[str, str] = {**platform, **request.spec.env, **request.env}  # the job's own win
     torchrun = {
         "MASTER_ADDR": master_addr(key, config),
         "MASTER_PORT": str(config.master_port),

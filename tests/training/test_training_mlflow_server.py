@@ -1,0 +1,113 @@
+"""Production's MLflow: the tracking server as deploy/mlflow.yaml runs it (PostgreSQL backend, served
+artifacts), and a training job that logs to it through MLFLOW_TRACKING_URI, as the Kubernetes launcher
+sets it in worker pods. The review found workers logging to a SQLite file inside the pod."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import yaml
+from servers import wait_until
+from trainkit import free_port, run_workers, write_config
+
+from training import exit_codes
+from training.mlflow_tracking import JOB_TAG
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "mlflow.yaml"
+
+
+def server_args(backend: str, artifacts: str, port: int) -> list[str]:
+    """The manifest's `mlflow server` arguments, with this machine's addresses and stores."""
+    (deployment, _service) = yaml.safe_load_all(MANIFEST.read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    values = {"$(MLFLOW_BACKEND_STORE_URI)": backend, "$(MLFLOW_ARTIFACTS_DESTINATION)": artifacts}
+    args = []
+    for arg in container["args"]:
+        for name, value in values.items():
+            arg = arg.replace(name, value)
+        if arg.startswith("--host="):
+            arg = "--host=127.0.0.1"
+        elif arg.startswith("--port="):
+            arg = f"--port={port}"
+        elif arg.startswith("--allowed-hosts="):
+            arg += f",127.0.0.1:{port}"
+        args.append(arg)
+    return [*container["command"], *args]
+
+
+@pytest.fixture
+def mlflow_server(postgres_server: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    name = f"mlflow_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    backend = "postgresql+psycopg://" + postgres_server.split("://", 1)[1].rsplit("/", 1)[0] + "/" + name
+    artifacts = tmp_path / "object-store"
+    port = free_port()
+    command = server_args(backend, artifacts.as_uri(), port)
+    command[0] = str(Path(sys.executable).parent / command[0])  # this environment's mlflow
+    log = tmp_path / "mlflow.log"
+    server = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(
+            healthy, timeout_s=120, interval_s=0.2, what=f"the MLflow server (log: {log})"
+        )  # creates its schema
+        yield url, artifacts
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_training_job_logs_its_run_and_model_to_the_tracking_server(
+    mlflow_server: tuple[str, Path], tmp_path: Path, flights_parquet: Path
+) -> None:
+    url, object_store = mlflow_server
+    work = tmp_path / "work"
+    config = write_config(
+        tmp_path / "c.yaml",
+        flights_parquet,
+        work,
+        train={"max_steps": 6},
+        mlflow={
+            "enabled": True,
+            "experiment": "flights",
+            "register_model": "flight-delay",
+            "system_metrics": False,
+        },
+    )
+    env = {"GPUYARD_JOB_ID": "job-7", "GPUYARD_ATTEMPT_ID": "att-1", "MLFLOW_TRACKING_URI": url}
+    assert run_workers(config, 1, work, env=env) == [exit_codes.SUCCESS]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(url, registry_uri=url)
+    experiment = client.get_experiment_by_name("flights")
+    assert experiment is not None and experiment.artifact_location.startswith("mlflow-artifacts:")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags[JOB_TAG] == "job-7"
+    (version,) = client.search_model_versions("name='flight-delay'")
+    assert version.run_id == run.info.run_id
+    stored = [p for p in object_store.rglob("*") if p.is_file()]
+    assert any(p.name == "MLmodel" for p in stored), stored  # in the server's store, not the worker's
+    assert not (work / "mlartifacts").exists() and not (work / "mlflow.db").exists()
