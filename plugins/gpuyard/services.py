@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +119,10 @@ class AnnouncingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def probes(settings: Settings, engine: Engine, component: str) -> ProbeServer:
+def probes(settings: Settings, engine: Engine, component: str) -> AbstractContextManager[Any]:
     """The probe and metrics server of the `scheduler` or `relay` process, on its port setting: alive
-    while its loop goes round, ready while the store answers."""
+    while its loop goes round, ready while the store answers. A port that is taken (several replicas on
+    one host; never in a pod of its own) costs the probes, not the component: it runs without them."""
     setting = f"{component}_probe_port"
     port = getattr(settings, setting)
     try:
@@ -134,7 +135,17 @@ def probes(settings: Settings, engine: Engine, component: str) -> ProbeServer:
             ready=lambda: store_problem(engine),
         )
     except OSError as error:
-        raise SettingsError(f"{setting}: cannot listen on {settings.probe_host}:{port}: {error}") from error
+        log.error(
+            "%s: cannot listen on %s:%s (%s); %s runs without probes or metrics (set %s to a free port, "
+            "or 0 for any)",
+            setting,
+            settings.probe_host,
+            port,
+            error,
+            component,
+            setting,
+        )
+        return nullcontext()
     log.info("%s probes and metrics on %s (/healthz, /readyz, /metrics)", component, server.url)
     return server
 

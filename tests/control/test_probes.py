@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -189,3 +190,18 @@ def test_two_schedulers_serve_their_figures_and_one_leads(
     standby = urls[1 - urls.index(leader)]
     assert value(standby, "gpuyard_scheduler_placements_total") == 0
     assert (value(standby, "gpuyard_scheduler_pass_seconds_count") or 0) == 0
+
+
+def test_a_relay_whose_probe_port_is_taken_runs_without_probes_and_says_so(
+    engine: Engine, production: dict[str, str], processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """Replicas on one host (never pods: each has its own network) cannot share the default port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        submit_jobs(engine, 2)
+        log = tmp_path / "relay.log"
+        gpuyard(processes, {**production, "GPUYARD_RELAY_PROBE_PORT": str(port)}, log, "relay")
+        wait_until(lambda: unpublished(engine) == 0, timeout_s=90, what=f"the relay to publish (log: {log})")
+    assert f"relay_probe_port: cannot listen on 127.0.0.1:{port}" in log.read_text()

@@ -77,16 +77,6 @@ def _server_settings(home: Path | None, **overrides: Any) -> Settings:
     return settings
 
 
-def _probes(settings: Settings, engine: Engine, component: str) -> Any:
-    """The scheduler's or relay's probe and metrics server, or a clear exit when it cannot listen."""
-    from gpuyard.services import probes
-
-    try:
-        return probes(settings, engine, component)
-    except SettingsError as error:
-        return _fail(str(error))
-
-
 def _hidden(url: str | None) -> str:
     """A database URL fit for a log line: its password masked."""
     from sqlalchemy.engine import make_url
@@ -223,7 +213,7 @@ def scheduler(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import build_launcher, build_scheduler, fleet_source
+    from gpuyard.services import build_launcher, build_scheduler, fleet_source, probes
 
     settings = _server_settings(home)
     if settings.bus != "redis":
@@ -245,7 +235,7 @@ def scheduler(home: Home = None) -> None:
     log.info(
         "scheduler %s: policy %s, launcher %s", service.holder, settings.scheduler_policy, settings.launcher
     )
-    with _probes(settings, engine, "scheduler"):
+    with probes(settings, engine, "scheduler"):
         service.run(stop, bus=make_bus(settings))
 
 
@@ -282,7 +272,7 @@ def relay(home: Home = None) -> None:
     import signal
     import threading
 
-    from gpuyard.services import relay_loop, relay_metrics
+    from gpuyard.services import probes, relay_loop, relay_metrics
 
     settings = _server_settings(home)
     if settings.bus != "redis":
@@ -295,7 +285,7 @@ def relay(home: Home = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("relay: publishing %s -> stream %s", _hidden(settings.database_url), settings.redis_stream)
     relay_metrics(engine)
-    with _probes(settings, engine, "relay"):
+    with probes(settings, engine, "relay"):
         relay_loop(engine, make_bus(settings), settings)(stop)
 
 
