@@ -68,11 +68,20 @@ def test_the_timeline_marks_checkpoints_notices_and_how_each_attempt_ended() -> 
                 "created_at": at(6),
                 "ended_at": None,
                 "placement": {"nodes": [{"node": "n1", "gpus": [0]}]},
-                "checkpoint_step": 20,
+                "checkpoint_step": 30,
             },
         ],
         "events": [
             {"seq": 1, "type": "attempt.checkpointed", "attempt_id": "a1", "data": {"step": 20}, "at": at(3)},
+            # a heartbeat repeats it; attempt 2 then saves its own step 30 (it resumed from 20)
+            {
+                "seq": 2,
+                "type": "attempt.checkpointed",
+                "attempt_id": "a1",
+                "data": {"step": 20},
+                "at": at(3.5),
+            },
+            {"seq": 9, "type": "attempt.checkpointed", "attempt_id": "a2", "data": {"step": 30}, "at": at(8)},
             {
                 "seq": 2,
                 "type": "attempt.stop_requested",
@@ -88,7 +97,7 @@ def test_the_timeline_marks_checkpoints_notices_and_how_each_attempt_ended() -> 
         'data-attempt="a1" data-state="PREEMPTED"' in drawn
         and 'data-attempt="a2" data-state="RUNNING"' in drawn
     )
-    assert drawn.count('class="checkpoint"') == 1 and 'data-kind="preempt"' in drawn
+    assert drawn.count('class="checkpoint"') == 2 and 'data-kind="preempt"' in drawn
     assert (
         'class="end-label" data-state="PREEMPTED"' in drawn and 'end-label" data-state="RUNNING' not in drawn
     )

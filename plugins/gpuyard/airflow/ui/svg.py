@@ -165,7 +165,9 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
             parts.append(_wait(waited_since, begin, x))
         waited_since = finish if a["state"] in ("PREEMPTED", "LOST", "FAILED") else None
         nodes = ", ".join(n["node"] for n in a.get("placement", {}).get("nodes", []))
-        resumed = f" · resumed from step {a['checkpoint_step']}" if i and a.get("checkpoint_step") else ""
+        # where it resumed: the newest checkpoint an earlier attempt left (its own is where it got to)
+        saved = [p["checkpoint_step"] for p in attempts[:i] if p.get("checkpoint_step") is not None]
+        resumed = f" · resumed from step {max(saved)}" if saved else ""
         parts.append(
             f'<text x="0" y="{y + 15}" class="attempt-label">#{a["number"]} {_a(nodes)}{_a(resumed)}</text>'
         )
@@ -199,12 +201,14 @@ def timeline(job: Mapping[str, Any], now: datetime, width: int = 1000) -> str:
                 f'<text class="end-label" data-state="{_a(a["state"])}" {where} y="{y + 15}">'
                 f"{_a(a['state'])}</text>"
             )
+        drawn_steps: set[object] = set()  # heartbeats repeat the newest checkpoint: one mark per step
         for e in events:
             if e.get("attempt_id") != a["id"]:
                 continue
             ex = x(parse_time(e["at"]))
             data = e.get("data") or {}
-            if e["type"] == "attempt.checkpointed":
+            if e["type"] == "attempt.checkpointed" and data.get("step") not in drawn_steps:
+                drawn_steps.add(data.get("step"))
                 parts.append(
                     f'<path class="checkpoint" d="M{ex:.1f},{y + 4} l5,6 l-5,6 l-5,-6 z" fill="white" '
                     f'stroke="#222"><title>checkpoint at step {_a(data.get("step"))}</title></path>'
