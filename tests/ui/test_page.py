@@ -76,7 +76,8 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
         WAIT_MS / 1000,
         what="the attempt preempted",
     )
-    page.goto(f"{page_url}/jobs/{job}")
+    page.goto(f"{page_url}/")
+    page.click(f'tr.recent[data-job="{job}"] a')  # the recent jobs lead to it, in the queue or not
     page.wait_for_selector(
         f'svg.timeline rect.attempt[data-attempt="{running["id"]}"][data-state="PREEMPTED"]'
     )
@@ -101,7 +102,7 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
         check=True,
     ).stdout.strip()
     outsider = _sign_in(browser, page_url, other)
-    assert outsider.locator(f'[data-job="{job}"]').count() == 0  # neither in the queue nor on the grid
+    assert outsider.locator(f'[data-job="{job}"]').count() == 0  # not in the queue, the grid, recent jobs
     assert [t.get_attribute("data-team") for t in outsider.locator("table.teams tr[data-team]").all()] == [
         "b"
     ]

@@ -27,6 +27,7 @@ from gpuyard.clock import utcnow
 COOKIE = "gpuyard_token"
 FRAGMENT_HEADER = "x-gpuyard-fragment"  # the page's script refreshes <main> alone
 LOG_LINES = 200
+RECENT_JOBS = 15
 STATIC = Path(__file__).with_name("static")
 
 
@@ -104,7 +105,8 @@ def create_app(
 
         def render(c: GpuyardClient) -> str:
             queue = c.queue(team=team or None, reason=reason or None, offset=offset, limit=limit)
-            return pages.dashboard(base(request), queue, c.fleet(), filters)
+            recent = list(c.jobs(team=team or None, limit=RECENT_JOBS))
+            return pages.dashboard(base(request), queue, c.fleet(), filters, recent)
 
         return page(request, "queue and fleet", render)
 

@@ -75,7 +75,11 @@ def _age(seconds: float) -> str:
 
 
 def dashboard(
-    base: str, queue: Mapping[str, Any], fleet: Sequence[Mapping[str, Any]], filters: Mapping[str, Any]
+    base: str,
+    queue: Mapping[str, Any],
+    fleet: Sequence[Mapping[str, Any]],
+    filters: Mapping[str, Any],
+    recent: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     return (
         '<section id="queue"><h2>Queue</h2>'
@@ -85,7 +89,25 @@ def dashboard(
         + '</section><section id="fleet"><h2>Fleet</h2>'
         + _fleet_legend(fleet)
         + svg.fleet_grid(fleet)
+        + '</section><section id="recent"><h2>Recent jobs</h2>'
+        + _recent(base, recent)
         + "</section>"
+    )
+
+
+def _recent(base: str, jobs: Sequence[Mapping[str, Any]]) -> str:
+    """The newest jobs in any state: where a finished job (and its timeline) is found."""
+    rows = "".join(
+        f'<tr class="recent" data-job="{e(j["id"])}">'
+        f'<td><a href="{base}/jobs/{quote(j["id"])}">{e(j["name"])}</a>'
+        f'<div class="id">{e(j["id"])}</div></td><td>{e(j["team"])}</td>'
+        f'<td class="state-{e(j["state"])}">{e(j["state"])}</td><td>{j["attempt_count"]}</td>'
+        f"<td>{e(_short(j.get('updated_at')))}</td><td>{e(j.get('reason'))}</td></tr>"
+        for j in jobs
+    )
+    return (
+        '<table class="recent"><tr><th>job</th><th>team</th><th>state</th><th>attempts</th><th>changed</th>'
+        f"<th>last word</th></tr>{rows}</table>"
     )
 
 
