@@ -112,6 +112,11 @@ def test_a_chart_breaks_its_line_at_gaps_and_says_when_it_is_empty() -> None:
     assert chart.count("<polyline") == 1 and chart.count("<circle") == 1  # a lone point before the gap
     assert "100%" in chart
     assert "no data yet" in svg.line_chart("cost", {})
+    known = svg.colours(["platform", "a", "a"])
+    assert len(set(known.values())) == 2  # a colour each ('a' and 'platform' share one by hash)
+    both = svg.line_chart("util", {"total": points, "a": points}, team_colours=known)
+    assert f'stroke="{known["a"]}"' in both and 'stroke-dasharray="5 3"' in both  # the total dashed
+    assert both.rindex('data-line="total"') > both.rindex('data-line="a"')  # and drawn on top
     assert "idle GPUs" in pages.figures(
         "/gpuyard",
         {

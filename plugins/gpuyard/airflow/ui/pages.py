@@ -81,14 +81,15 @@ def dashboard(
     filters: Mapping[str, Any],
     recent: Sequence[Mapping[str, Any]] = (),
 ) -> str:
+    team_colours = svg.colours(t["name"] for t in queue["teams"])
     return (
         '<section id="queue"><h2>Queue</h2>'
-        + _teams(queue["teams"])
+        + _teams(queue["teams"], team_colours)
         + _filters(base, queue, filters)
         + _queue_table(base, queue, filters)
         + '</section><section id="fleet"><h2>Fleet</h2>'
         + _fleet_legend(fleet)
-        + svg.fleet_grid(fleet)
+        + svg.fleet_grid(fleet, team_colours=team_colours)
         + '</section><section id="recent"><h2>Recent jobs</h2>'
         + _recent(base, recent)
         + "</section>"
@@ -111,9 +112,10 @@ def _recent(base: str, jobs: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _teams(teams: Sequence[Mapping[str, Any]]) -> str:
+def _teams(teams: Sequence[Mapping[str, Any]], team_colours: Mapping[str, str]) -> str:
     rows = "".join(
-        f'<tr data-team="{e(t["name"])}"><td><span class="swatch" style="background:{svg.colour(t["name"])}">'
+        f'<tr data-team="{e(t["name"])}">'
+        f'<td><span class="swatch" style="background:{svg.colour(t["name"], team_colours)}">'
         f"</span>{e(t['name'])}</td><td>{t['used_gpus']} / {t['gpu_quota']}</td>"
         f"<td>{_use_bar(t['used_gpus'], t['gpu_quota'], t['borrowed_gpus'])}</td>"
         f"<td>{t['borrowed_gpus']}</td><td>{e(t['cohort'] or '-')}</td><td>{t['weight']:g}</td>"
@@ -319,6 +321,7 @@ def figures(base: str, data: Mapping[str, Any], summary: Mapping[str, Any]) -> s
         for h, label in ((1.0, "1 h"), (6.0, "6 h"), (24.0, "24 h"), (168.0, "7 d"))
     )
     charts = []
+    team_colours = svg.colours(data["teams"])
     for field, title, share in FIGURES:
         lines = {"total": _points(data["total"], field)}
         if field != "idle_cost" and len(data["teams"]) > 1:
@@ -326,7 +329,7 @@ def figures(base: str, data: Mapping[str, Any], summary: Mapping[str, Any]) -> s
         if all(v is None for series in lines.values() for _, v in series):
             lines = {}
         empty = "for platform admins: idle GPUs belong to no team" if field == "idle_cost" else "no data yet"
-        charts.append(svg.line_chart(title, lines, percent=share, empty=empty))
+        charts.append(svg.line_chart(title, lines, percent=share, empty=empty, team_colours=team_colours))
     return (
         f'<div class="filters">{windows}</div>{_summary(summary)}<div class="charts">{"".join(charts)}</div>'
     )

@@ -4,7 +4,7 @@ the API's JSON; every mark carries data- attributes (what it shows) and a <title
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -27,9 +27,15 @@ CELL, GAP = 14, 2
 UNHEALTHY_TAINTS = ("node.kubernetes.io/", "gpuyard.io/unhealthy")
 
 
-def colour(key: str) -> str:
-    """A stable colour per team (or any key)."""
-    return PALETTE[zlib.crc32(key.encode()) % len(PALETTE)]
+def colours(teams: Iterable[str]) -> dict[str, str]:
+    """A colour per team, by its place among the teams the caller sees (the same on every part of
+    the page); a team beyond the palette shares one."""
+    return {team: PALETTE[i % len(PALETTE)] for i, team in enumerate(sorted(set(teams)))}
+
+
+def colour(key: str, known: Mapping[str, str] | None = None) -> str:
+    """The team's colour in `known`, else one by a hash of its name."""
+    return (known or {}).get(key) or PALETTE[zlib.crc32(key.encode()) % len(PALETTE)]
 
 
 def unhealthy(node: Mapping[str, Any]) -> bool:
@@ -49,7 +55,9 @@ def parse_time(value: str | datetime | None) -> datetime | None:
 # -- the fleet ----------------------------------------------------------------------------------------
 
 
-def fleet_grid(nodes: Sequence[Mapping[str, Any]], width: int = 1100) -> str:
+def fleet_grid(
+    nodes: Sequence[Mapping[str, Any]], width: int = 1100, team_colours: Mapping[str, str] | None = None
+) -> str:
     """Sites, then their fast domains, then nodes as boxes of GPU cells: free, leased by a visible
     job (its team's colour), leased by another team; an unhealthy node (a node-condition taint) is
     outlined in red, a node reserved by other taints (spot) dashed."""
@@ -68,7 +76,7 @@ def fleet_grid(nodes: Sequence[Mapping[str, Any]], width: int = 1100) -> str:
         y += 6
         x, row_height = 8, 0
         for node in sorted(members, key=lambda n: n["name"]):
-            box, w, h = _node(node)
+            box, w, h = _node(node, team_colours)
             if x + w > width and x > 8:
                 x, y = 8, y + row_height + 8
                 row_height = 0
@@ -82,7 +90,7 @@ def fleet_grid(nodes: Sequence[Mapping[str, Any]], width: int = 1100) -> str:
     )
 
 
-def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
+def _node(node: Mapping[str, Any], team_colours: Mapping[str, str] | None) -> tuple[str, int, int]:
     gpus = int(node["gpus"])
     columns = min(8, max(1, gpus))
     rows = max(1, -(-gpus // columns))
@@ -96,7 +104,7 @@ def _node(node: Mapping[str, Any]) -> tuple[str, int, int]:
         cx, cy = 3 + (gpu % columns) * (CELL + GAP), 18 + (gpu // columns) * (CELL + GAP)
         lease = holders.get(gpu)
         if lease is not None:
-            fill, state = colour(lease["team"]), "leased"
+            fill, state = colour(lease["team"], team_colours), "leased"
             tip = f"GPU {gpu}: {lease['job_name']} ({lease['job_id']}, team {lease['team']})"
             extra = f' data-job="{_a(lease["job_id"])}" data-team="{_a(lease["team"])}"'
         elif others > 0:
@@ -260,8 +268,10 @@ def line_chart(
     height: int = 200,
     percent: bool = False,
     empty: str = "no data yet",
+    team_colours: Mapping[str, str] | None = None,
 ) -> str:
-    """One polyline per label over shared time; gaps (None) break a line. The y axis starts at 0."""
+    """One polyline per label over shared time; gaps (None) break a line; "total" dashed, on top.
+    The y axis starts at 0."""
     left, top, bottom = 52, 24, 30
     plot_w, plot_h = width - left - 10, height - top - bottom
     points = [(t, v) for series in lines.values() for t, v in series]
@@ -294,8 +304,10 @@ def line_chart(
         f'<text x="{left}" y="{height - 8}" class="tick">{t0:%m-%d %H:%M}</text>',
         f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end" class="tick">{t1:%m-%d %H:%M}</text>',
     ]
-    for k, (label, series) in enumerate(lines.items()):
-        stroke = "#222" if label == "total" else colour(label)
+    ordered = sorted(lines.items(), key=lambda item: item[0] == "total")  # the total drawn last
+    for k, (label, series) in enumerate(ordered):
+        stroke = "#222" if label == "total" else colour(label, team_colours)
+        dash = ' stroke-dasharray="5 3"' if label == "total" else ""
         runs: list[list[str]] = [[]]
         for t, v in series:
             if v is None:
@@ -309,9 +321,10 @@ def line_chart(
             elif run:
                 parts.append(
                     f'<polyline class="{name}" data-line="{_a(label)}" points="{" ".join(run)}" fill="none" '
-                    f'stroke="{stroke}" stroke-width="{2 if label == "total" else 1.3}"/>'
+                    f'stroke="{stroke}" stroke-width="{2 if label == "total" else 1.5}"{dash}/>'
                 )
         parts.append(
-            f'<text x="{left + 8 + k * 90}" y="{top + 8}" fill="{stroke}" class="legend">{_a(label)}</text>'
+            f'<text x="{left + 8 + k * 90}" y="{top + 8}" class="legend" style="fill:{stroke}">'
+            f"{_a(label)}</text>"
         )
     return "".join(parts) + "</svg>"
