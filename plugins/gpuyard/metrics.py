@@ -70,7 +70,10 @@ scheduler_evictions = Counter(
     "gpuyard_scheduler_evictions", "Attempts asked to stop to make room (preemption)", registry=registry
 )
 scheduler_waiting = Gauge(
-    "gpuyard_scheduler_waiting_jobs", "Jobs the last cycle left waiting", registry=registry
+    "gpuyard_scheduler_waiting_jobs",
+    "Jobs the last cycle left waiting, by reason (quota, no-room, reservation, other)",
+    ["reason"],
+    registry=registry,
 )
 scheduler_reports = Counter(
     "gpuyard_scheduler_reports_applied",

@@ -172,7 +172,7 @@ def test_two_schedulers_serve_their_figures_and_one_leads(
     leader = urls[leaders.index(1.0)]
 
     with engine.begin() as conn:
-        team_store.ensure_team(conn, "a", TeamQuota(gpu_quota=2), utcnow())
+        team_store.ensure_team(conn, "a", TeamQuota(gpu_quota=8), utcnow())
     spec = parse_spec({**EXAMPLE_SPEC, "image": "local", "command": [sys.executable, "-c", "pass"]})
     job, _ = job_store.submit(engine, spec, idempotency_key=None, created_by="t", at=utcnow())
     wait_until(
@@ -187,6 +187,15 @@ def test_two_schedulers_serve_their_figures_and_one_leads(
     assert value(leader, "gpuyard_scheduler_placements_total") == 1
     assert (value(leader, "gpuyard_scheduler_pass_seconds_count") or 0) >= 1
     assert value(leader, "gpuyard_scheduler_pass_failures_total") == 0
+    # A job bigger than any node waits, counted by its reason.
+    big = parse_spec(
+        {**EXAMPLE_SPEC, "name": "big", "image": "local", "resources": {"gpus": 4, "gpu_types": ["cpu"]}}
+    )
+    job_store.submit(engine, big, idempotency_key=None, created_by="t", at=utcnow())
+    wait_until(
+        lambda: value(leader, "gpuyard_scheduler_waiting_jobs", reason="no-room") == 1, what="the job waiting"
+    )
+    assert value(leader, "gpuyard_scheduler_waiting_jobs", reason="quota") == 0
     standby = urls[1 - urls.index(leader)]
     assert value(standby, "gpuyard_scheduler_placements_total") == 0
     assert (value(standby, "gpuyard_scheduler_pass_seconds_count") or 0) == 0

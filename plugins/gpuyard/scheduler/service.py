@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+from gpuyard.scheduler.waiting import CYCLE_CODES, reason_code
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
 from gpuyard.store.leadership import Lead, NotLeading
@@ -95,7 +97,9 @@ class SchedulerService:
                 metrics.scheduler_placements.inc()
                 self.launch(attempt, by_id[placed.job.id])
         metrics.scheduler_evictions.inc(len(result.evicted))
-        metrics.scheduler_waiting.set(len(result.waiting))
+        waiting = Counter(reason_code(text) for text in result.waiting.values())
+        for code in CYCLE_CODES:
+            metrics.scheduler_waiting.labels(code).set(waiting[code])
         for eviction in result.evicted:
             attempt_store.request_stop(
                 self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason, kind=StopReason.PREEMPT

@@ -23,6 +23,7 @@ from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
 CODES = ("quota", "no-room", "reservation", "starting", "behind", "backoff", "cancelling", "other")
 _CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", STOPPING: "reservation"}
+CYCLE_CODES = (*_CODE_OF.values(), "other")  # the codes of the reasons a cycle gives (reason_code)
 STARTING = "fits now: the scheduler's next pass places it"
 BEHIND = "not looked at: a job ahead of it does not fit, and the policy does not backfill"
 
@@ -42,6 +43,11 @@ class QueueView:
     borrowed: dict[str, int]  # of which borrowed from the cohort
 
 
+def reason_code(text: str) -> str:
+    """The code of a reason the cycle gave in its own words (`CycleResult.waiting`)."""
+    return _CODE_OF.get(text, "other")
+
+
 def snapshot(conn: Connection, fleet: Fleet, now: datetime) -> tuple[list[PendingJob], ClusterState]:
     """What a scheduling pass sees: the schedulable jobs and the cluster (SchedulerService.snapshot)."""
     waiting, state = inputs.read(conn, fleet, now)
@@ -52,7 +58,7 @@ def read_queue(conn: Connection, fleet: Fleet, policy: Policy, now: datetime) ->
     pending, state = snapshot(conn, fleet, now)
     usage, borrowed = dict(state.usage), dict(state.borrowed)  # before the cycle takes GPUs
     result = run_cycle(pending, state, now, policy)
-    reasons = {job_id: Reason(_CODE_OF.get(text, "other"), text) for job_id, text in result.waiting.items()}
+    reasons = {job_id: Reason(reason_code(text), text) for job_id, text in result.waiting.items()}
     for placed in result.placed:
         reasons[placed.job.id] = Reason("starting", STARTING)
     for job in pending:
