@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
-from gpuyard.scheduler.policy import Policy, dominant_share
+from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
 
 DomainKey = tuple[str, str, str]
@@ -77,6 +77,7 @@ class Rule:
     reason: str  # the eviction's reason, formatted with the job's `id` and `team`
     enabled: Callable[[Policy], bool]
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
+    # Reads only the candidate's class, 2D-LAS queue, borrowed flag and starvation (memoized by them).
     victim_rank: Callable[[Candidate], float]
     job_rank: Callable[[Claim], float]
     allows: Callable[[Claim, Candidate, Policy, ClusterState], bool]
@@ -214,12 +215,13 @@ class Preemption:
                     ranks[i] = rank
         return tuple(ranks)
 
-    def _would_starve(self, attempt: RunningAttempt, now_s: float) -> bool:
-        """Would the attempt's job be starving if it were requeued now (its GPUs given back)?"""
+    def _would_starve(self, attempt: RunningAttempt, now_s: float, weighted: dict[str, float]) -> bool:
+        """Would the attempt's job be starving if it were requeued now (its GPUs given back)?
+        `weighted`: each team's weighted nominal quota, as `dominant_share` divides by it."""
         guard = self.policy.starvation
         if guard is None:
             return False
-        share = dominant_share(attempt.team, self.state, without=attempt.gpus)
+        share = (self.state.usage.get(attempt.team, 0) - attempt.gpus) / weighted[attempt.team]
         return guard.starving(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s)
 
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
@@ -227,12 +229,27 @@ class Preemption:
             self._by_domain = {}
             now_s = self.now.timestamp()
             live: list[tuple[float, ...]] = []
+            # A victim's ranks read only what `Rule.victim_rank` may read (see Rule): attempts alike in
+            # those share one rank tuple, computed once.
+            ranked: dict[tuple[object, ...], tuple[float, ...]] = {}
+            quotas = {team: self.state.quota(team) for team in {a.team for a in self.state.running}}
+            weighted = {team: max(q.gpu_quota, 1) * q.weight for team, q in quotas.items()}
             for attempt in self.state.running:
                 p = attempt.placement
                 settled = now_s - attempt.started_s >= MIN_RUN_S
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
-                starving = self._would_starve(attempt, now_s)
-                ranks = self._ranks(Candidate(attempt, settled, starving, unsaved))
+                starving = self._would_starve(attempt, now_s, weighted)
+                alike = (
+                    attempt.preemptible,
+                    settled,
+                    starving,
+                    attempt.priority,
+                    attempt.las,
+                    attempt.borrowed,
+                )
+                ranks = ranked.get(alike)
+                if ranks is None:
+                    ranks = ranked[alike] = self._ranks(Candidate(attempt, settled, starving, unsaved))
                 domain = (p.site, p.cluster, p.domain)
                 self._by_domain.setdefault(domain, []).append(
                     Candidate(attempt, settled, starving, unsaved, ranks)
