@@ -86,6 +86,8 @@ def test_series_cuts_the_window_into_steps_scoped_to_the_caller(
     last = everything["total"][-1]
     assert last["utilization"] == 0.0 and last["idle_cost"] == 0.0  # nothing ran; local slots are free
     assert api.get("/v1/metrics/series", params={"steps": 0}, headers=bearer(a)).status_code == 422
+    tiny = api.get("/v1/metrics/series", params={"hours": 5e-324}, headers=bearer(a))  # the fuzzer's 500
+    assert tiny.status_code == 422 and tiny.json()["errors"][0]["path"] == "query.hours"
 
 
 def test_series_figures_per_step() -> None:

@@ -163,7 +163,9 @@ class SeriesOut(BaseModel):
 def metrics_series(
     ctx: ApiContext = Depends(context),
     caller: Principal = Depends(principal),
-    hours: float = Query(24.0, gt=0, le=24.0 * 366, description="Window: the last this many hours."),
+    hours: float = Query(
+        24.0, ge=1 / 60, le=24.0 * 366, description="Window: the last this many hours (a minute at least)."
+    ),
     steps: int = Query(48, ge=1, le=1000, description="Equal steps the window is cut into."),
 ) -> SeriesOut:
     """The summary's figures per step of the window: utilization, goodput, wait p50/p99, resumes,

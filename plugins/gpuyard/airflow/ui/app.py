@@ -129,7 +129,7 @@ def create_app(
         return page(request, job_id, render)
 
     @app.get("/figures", response_class=HTMLResponse)
-    def figures(request: Request, hours: float = Query(24.0, gt=0, le=24.0 * 366)) -> Response:
+    def figures(request: Request, hours: float = Query(24.0, ge=1 / 60, le=24.0 * 366)) -> Response:
         def render(c: GpuyardClient) -> str:
             series = c.metrics_series(hours=hours, steps=48)
             return pages.figures(base(request), series, c.metrics_summary(hours=hours))
