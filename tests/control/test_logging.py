@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,8 +99,10 @@ def test_gpuyard_up_logs_the_relays_and_the_schedulers_info_lines(tmp_path: Path
     up = gpuyard(["up", "--home", str(tmp_path / "home"), "--port", "0"], log, GPUYARD_LOG_FORMAT="text")
     try:
         wait_until(
-            lambda: info_lines(log, "gpuyard.relay", 'msg="relay started')
-            and info_lines(log, "gpuyard.scheduler.service", " leads (epoch"),
+            lambda: (
+                info_lines(log, "gpuyard.relay", 'msg="relay started')
+                and info_lines(log, "gpuyard.scheduler.service", " leads (epoch")
+            ),
             timeout_s=90,
             what=f"the relay's and the scheduler's INFO lines in {log}",
         )
@@ -137,3 +140,24 @@ def test_a_production_relay_writes_json_lines_at_the_level_set(
     finally:
         stop(quiet)
     assert quiet.returncode == 0 and lines(tmp_path / "quiet.log") == []
+
+
+def test_every_line_a_request_causes_carries_its_request_id(stream: io.StringIO, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+    from gpuyard.api.app import create_app
+    from gpuyard.settings import load_settings
+    from gpuyard.store.db import make_engine
+
+    settings = load_settings(home=tmp_path, database_url="postgresql://gpuyard@127.0.0.1:1/none")
+    engine = make_engine(str(settings.database_url), pool_size=1)  # nothing listens: every query fails
+    logs.configure("INFO", "json", stream=stream)
+    with TestClient(create_app(settings, engine)) as client:
+        given = client.get("/v1/jobs", headers={"Authorization": f"Bearer {TOKEN}", "X-Request-Id": "req-42"})
+        made = client.get("/v1/jobs", headers={"Authorization": f"Bearer {TOKEN}", "X-Request-Id": "bad id!"})
+    assert (given.status_code, given.headers["x-request-id"]) == (503, "req-42")
+    assert made.status_code == 503 and re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
+    unavailable = [
+        r for r in map(json.loads, stream.getvalue().splitlines()) if "database unavailable" in r["msg"]
+    ]
+    assert [r["request_id"] for r in unavailable] == ["req-42", made.headers["x-request-id"]]
+    assert TOKEN.split("_")[2] not in stream.getvalue()

@@ -32,6 +32,7 @@ from gpuyard.api import (
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
+from gpuyard.api.request_id import RequestId
 from gpuyard.api.url_guard import RefuseNulInUrl
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
@@ -93,6 +94,7 @@ def create_app(
     app.add_middleware(_RequestMetrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RefuseNulInUrl)
+    app.add_middleware(RequestId)  # outermost: every line of the request, and its answer, carry the id
     return app
 
 

@@ -3,7 +3,8 @@
 `text` (embedded default): one line per record, `key=value` pairs, readable and grep-able:
     ts=2026-12-01T11:40:00.123Z level=INFO logger=gpuyard.relay msg="relay started" batch=200
 `json` (production default): one JSON object per line, what log collectors parse.
-Fields a call passes in `extra=` (request_id, job_id, attempt_id, ...) are written on its line, and
+Fields a call passes in `extra=` (job_id, attempt_id, ...), and those of the `context` it runs in
+(the API's request_id), are written on its line, and
 an exception's traceback stays on the line (escaped). A bearer token (`gy_...`) is never written: it
 is masked in the message and in every field.
 """
@@ -14,6 +15,9 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -24,6 +28,20 @@ QUIET = ("httpx", "httpcore", "urllib3", "kubernetes.client.rest", "alembic")
 # Not fields of the line: the record's own attributes, and uvicorn's copy of its message in ANSI colours.
 _STANDARD = {*vars(logging.LogRecord("", 0, "", 0, "", None, None)), "message", "asctime", "color_message"}
 _BARE = re.compile(r"[^\s\"=\\]+")
+
+
+_CONTEXT: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("gpuyard_log_context", default=())
+
+
+@contextmanager
+def context(**values: str) -> Iterator[None]:
+    """Write these fields on every line logged within the block (this task or thread, and the worker
+    threads it hands work to: they run in a copy of its context)."""
+    token = _CONTEXT.set((*_CONTEXT.get(), *values.items()))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
 
 def mask(text: str) -> str:
@@ -38,6 +56,7 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
         "level": record.levelname,
         "logger": record.name,
         "msg": mask(record.getMessage()),
+        **dict(_CONTEXT.get()),
     }
     for key, value in vars(record).items():
         if key not in _STANDARD and not key.startswith("_"):
