@@ -306,6 +306,7 @@ def main() -> int:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")},
         "GPUYARD_PROFILE": "production",
+        "GPUYARD_LOG_LEVEL": "WARNING",  # the servers' INFO lines would bury the figures
         "GPUYARD_LAUNCHER": "local",  # unused by the API and relay; the scheduler runs FastLauncher
         "GPUYARD_DATABASE_URL": url,
         "GPUYARD_REDIS_URL": args.redis,
@@ -318,9 +319,10 @@ def main() -> int:
         "GPUYARD_DEFAULT_QUOTA__MAX_GPUS_PER_JOB": "8",
     }
     cli = [sys.executable, "-m", "gpuyard.cli"]
+    subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)  # production: once, first
     token = subprocess.run(
         [*cli, "token", "create", "--team", "bench"], env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()  # also migrates the schema
+    ).stdout.strip()
     processes = {
         "api": subprocess.Popen(
             [*cli, "api", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],

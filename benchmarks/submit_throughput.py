@@ -166,6 +166,7 @@ def main() -> int:
     env = {
         **os.environ,
         "GPUYARD_PROFILE": "production",
+        "GPUYARD_LOG_LEVEL": "WARNING",  # the servers' INFO lines would bury the figures
         "GPUYARD_LAUNCHER": "local",  # the submit path does not touch the launcher; no cluster here
         "GPUYARD_DATABASE_URL": url,
         "GPUYARD_REDIS_URL": args.redis,
@@ -174,7 +175,8 @@ def main() -> int:
         "GPUYARD_DB_POOL_SIZE": "8",
         "GPUYARD_DEFAULT_QUOTA__GPU_QUOTA": "1000000",
     }
-    token = gpuyard(env, "token", "create", "--team", "bench").strip()  # also migrates the schema
+    gpuyard(env, "migrate")  # production processes never migrate: the schema is brought to head first
+    token = gpuyard(env, "token", "create", "--team", "bench").strip()
 
     log(f"[1/3] raw: pgbench, {args.clients} connections, {args.seconds}s")
     raw_tps = run_pgbench(url, args.clients, args.seconds, workdir)
