@@ -13,7 +13,7 @@ Names follow Prometheus conventions: a counter `x` is exposed as `x_total`, seco
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -107,24 +107,18 @@ def latest() -> bytes:
 
 def exposed_names(*sources: CollectorRegistry | Collector) -> set[str]:
     """Every series name the sources expose (a counter `x` as `x_total`, a histogram with its
-    `_bucket`, `_sum` and `_count`), from their descriptions: no store is read."""
+    `_bucket`, `_sum` and `_count`). A registry is collected (this process's own figures); a collector
+    that reads the store is asked for its description only."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     names: set[str] = set()
     for source in sources:
-        families: list[Metric] = []
-        if isinstance(source, CollectorRegistry):
-            for collector in list(source._collector_to_names):
-                families += _described(collector)
-        else:
-            families += _described(source)
+        describe = getattr(source, "describe", None)
+        families: Iterable[Metric] = (
+            source.collect() if isinstance(source, CollectorRegistry) or describe is None else describe()
+        )
         for family in families:
-            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
             names |= {family.name + suffix for suffix in suffixes.get(family.type, ("",))}
     return names
-
-
-def _described(collector: Any) -> list[Metric]:
-    describe = getattr(collector, "describe", None)
-    return list(describe() if describe is not None else collector.collect())
 
 
 class JobStateCollector(Collector):
