@@ -10,7 +10,6 @@ import gc
 import json
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
@@ -164,8 +163,9 @@ def multiprocess_metrics(settings: Settings) -> Path:
     """Before `gpuyard api` starts its workers: an empty PROMETHEUS_MULTIPROC_DIR (files a previous run
     left would add its counts to this one's), so a scrape of any worker sums all of them."""
     directory = Path(os.environ.get(metrics.MULTIPROC_DIR) or settings.home / "metrics")
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    for left in directory.glob("*.db"):  # prometheus_client's files; nothing else there is touched
+        left.unlink()
     os.environ[metrics.MULTIPROC_DIR] = str(directory)  # inherited by the workers uvicorn spawns
     return directory
 
