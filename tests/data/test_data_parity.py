@@ -32,11 +32,18 @@ def private(feast_config, tmp_path_factory):
     data = pd.read_parquet(storage.local_path(built.data_url))
     columns = built.manifest["feature_columns"]
     tracking = f"sqlite:///{root}/mlflow.db"
+    # No process-wide active experiment or tracking URI is left behind for later tests.
+    previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking)
-    mlflow.set_experiment("parity")
-    with mlflow.start_run():
-        model = LinearRegression().fit(data[columns].to_numpy(dtype="float32"), data["is_late"])
-        info = mlflow.sklearn.log_model(model, name="model")
+    try:
+        experiment = mlflow.MlflowClient(tracking).create_experiment(
+            "parity", artifact_location=(root / "artifacts").as_uri()  # not ./mlruns of the cwd
+        )
+        with mlflow.start_run(experiment_id=experiment):
+            model = LinearRegression().fit(data[columns].to_numpy(dtype="float32"), data["is_late"])
+            info = mlflow.sklearn.log_model(model, name="model")
+    finally:
+        mlflow.set_tracking_uri(previous)
     return config, info.model_uri, built.manifest_url, tracking
 
 
