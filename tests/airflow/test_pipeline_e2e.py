@@ -203,7 +203,7 @@ def test_lineage_walks_back_from_the_model_version(world: World) -> None:
 
 def test_the_training_job_record_shows_the_injected_preemption_and_the_resume(world: World) -> None:
     assert world.preempted, "no attempt was preempted"
-    job_id = world.preempted.split("-a", 1)[0]
+    job_id = world.preempted.rsplit("-", 2)[0]  # <job id>-a<number>-<hex>; job ids may hold "-a"
     job = world.gpuyard.job(job_id)
     assert job["state"] == "SUCCEEDED"
     first, second = job["attempts"]
