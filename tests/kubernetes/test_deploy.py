@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,11 @@ from conftest import assert_valid
 from gpuyard.settings import load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SECRET_KEYS = dict(
+    line.split("=", 1)
+    for line in (DEPLOY / "secrets.env.example").read_text().splitlines()
+    if line and not line.startswith("#")
+)
 
 
 def documents() -> list[dict[str, Any]]:
@@ -97,28 +104,56 @@ def test_the_mlflow_server_keeps_runs_in_postgresql_and_the_workers_are_pointed_
     assert env["MLFLOW_BACKEND_STORE_URI"] == {
         "secretKeyRef": {"name": "gpuyard-secrets", "key": "MLFLOW_BACKEND_STORE_URI"}
     }
-    secret = by_kind("Secret")["gpuyard-secrets"]["stringData"]
-    assert secret["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg://")  # the image has psycopg 3
+    assert SECRET_KEYS["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg://")  # the image: psycopg 3
     config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
     assert config["MLFLOW_ARTIFACTS_DESTINATION"].startswith("s3://")
     service = by_kind("Service")["gpuyard-mlflow"]
     (port,) = service["spec"]["ports"]
     url = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port['port']}"
     assert config["GPUYARD_KUBERNETES__MLFLOW_TRACKING_URI"] == url
-    assert url.removeprefix("http://") in args["allowed-hosts"].split(
-        ","
-    )  # MLflow refuses other Host headers
+    allowed = args["allowed-hosts"].split(",")
+    assert url.removeprefix("http://") in allowed  # MLflow refuses other Host headers
     assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
 
 
 def test_settings() -> None:
     config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
     assert config["GPUYARD_PROFILE"] == "production"
-    secret = by_kind("Secret")["gpuyard-secrets"]["stringData"]
-    assert {"GPUYARD_DATABASE_URL", "GPUYARD_REDIS_URL"} <= set(secret)
-    assert not any(
-        key.endswith("_URL") and "DATABASE" in key for key in config
-    )  # credentials not in the ConfigMap
+    assert {"GPUYARD_DATABASE_URL", "GPUYARD_REDIS_URL", "MLFLOW_BACKEND_STORE_URI"} <= set(SECRET_KEYS)
+    assert not set(SECRET_KEYS) & set(config)  # credentials never in the ConfigMap
+    assert by_kind("Secret") == {}  # the repository ships no Secret, hence no password
+    assert all("<password>" in url for key, url in SECRET_KEYS.items() if "@" in url)
+
+
+def rendered(directory: Path) -> subprocess.CompletedProcess[str]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is needed to render deploy/ as `kubectl apply -k` would (kustomize is built in)")
+    return subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+
+
+def test_kubectl_apply_k_renders_a_platform_that_validates(tmp_path: Path) -> None:
+    deploy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, deploy)
+    refused = rendered(deploy)  # without the operator's credentials there is nothing to apply
+    assert refused.returncode != 0 and "secrets.env" in refused.stderr
+    (deploy / "secrets.env").write_text(
+        (DEPLOY / "secrets.env.example").read_text().replace("<password>", "generated-by-the-operator")
+    )
+    done = rendered(deploy)
+    assert done.returncode == 0, done.stderr
+    objects = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    for obj in objects:
+        assert_valid(obj)
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "gpuyard", obj["metadata"]["name"]
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "gpuyard-secrets" and set(secret["data"]) == set(SECRET_KEYS)
+    (image,) = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"]
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "Job")]
+    assert {c["image"] for pod in pods for c in pod["containers"]} == {f"{image['name']}:{image['newTag']}"}
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds.count("Deployment") == 4 and kinds.count("Job") == 1
 
 
 def test_rights_are_only_what_the_launcher_uses() -> None:
