@@ -247,7 +247,14 @@ class KubernetesLauncher:
             raise LaunchError(
                 f"{kind} {self._ns}/{name} exists but belongs to attempt {found!r}, not {wanted!r}"
             )
-        log.info("adopted existing %s %s/%s of attempt %s", kind, self._ns, name, wanted)
+        log.info(
+            "adopted existing %s %s/%s of attempt %s",
+            kind,
+            self._ns,
+            name,
+            wanted,
+            extra={"attempt_id": wanted},
+        )
         return existing
 
     def launch(self, request: LaunchRequest) -> None:
@@ -480,7 +487,12 @@ class KubernetesLauncher:
         for key, attempt_id in keys.items():
             if attempt_id not in live:
                 names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id or "", [])]
-                log.info("reconcile: deleting orphan attempt %s (%d pods)", attempt_id, len(names))
+                log.info(
+                    "reconcile: deleting orphan attempt %s (%d pods)",
+                    attempt_id,
+                    len(names),
+                    extra={"attempt_id": attempt_id},
+                )
                 self._delete_attempt_objects(key, names, grace)
         with self._lock:
             for attempt_id in list(self._attempts):
