@@ -32,7 +32,7 @@ SPEC = {
     "team": "bench",
     # production admits images by digest only (docs/security.md); nothing here pulls it
     "image": "python:3.11-slim@sha256:4d440b214e447deddc0a94de23a3d97d28dfafdf125a8b4bb8073381510c9ee2",
-    "command": ["python", "-m", "training.run", "--config", "pipelines/flights.yaml"],
+    "command": ["python", "-m", "training.run", "--config", "pipelines/flights_delay/pipeline.yaml"],
     "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
     "priority": "normal",
     "preemptible": True,

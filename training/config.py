@@ -222,8 +222,8 @@ def load(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
     if isinstance(raw.get("training"), dict):
-        # A pipeline definition (pipelines/flights.yaml): its `training:` section is this config, and
-        # the pipeline's label column is the default label.
+        # A pipeline definition (pipelines/flights_delay/pipeline.yaml): its `training:` section is
+        # this config, and the pipeline's label column is the default label.
         section = dict(raw["training"])
         data = dict(section.get("data") or {})
         if "label_column" in raw:

@@ -19,7 +19,7 @@ EXAMPLE_YAML = """
 name: flights-delay
 team: a
 image: python:3.11-slim
-command: ["python", "-m", "training.run", "--config", "pipelines/flights.yaml"]
+command: ["python", "-m", "training.run", "--config", "pipelines/flights_delay/pipeline.yaml"]
 resources: {gpus: 1, gpu_types: [cpu], nodes: 1}
 priority: normal
 preemptible: true
