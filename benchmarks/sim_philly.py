@@ -18,6 +18,7 @@ import platform
 import time
 from pathlib import Path
 
+from gpuyard.sim.charts import Recorder, write_chart
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
 from gpuyard.sim.metrics import report, result_line, summarize
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reference", action="store_true", help="free preemption, no spot nodes")
     parser.add_argument("--policies", default=",".join((*POLICIES, *UPPER_BOUNDS)))
+    parser.add_argument("--chart", type=Path, default=Path(".gpuyard/sim/sim_philly.png"), help="PNG written")
     args = parser.parse_args()
 
     jobs = read_trace(args.trace, parse_time(args.start), parse_time(args.end), args.min_duration)
@@ -60,10 +62,13 @@ def main() -> None:
         f"{platform.machine()}, {os.cpu_count()} CPUs",
         flush=True,
     )
-    summaries = {}
+    summaries, runs = {}, []
     for name in args.policies.split(","):
         began = time.perf_counter()
-        summaries[name] = summarize(simulate(jobs, fleet, name, config, progress=True))
+        recorder = Recorder()
+        result = simulate(jobs, fleet, name, config, progress=True, observer=recorder.record)
+        summaries[name] = summarize(result)
+        runs.append((result, recorder))
         wall = time.perf_counter() - began
         print(f"{name}: {wall:.1f} s wall, {summaries[name].cycles} cycles", flush=True)
     print()
@@ -72,6 +77,7 @@ def main() -> None:
     if set(UPPER_BOUNDS) & set(summaries):
         print("oracle-sjf knows every job's true duration: an upper bound, not a baseline; no ratio uses it.")
         print()
+    print("chart:", write_chart(runs, args.chart, title=f"{args.trace.name} [{args.start}, {args.end})"))
     if set(POLICIES) <= set(summaries):
         print(result_line(summaries))
 
