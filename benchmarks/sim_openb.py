@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from gpuyard.sim.charts import Recorder, write_chart
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.metrics import BASELINES, report, result_line, stranded_over_time, summarize
 from gpuyard.sim.openb import FRACTIONAL, read_nodes, read_pods
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--start", type=float, default=None, help="trace seconds: pods created from")
     parser.add_argument("--end", type=float, default=None, help="... and before")
     parser.add_argument("--policies", default=",".join((*BASELINES, "gpuyard")))
+    parser.add_argument("--chart", type=Path, default=Path(".gpuyard/sim/sim_openb.png"), help="PNG written")
     args = parser.parse_args()
 
     jobs, counts = read_pods(
@@ -62,11 +64,13 @@ def main() -> None:
         flush=True,
     )
     config = SimConfig(preemptible_mtbi_s=None)
-    summaries, stranded = {}, {}
+    summaries, stranded, runs = {}, {}, []
     for name in args.policies.split(","):
         began = time.perf_counter()
-        result = simulate(jobs, fleet, name, config, progress=True)
+        recorder = Recorder()
+        result = simulate(jobs, fleet, name, config, progress=True, observer=recorder.record)
         summaries[name] = summarize(result)
+        runs.append((result, recorder))
         stranded[name] = stranded_over_time(result, PERIODS)
         print(
             f"{name}: {time.perf_counter() - began:.1f} s wall, {summaries[name].cycles} cycles", flush=True
@@ -84,6 +88,7 @@ def main() -> None:
         cells = " | ".join(f"{value:.1f}" for value in series)
         print(f"| {name} | {summaries[name].stranded_gpus:.1f} | {cells} |")
     print()
+    print("chart:", write_chart(runs, args.chart, title=f"Alibaba OpenB, {args.share:g} of the nodes"))
     if {*BASELINES, "gpuyard"} <= set(summaries):
         print(result_line(summaries))
 
