@@ -43,7 +43,7 @@ def choose_engine(engine: str, rows: int, spark_from_rows: int) -> str:
 
 def read_days(config: PipelineConfig, start: dt.date, end: dt.date) -> tuple[dt.date, dt.date]:
     """The raw days a preparation of ``start..end`` reads: the trailing windows' look-back first."""
-    return start - dt.timedelta(days=_params(config).lookback_days), end
+    return start - dt.timedelta(days=flight_params(config).lookback_days), end
 
 
 def expected_rows(config: PipelineConfig, start: dt.date, end: dt.date) -> int:
@@ -135,7 +135,7 @@ def spark_submit_commands(
     ]
 
 
-def _params(config: PipelineConfig) -> FlightJobParams:
+def flight_params(config: PipelineConfig) -> FlightJobParams:
     from spark_jobs.prepare_flights import FlightJobParams
 
     return FlightJobParams(
@@ -156,7 +156,7 @@ def _run_spark(config: PipelineConfig, start: dt.date, end: dt.date, master: str
         "gpuyard-prepare", master or config.spark_master, config.spark_shuffle_partitions
     )
     try:
-        prepare_flights.run(spark, raw, prepared, start, end, _params(config))
+        prepare_flights.run(spark, raw, prepared, start, end, flight_params(config))
         prepare_weather.run(spark, raw, prepared, start, end, dict(config.timezone_overrides))
         prepare_planes.run(spark, raw, prepared, start, end)
     except common.JobInputError as exc:
@@ -168,7 +168,7 @@ def _run_pandas(config: PipelineConfig, start: dt.date, end: dt.date, master: st
 
     raw = storage.join(config.data_root, "raw")
     prepared = storage.join(config.data_root, "prepared")
-    prepare_pandas.run(raw, prepared, start, end, _params(config))
+    prepare_pandas.run(raw, prepared, start, end, flight_params(config))
 
 
 RUNNERS = {"spark": _run_spark, "pandas": _run_pandas}

@@ -49,7 +49,7 @@ def test_spark_and_pandas_give_the_same_tables(prepared_config, tmp_path) -> Non
     days = _days(prepared_config.start_date, prepared_config.end_date)
     out = storage.normalize_url(str(tmp_path / "prepared"))
     raw = storage.join(prepared_config.data_root, "raw")
-    prepare_pandas.run(raw, out, days[0], days[-1], prepare._params(prepared_config))
+    prepare_pandas.run(raw, out, days[0], days[-1], prepare.flight_params(prepared_config))
     assert _assert_same_tables(storage.join(prepared_config.data_root, "prepared"), out, days) > 15_000
     labels = storage.local_path(storage.join(out, "labels"))
     assert sorted(p.name for p in Path(labels).iterdir()) == ["date_month=2013-01"]
@@ -65,7 +65,7 @@ def test_the_engines_agree_across_the_spring_dst_change(landed_config, spark, tm
     prepare.prepare(config, master="local[2]")
     out = storage.join(root, "pandas")
     prepare_pandas.run(
-        storage.join(root, "raw"), out, config.start_date, config.end_date, prepare._params(config)
+        storage.join(root, "raw"), out, config.start_date, config.end_date, prepare.flight_params(config)
     )
     assert _assert_same_tables(storage.join(root, "prepared"), out, _days(config.start_date, config.end_date))
     carriers = storage.read_partitions(
