@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from faults.backends import SmallDisk
 from gpuyard.api.app import create_app
 from gpuyard.clock import utcnow
 from gpuyard.settings import Settings, load_settings
@@ -77,6 +79,16 @@ def make_token(engine: Engine, settings: Settings) -> Callable[..., str]:
             return team_store.create_token(conn, team, team_store.Role(role), utcnow())
 
     return make
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 4 MB tmpfs of the test's own (a node's disk a test may fill); needs root, as make test has."""
+    disk = SmallDisk(tmp_path / "node", size_mb=4)
+    if os.geteuid() != 0 or not disk.mount():
+        pytest.fail("this test mounts a tmpfs: it runs as root (as make test does here)")
+    yield disk
+    disk.unmount(tmp_path / "kept")
 
 
 @pytest.fixture

@@ -224,6 +224,17 @@ def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_fo
     assert ended[0].outcome == Outcome.SUCCEEDED
 
 
+def test_a_launch_that_fails_half_way_leaves_no_worker_running(tmp_path: Path, small_disk: Any) -> None:
+    """The node's disk is full: the workers start, but their record (workers.json) cannot be
+    written. The launch fails, and the workers it had started are gone: the scheduler records the
+    attempt as not started, so nothing of it may run on."""
+    launcher = LocalLauncher(small_disk.path / "attempts", CPU, workdir=tmp_path)
+    small_disk.fill()
+    with pytest.raises(OSError, match="No space left on device"):
+        launcher.launch(gang("half-way", sleep_s=30))
+    assert _processes_of("half-way") == [] and launcher.alive() == {}
+
+
 WAIT_FOR = (
     "import pathlib, time\nwhile not pathlib.Path({release!r}).exists(): time.sleep(0.1)\nprint('done')"
 )

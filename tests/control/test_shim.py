@@ -3,11 +3,8 @@ adopted worker's launcher (not its parent) has no other way to learn how it ende
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from faults.backends import SmallDisk
@@ -25,20 +22,11 @@ FILL = (
 )
 
 
-@pytest.fixture
-def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    small = SmallDisk(tmp_path / "node", size_mb=4)
-    if os.geteuid() != 0 or not small.mount():
-        pytest.fail("this test mounts a tmpfs: it runs as root (as make test does here)")
-    yield small
-    small.unmount(tmp_path / "kept")
-
-
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_disk_that_filled_while_the_worker_ran_still_takes_its_exit_status(
-    disk: SmallDisk, code: int
+    small_disk: SmallDisk, code: int
 ) -> None:
-    exit_file = disk.path / "rank0.exit"
+    exit_file = small_disk.path / "rank0.exit"
     shim = subprocess.run(
         [
             sys.executable,
@@ -49,7 +37,7 @@ def test_a_disk_that_filled_while_the_worker_ran_still_takes_its_exit_status(
             sys.executable,
             "-c",
             FILL,
-            str(disk.path / "ballast"),
+            str(small_disk.path / "ballast"),
             str(code),
         ],
         timeout=60,

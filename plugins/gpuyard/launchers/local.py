@@ -170,10 +170,34 @@ class LocalLauncher:
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
-        world = max(1, len(gpus))
-        port = _free_port()
+        world = max(1, sum(len(piece.gpu_indices) for piece in request.placement.slices))
         children: dict[int, subprocess.Popen[bytes]] = {}
+        try:
+            self._spawn(request, directory, sandbox, world, children)
+        except BaseException:
+            # Nothing of a launch that failed half way may run on: the scheduler records it as not
+            # started (a full disk refusing workers.json after the workers began, for one).
+            for process in children.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            worker_env.remove_sandbox(request.attempt_id)
+            raise
+        self._attempts[request.attempt_id] = _Attempt(
+            directory, list(children), request.fencing_token, children
+        )
+
+    def _spawn(
+        self,
+        request: LaunchRequest,
+        directory: Path,
+        sandbox: worker_env.WorkerSandbox,
+        world: int,
+        children: dict[int, subprocess.Popen[bytes]],
+    ) -> None:
+        """Start the gang's workers into `children`, then record them in workers.json."""
+        gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
+        port = _free_port()
         for rank in range(world):
             env = {
                 **request.env,
@@ -216,7 +240,6 @@ class LocalLauncher:
             json.dumps({"pids": pids, "job_id": request.job_id, "fencing_token": request.fencing_token})
         )
         os.replace(partial, directory / "workers.json")
-        self._attempts[request.attempt_id] = _Attempt(directory, pids, request.fencing_token, children)
 
     def cancel(self, attempt_id: str, *, grace_s: float) -> None:
         tracked = self._attempts.get(attempt_id)
