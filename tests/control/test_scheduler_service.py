@@ -16,6 +16,7 @@ from gpuyard.bus.memory import MemoryBus
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.spec import parse_spec
+from gpuyard.domain.states import AttemptState
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
@@ -24,6 +25,7 @@ from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.tables import attempts, leases
+from gpuyard.store.tables import events as events_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
@@ -260,6 +262,50 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
             at=clock(),
             lease_ttl_s=60,
         )
+
+
+def test_a_repeated_checkpoint_does_not_move_the_point_lost_progress_counts_from(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """A worker repeats its newest checkpoint in every beat until one is answered (found by fault
+    seed 310: the repeat moved `checkpoint_at`, and the preemption was charged 1.5 s, not 8)."""
+    submit(engine, clock, spec())
+    service.step()
+    first = next(iter(launcher.launched.values()))
+    attempt_store.mark_running(engine, first.attempt_id, clock())
+    saved = {"url": "file:///tmp/gpuyard-ckpt/flights/120", "step": 120}
+
+    def beat() -> None:
+        attempt_store.heartbeat(
+            engine,
+            first.attempt_id,
+            first.fencing_token,
+            step=120,
+            checkpoint=saved,
+            at=clock(),
+            lease_ttl_s=60,
+        )
+
+    clock.advance(5)
+    beat()
+    saved_at = clock()
+    clock.advance(8)
+    beat()  # the same checkpoint again
+    with engine.begin() as conn:
+        events = conn.execute(
+            select(func.count())
+            .select_from(events_table)
+            .where(events_table.c.type == "attempt.checkpointed")
+        ).scalar()
+    assert events == 1
+    clock.advance(2)
+    attempt_store.finish(
+        engine, first.attempt_id, AttemptState.PREEMPTED, at=clock(), exit_code=75, reason="r", disrupted=True
+    )
+    with engine.connect() as conn:
+        ended = attempt_store.attempt(conn, first.attempt_id)
+    assert ended is not None and ended.checkpoint_at == saved_at
+    assert ended.progress_lost_s == pytest.approx(10.0)
 
 
 def test_failures_use_the_budget_preemption_does_not(

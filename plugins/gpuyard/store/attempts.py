@@ -324,7 +324,9 @@ def heartbeat(
             changes["step"] = step
             if found.step is None or step > found.step:
                 changes["progress_at"] = at
-        if checkpoint and (found.checkpoint_step is None or checkpoint["step"] >= found.checkpoint_step):
+        # Only a newer step is recorded: a worker repeats its newest checkpoint in every beat until one
+        # is answered, and a repeat must not move `checkpoint_at` (the lost progress counts from it).
+        if checkpoint and (found.checkpoint_step is None or checkpoint["step"] > found.checkpoint_step):
             changes |= {
                 "checkpoint_url": checkpoint["url"],
                 "checkpoint_step": checkpoint["step"],
