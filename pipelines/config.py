@@ -17,8 +17,10 @@ from pipelines.storage import normalize_url
 
 DEFAULT_PIPELINE = "flights_delay"
 FEAST_VARIANTS = ("embedded", "production")
-# Raw flight rows from which `engine: auto` prepares with Spark (benchmarks/spark_prepare.py, docs/data.md).
-SPARK_FROM_ROWS = 2_000_000
+# Raw flight rows from which `engine: auto` prepares with Spark: where pandas stops fitting a 12 GiB
+# process (9.0 GB resident at 5.05M rows, out of memory at 20.2M; benchmarks/spark_prepare.py,
+# docs/data.md). Below it pandas was the faster engine on local[2].
+SPARK_FROM_ROWS = 7_000_000
 
 
 def parse_date(value: object, what: str = "date") -> dt.date:

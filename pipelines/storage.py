@@ -188,13 +188,12 @@ def write_table(df: pd.DataFrame, table_url: str) -> str:
 
 
 def read_table(table_url: str, table: str) -> pd.DataFrame:
-    """Read an unpartitioned table written by :func:`write_table`."""
+    """Read an unpartitioned table (:func:`write_table`'s, or a Spark job's part files)."""
     fs, path = filesystem(table_url)
-    file = f"{path}/data.parquet"
-    if not fs.exists(file):
+    if not fs.exists(path) or not [f for f in fs.ls(path, detail=False) if str(f).endswith(".parquet")]:
         raise MissingDataError(f"table {table!r} does not exist at {table_url}; run the ingest step first")
-    with fs.open(file, "rb") as handle:
-        return pq.read_table(handle).to_pandas()
+    # data.parquet as written here, or the part files a Spark job wrote (dot-prefixed staging is skipped)
+    return pq.read_table(path, filesystem=fs).to_pandas()
 
 
 def read_partitions(table_url: str, days: Iterable[dt.date], table: str) -> pd.DataFrame:

@@ -47,6 +47,9 @@ def build_session(
         .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.adaptive.coalescePartitions.enabled", "true")
+        # pandas <-> Spark (Feast's entity frames, toPandas) through Arrow, not row by row
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # list date partitions on the driver: one Spark task per partition directory costs more
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
         .config("spark.ui.enabled", "false")
@@ -64,6 +67,7 @@ def build_session(
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
     return spark
 
 
@@ -126,16 +130,32 @@ def local_midnight_utc(day: dt.date, timezone: str) -> dt.datetime:
     return local.astimezone(dt.UTC).replace(tzinfo=None)
 
 
+def _local_root(url: str) -> str | None:
+    return urlparse(url).path if url.startswith("file:") else None
+
+
+def _names(spark: SparkSession, url: str) -> list[str]:
+    """The entries of a folder (empty when it does not exist)."""
+    local = _local_root(url)
+    if local is not None:
+        return [e.name for e in os.scandir(local)] if os.path.isdir(local) else []
+    fs, path = _hadoop_fs(spark, url)
+    if not fs.exists(path):  # type: ignore[attr-defined]
+        return []
+    return [str(s.getPath().getName()) for s in fs.listStatus(path)]  # type: ignore[attr-defined]
+
+
 def existing_dates(spark: SparkSession, table_url: str) -> set[str]:
-    """Partition dates present under ``table_url`` (Hadoop filesystem listing, works for any scheme)."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-    path = jvm.org.apache.hadoop.fs.Path(table_url)
-    fs = path.getFileSystem(conf)
-    if not fs.exists(path):
-        return set()
-    names = [status.getPath().getName() for status in fs.listStatus(path)]
-    return {n.split("=", 1)[1] for n in names if n.startswith("date=")}
+    """Partition dates present under ``table_url`` (any scheme; a local folder is listed directly)."""
+    names = _names(spark, table_url)
+    return {n.split("=", 1)[1] for n in names if n.startswith("date=") and "." not in n}
+
+
+def dated_glob(table_url: str, lo: dt.date, hi: dt.date) -> str:
+    """A glob of the day partitions of the months ``lo..hi`` touch. Spark lists a glob's folders in
+    one pass (3.7 s for 5 years of days on local[2] here), the whole table's in 31 s at 40 years,
+    and a list of 1,826 folders or files one by one in over a minute."""
+    return f"{table_url.rstrip('/')}/date={{{','.join(layout.months(lo, hi))}}}-*"
 
 
 def read_dated(
@@ -151,7 +171,7 @@ def read_dated(
             f"input table {table!r} at {table_url} has no partition for {len(missing)} date(s): "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
-    frame = spark.read.option("basePath", table_url).parquet(table_url)
+    frame = spark.read.option("basePath", table_url).parquet(dated_glob(table_url, lo, hi))
     return frame.where(F.col("date").between(lo.isoformat(), hi.isoformat()))
 
 
@@ -182,52 +202,65 @@ def _hadoop_fs(spark: SparkSession, url: str) -> tuple[object, object]:
 
 
 def write_months(
-    frame: DataFrame, table_url: str, start: dt.date, end: dt.date, sort: Sequence[str] = ()
+    frame: DataFrame,
+    table_url: str,
+    start: dt.date,
+    end: dt.date,
+    sort: Sequence[str] = (),
+    clustered: bool = False,
 ) -> None:
     """Replace the dates ``start..end`` of a prepared table laid out by month (spark_jobs/layout.py).
 
-    ``frame`` holds the new rows of those dates (with a ``date`` column). Months the range only
-    partly covers keep their other dates' rows. Each month is written as one file, sorted by
-    ``date`` (then ``sort``), into a staging folder first; the finished months then replace the
-    old ones, so a failed job leaves the table as it was.
+    ``frame`` holds the new rows of those dates (with ``date`` and ``date_month`` columns).
+    ``clustered``: each month of ``frame`` is already in one Spark partition, so a table that holds
+    none of those months yet is written without a shuffle. Months the range only partly covers keep
+    their other dates' rows. Each month is one file sorted by ``date`` (then ``sort``), written to a
+    staging folder first; the finished months then replace the old ones, so a failed job leaves the
+    table as it was.
     """
     spark = frame.sparkSession
     touched = layout.months(start, end)
-    fresh = frame.withColumn(layout.MONTH_KEY, F.substring("date", 1, 7))
-    fs, root = _hadoop_fs(spark, table_url)
-    if fs.exists(root):  # type: ignore[attr-defined]
-        names = [s.getPath().getName() for s in fs.listStatus(root)]  # type: ignore[attr-defined]
-        if any(n.startswith(f"{layout.DAY_KEY}=") for n in names):
-            raise JobInputError(
-                f"prepared table {table_url} is laid out by day (an older layout): delete it and "
-                "prepare its dates again"
-            )
+    names = _names(spark, table_url)
+    if any(n.startswith(f"{layout.DAY_KEY}=") for n in names):
+        raise JobInputError(
+            f"prepared table {table_url} is laid out by day (an older layout): delete it and "
+            "prepare its dates again"
+        )
+    on_disk = {n.split("=", 1)[1] for n in names if n.startswith(f"{layout.MONTH_KEY}=")}
+    fresh = frame
+    if on_disk & set(touched):
         kept = (
             spark.read.parquet(table_url)
-            .where(F.col(layout.MONTH_KEY).isin(touched))
+            .where(F.col(layout.MONTH_KEY).isin(sorted(on_disk & set(touched))))
             .where(~F.col("date").between(start.isoformat(), end.isoformat()))
         )
         fresh = fresh.unionByName(kept.select(*fresh.columns))
+        clustered = False
+    if not clustered:
+        fresh = fresh.repartition(layout.MONTH_KEY)
     staging = f"{table_url.rstrip('/')}/_staging-{uuid.uuid4().hex[:8]}"
     (
-        fresh.repartition(layout.MONTH_KEY)
-        .sortWithinPartitions("date", *sort)
+        fresh.sortWithinPartitions(layout.MONTH_KEY, "date", *sort)
         .write.mode("overwrite")
         .partitionBy(layout.MONTH_KEY)
         .parquet(staging)
     )
+    fs, root = _hadoop_fs(spark, table_url)
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     for month in touched:
         name = layout.partition_name(layout.MONTH_KEY, month)
-        target, staged = (
-            jvm.org.apache.hadoop.fs.Path(root, name),
-            jvm.org.apache.hadoop.fs.Path(f"{staging}/{name}"),
-        )
+        target = jvm.org.apache.hadoop.fs.Path(root, name)
+        staged = jvm.org.apache.hadoop.fs.Path(f"{staging}/{name}")
         if fs.exists(target):  # type: ignore[attr-defined]
             fs.delete(target, True)  # type: ignore[attr-defined]
         if fs.exists(staged):  # type: ignore[attr-defined]
             fs.rename(staged, target)  # type: ignore[attr-defined]
     fs.delete(jvm.org.apache.hadoop.fs.Path(staging), True)  # type: ignore[attr-defined]
+
+
+def with_month(frame: DataFrame) -> DataFrame:
+    """``frame`` with its ``date_month`` (the month partition of a prepared table)."""
+    return frame.withColumn(layout.MONTH_KEY, F.substring("date", 1, 7))
 
 
 def parse_overrides(value: str | None) -> dict[str, str]:

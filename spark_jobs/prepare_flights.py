@@ -19,13 +19,18 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import common, transforms
+from spark_jobs import common, layout, transforms
 
 OUTPUT_TABLES = ("labels", "flight_schedule", "carrier_delay_stats", "route_delay_stats")
+# what the four outputs read of the prepared flights (the cache holds only these)
+CACHED = (
+    *("flight_id", "date", "date_month", "year", "month", "day", "sched_dep_time", "distance", "arr_delay"),
+    *("carrier", "origin", "dest", "route", "tailnum", "sched_dep_ts", "sched_arr_ts", "arrival_ts"),
+)
 # the order of the rows within a date in each table's files
 SORT = {
-    "labels": ("flight_id",),
-    "flight_schedule": ("flight_id",),
+    "labels": (),
+    "flight_schedule": (),
     "carrier_delay_stats": ("carrier", "event_timestamp"),
     "route_delay_stats": ("route", "event_timestamp"),
 }
@@ -56,8 +61,14 @@ def prepared_flights(
     dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
     lo = start - dt.timedelta(days=params.lookback_days)
     raw = common.read_dated(spark, f"{input_url}/flights", "flights", lo, end, required=dates)
+    # one shuffle, by month: the de-duplication (its key holds the date) and the month files of
+    # labels and flight_schedule need no other
+    months = len(layout.months(lo, end))
+    raw = raw.repartitionByRange(months, F.substring("date", 1, 7))
     airports = common.read_reference(spark, f"{input_url}/airports", "airports")
-    timezones = transforms.timezone_table(spark, airports, params.timezone_overrides)
+    # a few hundred airports: computed once and broadcast from the driver, not re-planned per join
+    zones = transforms.timezone_table(spark, airports, params.timezone_overrides).collect()
+    timezones = spark.createDataFrame(zones, "faa string, tzone string")
     return transforms.add_flight_times(transforms.clean_flights(raw), timezones)
 
 
@@ -99,12 +110,18 @@ def run(
     params: FlightJobParams,
 ) -> None:
     with common.stage(f"prepare_flights {start}..{end}: clean and time flights"):
-        flights = prepared_flights(spark, input_url, start, end, params).cache()
+        flights = prepared_flights(spark, input_url, start, end, params).select(*CACHED).cache()
     try:
         outputs = build_outputs(spark, flights, start, end, params)
         for table, frame in outputs.items():
             with common.stage(f"prepare_flights {start}..{end}: write {table}"):
-                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table])
+                clustered = table in (
+                    "labels",
+                    "flight_schedule",
+                )  # straight from the month-clustered flights
+                if not clustered:
+                    frame = common.with_month(frame)
+                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table], clustered)
     finally:
         flights.unpersist()
 

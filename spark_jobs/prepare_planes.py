@@ -34,7 +34,9 @@ def run(
 ) -> None:
     with common.stage(f"prepare_planes {start}..{end}"):
         frame = build_output(spark, input_url, start, end, home_timezone)
-        common.write_months(frame, f"{output_url}/plane_attributes", start, end, ("tailnum",))
+        common.write_months(
+            common.with_month(frame), f"{output_url}/plane_attributes", start, end, ("tailnum",)
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

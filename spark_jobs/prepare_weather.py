@@ -34,7 +34,7 @@ def run(
 ) -> None:
     with common.stage(f"prepare_weather {start}..{end}"):
         common.write_months(
-            build_output(spark, input_url, start, end, overrides or {}),
+            common.with_month(build_output(spark, input_url, start, end, overrides or {})),
             f"{output_url}/origin_weather",
             start,
             end,

@@ -8,7 +8,7 @@ few destinations the reference table lacks). The session clock must be UTC.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -55,6 +55,15 @@ def _wall_clock(year: Column, month: Column, day: Column, minutes: Column) -> Co
     return F.timestamp_seconds(midnight + minutes.cast("long") * 60)
 
 
+def to_utc(wall: Column, zone: Column, zones: Sequence[str]) -> Column:
+    """``to_utc_timestamp(wall, zone)`` with each of ``zones`` a literal: a zone column is parsed again on
+    every row, a literal zone once (null where the zone is not among ``zones``)."""
+    converted = F.lit(None).cast("timestamp")
+    for name in reversed(zones):
+        converted = F.when(zone == name, F.to_utc_timestamp(wall, name)).otherwise(converted)
+    return converted
+
+
 def timezone_table(spark: SparkSession, airports: DataFrame, overrides: Mapping[str, str]) -> DataFrame:
     """``faa -> tzone`` from the airports reference table, with ``overrides`` winning."""
     base = airports.select(F.upper(F.trim("faa")).alias("faa"), F.col("tzone").alias("tzone")).where(
@@ -78,6 +87,7 @@ def clean_flights(raw: DataFrame) -> DataFrame:
     )
     typed = raw.select(
         F.col("date").cast("string").alias("date"),
+        F.substring(F.col("date").cast("string"), 1, 7).alias("date_month"),
         F.col("year").cast("int").alias("year"),
         F.col("month").cast("int").alias("month"),
         F.col("day").cast("int").alias("day"),
@@ -107,7 +117,9 @@ def clean_flights(raw: DataFrame) -> DataFrame:
         & _hhmm_minutes(F.col("sched_arr_time")).isNotNull()
         & F.make_date("year", "month", "day").isNotNull()
     )
-    order = Window.partitionBy(*FLIGHT_KEY).orderBy(
+    # date_month leads the key (it is a function of date): input clustered by month, as
+    # prepare_flights reads it, needs no shuffle for this window, and the output stays clustered
+    order = Window.partitionBy("date_month", *FLIGHT_KEY).orderBy(
         F.col("arr_delay").isNull(),
         F.col("dep_delay").isNull(),
         F.col("dep_time").desc_nulls_last(),
@@ -134,22 +146,35 @@ def add_flight_times(flights: DataFrame, timezones: DataFrame) -> DataFrame:
     that would not be after the departure (overnight flights). The actual arrival is the scheduled one plus
     ``arr_delay``. A flight whose destination has no known time zone gets null arrival times.
     """
+    zones = sorted(r.tzone for r in timezones.select("tzone").distinct().collect())
     tz = F.broadcast(timezones)
     with_tz = flights.join(
         tz.withColumnRenamed("faa", "origin").withColumnRenamed("tzone", "origin_tz"), "origin", "left"
     ).join(tz.withColumnRenamed("faa", "dest").withColumnRenamed("tzone", "dest_tz"), "dest", "left")
-    dep_wall = _wall_clock(
-        F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_dep_time"))
+    walls = with_tz.withColumns(
+        {
+            "_dep_wall": _wall_clock(
+                F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_dep_time"))
+            ),
+            "_arr_wall": _wall_clock(
+                F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_arr_time"))
+            ),
+        }
     )
-    arr_wall = _wall_clock(
-        F.col("year"), F.col("month"), F.col("day"), _hhmm_minutes(F.col("sched_arr_time"))
+    # one column per conversion: each zone branch reads a column, not a copy of the expression
+    converted = walls.withColumns(
+        {
+            "sched_dep_ts": to_utc(F.col("_dep_wall"), F.col("origin_tz"), zones),
+            "_arr_same_day": to_utc(F.col("_arr_wall"), F.col("dest_tz"), zones),
+            "_arr_next_day": to_utc(F.col("_arr_wall") + F.expr("INTERVAL 1 DAY"), F.col("dest_tz"), zones),
+        }
     )
-    dep_ts = F.to_utc_timestamp(dep_wall, F.col("origin_tz"))
-    arr_same_day = F.to_utc_timestamp(arr_wall, F.col("dest_tz"))
-    arr_next_day = F.to_utc_timestamp(arr_wall + F.expr("INTERVAL 1 DAY"), F.col("dest_tz"))
-    timed = with_tz.withColumn("sched_dep_ts", dep_ts).withColumn(
-        "sched_arr_ts", F.when(arr_same_day > F.col("sched_dep_ts"), arr_same_day).otherwise(arr_next_day)
-    )
+    timed = converted.withColumn(
+        "sched_arr_ts",
+        F.when(F.col("_arr_same_day") > F.col("sched_dep_ts"), F.col("_arr_same_day")).otherwise(
+            F.col("_arr_next_day")
+        ),
+    ).drop("_dep_wall", "_arr_wall", "_arr_same_day", "_arr_next_day")
     return timed.withColumn(
         "arrival_ts",
         F.when(
@@ -160,7 +185,8 @@ def add_flight_times(flights: DataFrame, timezones: DataFrame) -> DataFrame:
 
 
 def labels(flights: DataFrame, late_minutes: int) -> DataFrame:
-    """One row per flight that arrived: keys, ``event_timestamp`` (scheduled departure), ``is_late``."""
+    """One row per flight that arrived: keys, ``event_timestamp`` (scheduled departure), ``is_late``,
+    ``date`` and its ``date_month``."""
     return flights.where(F.col("arr_delay").isNotNull()).select(
         "flight_id",
         F.col("sched_dep_ts").alias("event_timestamp"),
@@ -172,6 +198,7 @@ def labels(flights: DataFrame, late_minutes: int) -> DataFrame:
         F.col("arr_delay"),
         (F.col("arr_delay") > late_minutes).cast("int").alias("is_late"),
         "date",
+        "date_month",
     )
 
 
@@ -189,6 +216,7 @@ def schedule_features(flights: DataFrame) -> DataFrame:
             "sched_block_minutes"
         ),
         "date",
+        "date_month",
     )
 
 
