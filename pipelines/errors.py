@@ -25,5 +25,5 @@ class ValidationFailed(DataPipelineError):
         lines = "\n".join(f"  - {f}" for f in failures)
         super().__init__(
             f"validation suite {suite!r} failed {len(failures)} expectation(s):\n{lines}\n"
-            f"HTML report: {report_url}"
+            f"Data Docs: {report_url}"
         )

@@ -1,15 +1,17 @@
 """Validation step: Great Expectations 1.x suites for the raw tables, the feature tables and the training set.
 
 Each suite is a list of expectations built from the pipeline config (schema, nulls, ranges, key uniqueness,
-freshness, row-count bounds). :func:`run_suite` validates a pandas DataFrame, always writes a readable HTML
-report under ``<data_root>/reports/validation/``, and raises :class:`ValidationFailed` naming every failing
-expectation with example values, which stops the pipeline.
+freshness, row-count bounds). :func:`run_suite` validates a pandas DataFrame through a file Data Context
+under ``<data_root>/reports/gx/`` laid out as Great Expectations lays it out: the suite in
+``expectations/``, its validation definition and checkpoint in ``validation_definitions/`` and
+``checkpoints/``, the results and the Data Docs site in ``uncommitted/`` (the checkpoint's
+UpdateDataDocsAction renders them). It raises :class:`ValidationFailed` naming every failing
+expectation with example values, which stops the pipeline; the report URL is the run's Data Docs page.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import html
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -20,7 +22,7 @@ import pandas as pd
 
 from pipelines import ingest, storage
 from pipelines.config import PipelineConfig
-from pipelines.errors import ValidationFailed
+from pipelines.errors import ConfigError, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -228,78 +230,76 @@ def _describe(result: Any) -> str:
     return f"{config.type}({args}): failed"
 
 
-def render_html(suite: str, success: bool, rows: int, results: Sequence[Any]) -> str:
-    """A standalone HTML page: one table row per expectation, failures first, with examples."""
-    items = sorted(results, key=lambda r: r.success)
-    body = []
-    for r in items:
-        status = "PASS" if r.success else "FAIL"
-        text = html.escape(_describe(r)) if not r.success else html.escape(r.expectation_config.type)
-        kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
-        body.append(
-            f'<tr class="{status.lower()}"><td>{status}</td><td>{text}</td>'
-            f"<td><code>{html.escape(repr(kwargs))}</code></td></tr>"
+def gx_root(data_root: str) -> str:
+    """The local folder of the data root's Great Expectations project (a file Data Context needs one)."""
+    reports = storage.join(data_root, "reports")
+    if not storage.is_local(reports):
+        raise ConfigError(
+            f"validation reports: Great Expectations' file Data Context needs a local folder; "
+            f"the data root {data_root!r} is not local"
         )
-    verdict = "PASSED" if success else "FAILED"
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(suite)}: {verdict}</title><style>"
-        "body{font-family:sans-serif;margin:2em}"
-        "td{border-bottom:1px solid #ddd;padding:4px;vertical-align:top}"
-        "tr.fail td:first-child{color:#b00;font-weight:bold}tr.pass td:first-child{color:#070}</style></head>"
-        f"<body><h1>Validation suite {html.escape(suite)}: {verdict}</h1>"
-        f"<p>{rows} rows checked, {sum(not r.success for r in results)} of {len(results)} "
-        "expectations failed; "
-        f"generated {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}.</p>"
-        "<table><tr><th>status</th><th>expectation</th><th>arguments</th></tr>"
-        + "".join(body)
-        + "</table></body></html>"
-    )
+    return storage.local_path(reports)
+
+
+def _batch(context: Any, suite_name: str) -> Any:
+    """The whole-DataFrame batch definition of the suite's asset (created on first use)."""
+    try:
+        source = context.data_sources.get("pipeline")
+    except KeyError:
+        source = context.data_sources.add_pandas("pipeline")
+    try:
+        asset = source.get_asset(suite_name)
+    except LookupError:
+        asset = source.add_dataframe_asset(suite_name)
+    try:
+        return asset.get_batch_definition("whole")
+    except KeyError:
+        return asset.add_batch_definition_whole_dataframe("whole")
 
 
 def run_suite(
-    suite_name: str, frame: pd.DataFrame, expectations: Sequence[Expectation], report_url: str
+    suite_name: str, frame: pd.DataFrame, expectations: Sequence[Expectation], context_root: str
 ) -> SuiteReport:
-    """Validate ``frame`` with real Great Expectations; write the HTML report; raise on failure."""
+    """Validate ``frame`` through the suite's checkpoint in the file Data Context at ``context_root``
+    (Data Docs updated); raise on failure."""
     import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    context = gx.get_context(mode="ephemeral")
+    context = gx.get_context(mode="file", project_root_dir=context_root)
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch = (
-        context.data_sources.add_pandas(f"{suite_name}_source")
-        .add_dataframe_asset(f"{suite_name}_asset")
-        .add_batch_definition_whole_dataframe(f"{suite_name}_batch")
-    )
-    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
+    suite = gx.ExpectationSuite(name=suite_name)
     for expectation in expectations:
         copied = expectation.copy(deep=True)  # an expectation belongs to one suite: add a fresh copy
         copied.id = None
         suite.add_expectation(copied)
-    definition = context.validation_definitions.add(
-        gx.ValidationDefinition(name=f"{suite_name}_validation", data=batch, suite=suite)
+    suite = context.suites.add_or_update(suite)
+    definition = context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=suite_name, data=_batch(context, suite_name), suite=suite)
     )
-    result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    checkpoint = context.checkpoints.add_or_update(
+        gx.Checkpoint(
+            name=suite_name,
+            validation_definitions=[definition],
+            actions=[UpdateDataDocsAction(name="data_docs")],
+            result_format="SUMMARY",
+        )
+    )
+    outcome = checkpoint.run(batch_parameters={"dataframe": frame})
+    [(identifier, result)] = outcome.run_results.items()
+    [page] = context.get_docs_sites_urls(resource_identifier=identifier)
     failures = tuple(_describe(r) for r in result.results if not r.success)
-    fs, path = storage.filesystem(report_url)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "w") as handle:
-        handle.write(render_html(suite_name, bool(result.success), len(frame), result.results))
-    report = SuiteReport(suite_name, bool(result.success), len(result.results), failures, report_url)
+    report = SuiteReport(suite_name, bool(result.success), len(result.results), failures, page["site_url"])
     log.info(
         "validation %s: %s (%d expectations) -> %s",
         suite_name,
         result.success,
         len(result.results),
-        report_url,
+        report.report_url,
     )
     if not result.success:
-        raise ValidationFailed(suite_name, list(failures), report_url)
+        raise ValidationFailed(suite_name, list(failures), report.report_url)
     return report
-
-
-def report_url(config: PipelineConfig, suite: str, start: dt.date, end: dt.date) -> str:
-    return storage.join(config.data_root, "reports", "validation", f"{suite}_{start}_{end}.html")
 
 
 def _validate_tables(
@@ -312,7 +312,7 @@ def _validate_tables(
     for suite_name, table_url, build in tables:
         frame = storage.read_partitions(table_url, storage_dates(start, end), suite_name.split(".", 1)[-1])
         frame["date"] = frame["date"].astype(str)
-        reports.append(run_suite(suite_name, frame, build(), report_url(config, suite_name, start, end)))
+        reports.append(run_suite(suite_name, frame, build(), gx_root(config.data_root)))
     return reports
 
 
@@ -379,5 +379,5 @@ def validate_training_set(manifest_url: str) -> SuiteReport:
         "training_set",
         frame,
         training_set_suite(manifest["feature_columns"], manifest["label_column"]),
-        storage.join(folder, "validation.html"),
+        gx_root(manifest["data_root"]),
     )
