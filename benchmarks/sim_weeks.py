@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from gpuyard.sim.charts import write_ratio_grid
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
 from gpuyard.sim.metrics import Summary, ratio, summarize
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=1, help="simulations run at once")
     parser.add_argument("--weeks", default="", help="only the weeks starting on these days (YYYY-MM-DD,...)")
+    parser.add_argument("--chart", type=Path, default=Path(".gpuyard/sim/sim_weeks.png"), help="PNG written")
     args = parser.parse_args()
     sizes = [int(n) for n in args.nodes.split(",")]
     policies = args.policies.split(",")
@@ -103,6 +105,13 @@ def main() -> None:
         label = f"{start:%m-%d}..{end:%m-%d}" + ("" if whole else " (partial)")
         jobs = results[(start, sizes[0], "gpuyard")].jobs
         print(f"| {label} | {jobs} | " + " | ".join(cells) + " |")
+    grid = [
+        [ratio(results[(s, n, "gpuyard")].avg_jct_h, results[(s, n, "tiresias")].avg_jct_h) for n in sizes]
+        for s, _, _ in found
+    ]
+    rows = [f"{s:%m-%d}..{e:%m-%d}" for s, e, _ in found]
+    title = "gpuyard avg JCT / tiresias avg JCT, per week and fleet size"
+    print("\nchart:", write_ratio_grid(rows, [f"{n} nodes" for n in sizes], grid, args.chart, title))
     if not others:
         return
     print()

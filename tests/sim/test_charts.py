@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import typer
-from gpuyard.sim.charts import Recorder, over_time, write_chart
+from gpuyard.sim.charts import Recorder, over_time, write_chart, write_ratio_grid
 from gpuyard.sim.cli import sim
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet, write_fleet
@@ -58,3 +59,16 @@ def test_cli_prints_a_narrow_table_and_writes_the_chart(tmp_path: Path) -> None:
     assert f"chart: {chart}" in narrow.output and chart.read_bytes()[:4] == b"\x89PNG"
     wide = CliRunner().invoke(app, [*args, "--wide", "--chart", "-"])
     assert wide.exit_code == 0 and "Jain" in wide.output and "chart:" not in wide.output
+
+
+def test_the_weeks_grid_is_a_png_of_every_cell_and_refuses_an_empty_table(tmp_path: Path) -> None:
+    path = write_ratio_grid(
+        ["09-03..09-10", "10-22..10-29"],
+        ["40 nodes", "64 nodes"],
+        [[1.0, 0.99], [1.1, float("inf")]],
+        tmp_path / "grid.png",
+        "gpuyard / tiresias",
+    )
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    with pytest.raises(ValueError, match="at least one row"):
+        write_ratio_grid([], ["40 nodes"], [], tmp_path / "none.png", "empty")

@@ -141,3 +141,33 @@ def _waits_by_team(ax: plt.Axes, results: list[SimResult]) -> None:
     if top > 0 and math.isfinite(top):
         ax.set_ylim(0, top * 1.1)
     ax.legend(fontsize=8)
+
+
+def write_ratio_grid(
+    rows: Sequence[str], columns: Sequence[str], ratios: Sequence[Sequence[float]], path: Path, title: str
+) -> Path:
+    """A grid of ratios (lower is better, 1 is even), one cell per row x column, each labelled with its
+    value: green below 1, red above. Returns the path of the PNG."""
+    if not rows or not columns:
+        raise ValueError("write_ratio_grid needs at least one row and one column")
+    figure, ax = plt.subplots(figsize=(1.6 * len(columns) + 2.5, 0.45 * len(rows) + 1.8))
+    worst = max(0.05, max(abs(math.log(max(r, 1e-9))) for row in ratios for r in row if math.isfinite(r)))
+    image = ax.imshow(
+        [[math.log(max(r, 1e-9)) if math.isfinite(r) else worst for r in row] for row in ratios],
+        cmap="RdYlGn_r",
+        vmin=-worst,
+        vmax=worst,
+        aspect="auto",
+    )
+    for i, row in enumerate(ratios):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=9)
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_title(title, fontsize=10)
+    figure.colorbar(image, ax=ax, label="log ratio")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
