@@ -225,6 +225,38 @@ def crossover(results: dict[int, dict[str, Outcome]]) -> str:
     return "Spark never overtakes pandas at the sizes measured"
 
 
+def write_chart(results: dict[int, dict[str, Outcome]], cap_gib: float, path: Path) -> Path:
+    """Rows/s and peak RSS against raw rows, one line per engine; a run killed at the cap is an x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for engine in ENGINES:
+        runs = [(rows, outcomes[engine]) for rows, outcomes in sorted(results.items()) if engine in outcomes]
+        done = [(rows, o) for rows, o in runs if o.rate]
+        speed.plot([r for r, _ in done], [o.rate for _, o in done], marker="o", label=engine)
+        memory.plot([r for r, _ in runs], [o.peak_rss / GIB for _, o in runs], marker="o", label=engine)
+        killed = [(rows, o) for rows, o in runs if not o.rate]
+        memory.scatter(
+            [r for r, _ in killed], [o.peak_rss / GIB for _, o in killed], marker="x", s=80, color="k"
+        )
+    memory.axhline(cap_gib, linestyle="--", color="grey", label=f"cap {cap_gib:g} GiB")
+    speed.set(xscale="log", xlabel="raw rows", ylabel="rows/s", title="throughput (finished runs)")
+    memory.set(
+        xscale="log", xlabel="raw rows", ylabel="peak RSS (GiB)", title="memory (x: killed at the cap)"
+    )
+    for ax in (speed, memory):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -238,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "--replicas", type=int, default=3, help="schedule repetitions per day in the scale-up"
     )
     parser.add_argument("--sample-dates", type=int, default=6)
+    parser.add_argument("--chart", default=".gpuyard/bench/spark_prepare.png", help="PNG written")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--raw", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -324,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {rows:,} | {engine} | {seconds} | {rate} | {o.peak_rss / GIB:.2f} | {o.failure or 'ok'} |"
             )
     print(f"\ncrossover: {crossover(results)}")
+    print("chart:", write_chart(results, args.cap_gib, Path(args.chart)))
 
     def at(target: int, engine: str) -> Outcome | None:
         near = min(results, key=lambda r: abs(r - target))
