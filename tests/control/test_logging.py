@@ -121,6 +121,7 @@ def test_a_production_relay_writes_json_lines_at_the_level_set(
         "GPUYARD_REDIS_URL": redis_url,
         "GPUYARD_REDIS_STREAM": redis_stream,
         "GPUYARD_HOME": str(tmp_path),
+        "GPUYARD_RELAY_PROBE_PORT": "0",  # any free port: another relay on this machine may hold 9102
     }
     relay = gpuyard(["relay"], log, **env)
     try:
