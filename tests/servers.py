@@ -1,14 +1,19 @@
-"""Real servers and waiting, for tests: free ports, a throwaway Redis, polling with a deadline."""
+"""Real servers and waiting, for tests: free ports, a throwaway Redis, `gpuyard up`, polling with a
+deadline."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +87,79 @@ class RedisServer:
             self.process.kill()
             self.process.wait()
             self.process = None
+
+
+def without_gpuyard_settings(**extra: str) -> dict[str, str]:
+    """This process's environment less its GPUYARD_* settings (a server or CLI of the test's own), plus
+    `extra`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")} | extra
+
+
+class GpuyardUp:
+    """`gpuyard up` in `home`, on a free port, in its own process group; its output in `<home>.log`.
+
+    `start()` returns once it has announced itself in server.json (or fails with its output)."""
+
+    def __init__(self, home: Path, env: Mapping[str, str] | None = None):
+        self.home = home
+        self.env = dict(env) if env is not None else without_gpuyard_settings()
+        self.log = home.with_name(f"{home.name}.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> GpuyardUp:
+        (self.home / "server.json").unlink(missing_ok=True)
+        with self.log.open("ab") as log:
+            self.process = process = subprocess.Popen(
+                [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(self.home), "--port", "0"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        wait_until(
+            lambda: (self.home / "server.json").exists() or process.poll() is not None,
+            timeout_s=timeout_s,
+            what=f"gpuyard up in {self.home}",
+        )
+        assert process.poll() is None, f"gpuyard up exited {process.returncode}:\n{self.output()}"
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "gpuyard up was not started"
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return str(json.loads((self.home / "server.json").read_text())["url"])
+
+    @property
+    def admin_token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM to its process group, then its exit status (SIGKILL after `timeout_s`); None if not
+        started."""
+        if self.process is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"gpuyard up did not stop in {timeout_s}s:\n{self.output()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL to its whole process group (the control plane dies; its workers live on)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
 
 
 class TcpProxy:

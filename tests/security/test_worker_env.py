@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -60,6 +61,7 @@ def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_ser
         tmp_path / "attempts",
         secrets,
         team_users=False,
+        workdir=tmp_path,
         inherited=SERVER_ENV,
         passthrough=("TZ", "NOPE"),
     )
@@ -78,6 +80,7 @@ def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_ser
         tmp_path / "attempts",
         secrets,
         team_users=False,
+        workdir=tmp_path,
         inherited=SERVER_ENV,
         passthrough=("PYTHONPATH",),
     )
@@ -89,10 +92,10 @@ def test_a_job_naming_a_missing_secret_does_not_start(
 ) -> None:
     job = request(attempt_id, env_from_secret={"API_KEY": "api-key", "OTHER": "gone"})
     with pytest.raises(SecretNotFound, match="team a has no secret named 'gone'"):
-        worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=False)
+        worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=False, workdir=tmp_path)
     other_team = request(attempt_id, team="b", env_from_secret={"API_KEY": "api-key"})
     with pytest.raises(SecretNotFound):  # team b cannot name team a's secret
-        worker_env.prepare(other_team, tmp_path / "attempts", secrets, team_users=False)
+        worker_env.prepare(other_team, tmp_path / "attempts", secrets, team_users=False, workdir=tmp_path)
 
 
 @as_root
@@ -147,15 +150,37 @@ def test_the_privilege_drop_leaves_no_group_no_new_privileges_and_a_private_umas
     assert refused.returncode == 2
 
 
+@pytest.fixture
+def places() -> Iterator[Path]:
+    """`open/` and `closed/` (mode 0700) in a directory every user may enter, each with a `python`
+    (executable by all) and a link `python-link` to the other one's."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        base = Path(scratch)
+        base.chmod(0o755)
+        for place, mode in (("open", 0o755), ("closed", 0o700)):
+            (base / place).mkdir(mode=mode)
+            (base / place / "python").write_text("#!/bin/sh\n")
+            (base / place / "python").chmod(0o755)
+        (base / "open" / "python-link").symlink_to(base / "closed" / "python")
+        (base / "closed" / "python-link").symlink_to(base / "open" / "python")
+        yield base
+
+
 @as_root
-def test_an_interpreter_in_a_closed_directory_is_named_before_any_worker_starts(tmp_path: Path) -> None:
-    closed = tmp_path / "closed"
-    closed.mkdir(mode=0o700)
-    interpreter = closed / "python"
-    interpreter.write_text("#!/bin/sh\n")
-    interpreter.chmod(0o755)
-    with pytest.raises(worker_env.SandboxError, match="is closed to other users"):
-        worker_env._check_runnable_by_others(str(interpreter))
+def test_an_interpreter_or_working_directory_closed_to_others_is_named_before_any_worker_starts(
+    places: Path,
+) -> None:
+    with pytest.raises(worker_env.SandboxError, match=f"{places / 'closed'} is closed to other users"):
+        worker_env._check_reachable_by_others(str(places / "closed" / "python"), Path("/"))
+    # a link is followed: an open name of a closed interpreter, a closed name of an open one
+    for link in (places / "open" / "python-link", places / "closed" / "python-link"):
+        with pytest.raises(worker_env.SandboxError, match="closed to other users"):
+            worker_env._check_reachable_by_others(str(link), Path("/"))
+    with pytest.raises(worker_env.SandboxError, match=r"cannot enter the working directory \(worker_dir\)"):
+        worker_env._check_reachable_by_others(str(places / "open" / "python"), places / "closed")
+    (places / "open" / "private").mkdir(mode=0o711)  # enterable, not listable: Python cannot import there
+    assert "not readable and enterable" in str(worker_env._closed_to_others(places / "open" / "private"))
+    worker_env._check_reachable_by_others(str(places / "open" / "python"), places / "open")
 
 
 @as_root
@@ -163,7 +188,9 @@ def test_the_workers_own_directory_belongs_to_its_team_s_user(
     tmp_path: Path, secrets: FileSecretStore, attempt_id: str
 ) -> None:
     job = request(attempt_id, command=["sh", "-c", "true"])
-    sandbox = worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=True, inherited={})
+    sandbox = worker_env.prepare(
+        job, tmp_path / "attempts", secrets, team_users=True, workdir=Path("/"), inherited={}
+    )
     assert sandbox.identity is not None and sandbox.identity.name == "gpuyard-a"
     found = sandbox.directory.stat()
     assert (found.st_uid, found.st_gid) == (sandbox.identity.uid, sandbox.identity.gid)
@@ -179,25 +206,38 @@ def test_the_workers_own_directory_belongs_to_its_team_s_user(
     ]
     with pytest.raises(worker_env.SandboxError, match="not found on the workers' PATH"):
         worker_env.prepare(
-            request(attempt_id, command=["no-such-tool"]), tmp_path / "attempts", secrets, team_users=True
+            request(attempt_id, command=["no-such-tool"]),
+            tmp_path / "attempts",
+            secrets,
+            team_users=True,
+            workdir=Path("/"),
         )
 
 
 @as_root
-def test_auto_changes_users_only_where_every_user_may_run_the_interpreter(
-    monkeypatch: pytest.MonkeyPatch,
+def test_auto_changes_users_only_where_every_user_may_reach_what_python_jobs_need(places: Path) -> None:
+    reachable = [places / "open" / "python", places / "open"]
+    assert worker_env.team_users("auto", reachable) and worker_env.team_users("on", reachable)
+    assert not worker_env.team_users("off", reachable)
+    for closed in (places / "closed" / "python", places / "open" / "python-link", places / "closed"):
+        assert not worker_env.team_users("auto", [*reachable, closed])  # the launcher's user, warned
+        assert worker_env.team_users("on", [*reachable, closed])  # on: each job is checked at launch
+
+
+def test_what_python_jobs_need_is_this_environment_its_runtime_and_the_working_directory(
+    tmp_path: Path,
 ) -> None:
-    with tempfile.TemporaryDirectory() as scratch:
-        base = Path(scratch)
-        base.chmod(0o755)
-        (base / "open").mkdir(mode=0o755)
-        (base / "closed").mkdir(mode=0o700)
-        for place in ("open", "closed"):
-            (base / place / "python").write_text("#!/bin/sh\n")
-            (base / place / "python").chmod(0o755)
-        monkeypatch.setattr(sys, "executable", str(base / "open" / "python"))
-        assert worker_env.team_users("auto") and worker_env.team_users("on")
-        assert not worker_env.team_users("off")
-        monkeypatch.setattr(sys, "executable", str(base / "closed" / "python"))
-        assert not worker_env.team_users("auto")  # workers stay the launcher's user, with a warning
-        assert worker_env.team_users("on")  # on: each job's command is checked at launch instead
+    code = (
+        "import sys; from gpuyard.launchers import worker_env as w; print(*w.python_job_needs(sys.argv[1]))"
+    )
+    shown = subprocess.run(  # as the launcher sees it (pytest's tests/ on sys.path shadows training/)
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    repository = Path(__file__).resolve().parents[2]
+    assert shown[0] == sys.executable and shown[-2:] == [str(tmp_path), tempfile.gettempdir()]
+    assert sysconfig.get_path("purelib") in shown
+    assert {str(repository / "plugins" / "gpuyard"), str(repository / "training")} <= set(shown)

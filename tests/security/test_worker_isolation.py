@@ -2,11 +2,13 @@
 control plane's home nor another team's files, processes or environment, and a planted secret is
 found nowhere it should not be.
 
-The jobs are shell commands: a worker user must be able to run a job's command, and this suite's
-Python environment may live where other users cannot enter (its `auto` mode then keeps workers as
-root; `test_worker_env.py` checks that rule). The server gets credentials of its own in its
-environment; the control plane's home is where the jobs are told it is. One shared, world-writable
-directory stands for what both teams can reach.
+The hostile jobs are shell commands, runnable by a worker user wherever this suite's Python
+environment lives. The training job is Python: it runs as its team's user where every user may
+reach this environment (`worker_env.python_job_needs`: built from /usr/bin/python3.11 in an open
+directory, as `make install` does where it can); where they cannot (an environment under /root,
+mode 0700), `on` must refuse it naming the closed directory rather than run it as root. The server
+gets credentials of its own in its environment; the control plane's home is where the jobs are told
+it is. One shared, world-writable directory stands for what both teams can reach.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import httpx
 import pytest
 from gpuyard.launchers import worker_env
 from gpuyard.launchers.local import _processes_of
-from servers import wait_until
+from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import create_engine, text
+
+from training.data import write_synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = "planted-secret-0d5e1c7a9b"
@@ -71,45 +75,33 @@ def shared() -> Iterator[Path]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+def server(tmp_path: Path) -> Iterator[GpuyardUp]:
     if os.geteuid() != 0:
         pytest.fail("workers change user only under a root launcher: run this suite as root (make test does)")
-    home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
-    env |= {
-        "GPUYARD_WORKER_DIR": str(ROOT),
-        "GPUYARD_WORKER_USERS": "on",
-        "AWS_SECRET_ACCESS_KEY": SERVER_CREDENTIAL,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(home), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
+    up = GpuyardUp(
+        tmp_path / "home",
+        without_gpuyard_settings(
+            GPUYARD_WORKER_DIR=str(ROOT), GPUYARD_WORKER_USERS="on", AWS_SECRET_ACCESS_KEY=SERVER_CREDENTIAL
+        ),
     )
-    wait_until(lambda: (home / "server.json").exists() or process.poll() is not None, timeout_s=60, what="up")
-    assert process.poll() is None, process.stdout.read() if process.stdout else ""
-    yield home, process
-    attempts = list((home / "attempts").iterdir()) if (home / "attempts").exists() else []
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.communicate(timeout=30)
-    for directory in attempts:
-        for pid in _processes_of(directory.name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        worker_env.remove_sandbox(directory.name)
+    try:
+        yield up.start()
+    finally:
+        attempts = list((up.home / "attempts").iterdir()) if (up.home / "attempts").exists() else []
+        with contextlib.suppress(AssertionError):
+            up.stop()
+        for directory in attempts:
+            for pid in _processes_of(directory.name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            worker_env.remove_sandbox(directory.name)
 
 
 def cli(home: Path, *args: str, stdin: str | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
     return subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", *args, "--home", str(home)],
         input=stdin,
-        env=env,
+        env=without_gpuyard_settings(),
         check=True,
         capture_output=True,
         text=True,
@@ -129,11 +121,9 @@ def job(name: str, team: str, command: list[str], **fields: Any) -> dict[str, An
 
 
 def test_hostile_jobs_read_nothing_of_the_control_plane_or_each_other_and_the_secret_stays_put(
-    server: tuple[Path, subprocess.Popen[str]], shared: Path
+    server: GpuyardUp, shared: Path
 ) -> None:
-    home, process = server
-    admin = (home / "admin.token").read_text().strip()
-    url = json.loads((home / "server.json").read_text())["url"]
+    home, admin, url = server.home, server.admin_token, server.url
     tokens = {team: cli(home, "token", "create", "--team", team).strip() for team in ("a", "b")}
     team_admin_a = cli(home, "token", "create", "--team", "a", "--role", "team-admin").strip()
     cli(home, "secret", "set", "api-key", "--team", "a", "--token", team_admin_a, stdin=PLANTED)
@@ -217,6 +207,91 @@ def test_hostile_jobs_read_nothing_of_the_control_plane_or_each_other_and_the_se
     assert files and not [p for p in files if PLANTED.encode() in p.read_bytes()]
     http.post(f"/v1/jobs/{victim}/cancel", headers=headers)
     http.close()
-    os.killpg(process.pid, signal.SIGTERM)
-    server_output = process.communicate(timeout=30)[0]
-    assert PLANTED not in server_output
+    server.stop()
+    assert PLANTED not in server.output()
+
+
+# Team b's training job, in Python: what it may not read, then the training runtime as `python -m
+# training.run` would run it (heartbeats, checkpoints to GPUYARD_CHECKPOINT_URL, MLflow).
+TRAIN = r"""
+import os, sys
+for path in sys.argv[1:4]:
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+        print("PROBE READ", path, flush=True)
+    except OSError as error:
+        print("PROBE denied", path, type(error).__name__, flush=True)
+print("PROBE uid", os.getuid(), os.getgid(), flush=True)
+from training.run import main
+sys.exit(main(["--config", sys.argv[4]]))
+"""
+
+
+def training_config(path: Path, data: Path, workdir: Path) -> Path:
+    """A small config: its MLflow store is the job's own (sqlite in its team's workdir)."""
+    config = {
+        "seed": 7,
+        "workdir": str(workdir),
+        "data": {"path": str(data), "label_column": "is_delayed"},
+        "model": {"hidden": [8]},
+        "train": {"max_steps": 6, "global_batch_size": 32, "lr": 0.01},
+        "checkpoint": {"interval_steps": 3, "keep_last": 2},
+        "heartbeat": {"interval_s": 1.0},
+        "mlflow": {"enabled": True, "log_model": False, "system_metrics": False},
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.slow  # torch and MLflow start in the worker: about 25 s idle, a minute on a loaded machine
+def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_control_plane(
+    server: GpuyardUp, shared: Path
+) -> None:
+    home = server.home
+    http = httpx.Client(base_url=server.url, timeout=30)
+    tokens = {team: cli(home, "token", "create", "--team", team).strip() for team in ("a", "b")}
+
+    def run(spec: dict[str, Any], team: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {tokens[team]}"}
+        response = http.post("/v1/jobs", json=spec, headers=headers)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+
+        def ended() -> dict[str, Any] | None:
+            shown = http.get(f"/v1/jobs/{job_id}", headers=headers).json()
+            return shown if shown["state"] in ("SUCCEEDED", "FAILED") else None
+
+        found: dict[str, Any] = wait_until(ended, timeout_s=120, what=f"team {team}'s job")
+        found["logs"] = http.get(f"/v1/jobs/{job_id}/logs", headers=headers).text
+        return found
+
+    weights = shared / "team-a" / "weights.bin"
+    write = f"import os; os.makedirs({str(weights.parent)!r}); open({str(weights)!r}, 'w').write('a')"
+    data = shared / "flights.parquet"
+    write_synthetic(str(data), rows=200, features=4, seed=3)
+    config = training_config(shared / "train.json", data, shared / "team-b")
+    targets = [str(home / "admin.token"), str(home / "gpuyard.db"), str(weights)]
+    command = ["python", "-c", TRAIN, *targets, str(config)]
+    spec = job("train", "b", command, checkpoint={"url": (shared / "team-b" / "ckpt").as_uri()})
+    closed = next(filter(None, map(worker_env._closed_to_others, worker_env.python_job_needs(ROOT))), None)
+    if closed is not None:  # this environment lives where worker users cannot reach it
+        refused = run(spec, "b")
+        assert refused["state"] == "FAILED" and "closed to other users" in refused["reason"], refused
+        return
+
+    assert run(job("weights", "a", ["python", "-c", write]), "a")["state"] == "SUCCEEDED"
+    trained = run(spec, "b")
+    assert trained["state"] == "SUCCEEDED", trained
+    shown = trained["logs"].splitlines()
+    lines = [line.removeprefix("PROBE ") for line in shown if line.startswith("PROBE ")]
+    assert [line.split()[:2] for line in lines[:3]] == [["denied", t] for t in targets], lines
+    uid, gid = (int(n) for n in lines[3].split()[1:])
+    identities = json.loads((home / "attempts" / worker_env.IDENTITIES_FILE).read_text())
+    assert uid == gid == identities["b"] != identities["a"] >= worker_env.WORKER_UID_BASE
+    # What it wrote is its team's alone: its checkpoints, its events and its own MLflow store.
+    written = [p for p in (shared / "team-b").rglob("*") if p.is_file()]
+    assert {"events.jsonl", "mlflow.db", "manifest.json"} <= {p.name for p in written}, written
+    assert all(p.stat().st_uid == uid and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)
+    assert trained["attempts"][0]["checkpoint_url"].startswith((shared / "team-b" / "ckpt").as_uri())
+    http.close()

@@ -140,7 +140,7 @@ class LocalLauncher:
         self.root, self.inventory, self.clock = root, inventory, clock
         self.workdir = workdir or Path.cwd()
         self.secrets = secrets or home_store(root.parent)  # root is <home>/attempts
-        self.team_users = worker_env.team_users(worker_users)
+        self.team_users = worker_env.team_users(worker_users, worker_env.python_job_needs(self.workdir))
         self.passthrough = passthrough
         self.root.mkdir(parents=True, exist_ok=True)
         self._attempts: dict[str, _Attempt] = {}
@@ -163,7 +163,12 @@ class LocalLauncher:
     def _start(self, request: LaunchRequest, directory: Path) -> None:
         # Secrets, identity and own directory first: a job that cannot have them does not start.
         sandbox = worker_env.prepare(
-            request, self.root, self.secrets, team_users=self.team_users, passthrough=self.passthrough
+            request,
+            self.root,
+            self.secrets,
+            team_users=self.team_users,
+            workdir=self.workdir,
+            passthrough=self.passthrough,
         )
         if strays := _processes_of(request.attempt_id):
             # A launcher died between starting workers and recording them: stop them, start afresh.

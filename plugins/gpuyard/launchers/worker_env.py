@@ -15,10 +15,14 @@ team's own unprivileged user (uid = gid = WORKER_UID_BASE + n; n is given to eac
 first launch, and kept in `<launcher root>/worker-uids.json`), through `privilege_drop`: no
 supplementary groups, no_new_privs, umask 077. Teams therefore cannot read each other's files,
 processes or environments (nor the control plane's home, mode 0700). That needs a command every user
-may run: `on` refuses to start a job whose command is not (naming the closed directory); `auto` (the
-default) is `on` when the launcher's own interpreter is runnable by every user (the jobs of
-gpuyard's Python environment then run too) and otherwise runs workers as the launcher's user,
-warning once; `off` never changes users. When the launcher is not root, workers run as its user.
+may run and a working directory every user may enter: `on` refuses to start a job whose command or
+working directory is not (naming the closed directory); `auto` (the default) is `on` when every user
+may reach what this environment's Python jobs need (`python_job_needs`: the interpreter as named and
+as resolved, its site-packages, the worker runtime's code, the working directory) and otherwise runs
+workers as the launcher's user, warning once with the first closed directory; `off` never changes
+users. When the launcher is not root, workers run as its user. The launcher never opens a path for a
+worker: what a job reads and writes (data, checkpoints, a tracking store) must be reachable by its
+team's user by the path's own modes.
 
 Own directory: `<system temp>/gpuyard-sandboxes-<launcher uid>/<attempt id>`, mode 0700, owned by
 the worker's user; it outlives the attempt until `remove_sandbox`.
@@ -34,9 +38,11 @@ import os
 import shutil
 import stat
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
@@ -49,6 +55,7 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 WORKER_UID_BASE = 300_000_000  # far above login users (1000+) and the usual subordinate ranges (100000+)
 MAX_TEAMS = 1_000_000
 IDENTITIES_FILE = "worker-uids.json"
+RUNTIME_PACKAGES = ("gpuyard", "training")  # what a Python job of this environment imports to report back
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +95,32 @@ WorkerUsers = Literal["auto", "on", "off"]
 WORKER_PATH = f"{Path(sys.executable).parent}{os.pathsep}{SYSTEM_PATH}"
 
 
-def team_users(mode: WorkerUsers) -> bool:
-    """Whether workers run as their team's user under this launcher (see the module's docstring)."""
+def team_users(mode: WorkerUsers, needs: Sequence[Path]) -> bool:
+    """Whether workers run as their team's user under this launcher (see the module's docstring);
+    `needs`: what they must reach, for `auto` (`python_job_needs`)."""
     if mode == "off" or os.geteuid() != 0:
         return False
     if mode == "on":
         return True
-    closed = _closed_to_others(Path(sys.executable))
+    closed = next(filter(None, map(_closed_to_others, needs)), None)
     if closed is not None:
         log.warning(
-            "worker_users=auto: workers run as root, since other users cannot run this environment's "
-            "interpreter (%s); build it from an interpreter every user may run (docs/security.md)",
+            "worker_users=auto: workers run as root, since other users cannot reach what this "
+            "environment's Python jobs need: %s; build the environment from an interpreter every user "
+            "may run, in a directory every user may enter (docs/security.md)",
             closed,
         )
     return closed is None
+
+
+def python_job_needs(workdir: Path) -> list[Path]:
+    """What a worker user must reach to run a Python job of this environment in `workdir`: the
+    interpreter, the environment's packages, the worker runtime's code (an editable install's
+    source tree), the working directory, the system temp directory (their own directories' place)."""
+    specs = [find_spec(name) for name in RUNTIME_PACKAGES]
+    code = [Path(spec.origin).parent for spec in specs if spec is not None and spec.origin]
+    paths = {sysconfig.get_path(kind) for kind in ("purelib", "platlib")}
+    return [Path(sys.executable), *sorted(Path(p) for p in paths), *code, workdir, sandboxes_root().parent]
 
 
 def prepare(
@@ -110,6 +129,7 @@ def prepare(
     secrets: FileSecretStore,
     *,
     team_users: bool,
+    workdir: Path,
     inherited: Mapping[str, str] = os.environ,
     passthrough: Sequence[str] = (),
 ) -> WorkerSandbox:
@@ -123,7 +143,7 @@ def prepare(
     values = secrets.read(spec.team, spec.env_from_secret.values()) if spec.env_from_secret else {}
     identity = team_identity(launcher_root, spec.team) if team_users and os.geteuid() == 0 else None
     if identity is not None:
-        _check_runnable_by_others(spec.command[0])
+        _check_reachable_by_others(spec.command[0], workdir)
     directory = _own_directory(request.attempt_id, identity)
     user = identity.name if identity else getpass.getuser()
     base = {
@@ -156,20 +176,26 @@ def team_identity(launcher_root: Path, team: str) -> WorkerIdentity:
     return WorkerIdentity(uid=uid, gid=uid, name=f"gpuyard-{team}")
 
 
-def _closed_to_others(program: Path) -> str | None:
-    """Why a worker user (neither owner nor group of anything here) cannot run `program`, or None:
-    every directory on the way to it must be enterable by others, the file executable by them."""
-    target = program.resolve()
-    for directory in reversed(target.parents):
+def _closed_to_others(path: Path) -> str | None:
+    """Why a worker user (neither owner nor group of anything here) cannot use `path`, or None: every
+    directory on the way to it, as named and as resolved, must be enterable by others; a file must be
+    executable by them, a directory readable and enterable (Python lists the directories it imports
+    from)."""
+    named, target = Path(os.path.abspath(path)), path.resolve()
+    for directory in (*reversed(named.parents), *reversed(target.parents)):
         if not directory.stat().st_mode & stat.S_IXOTH:
             mode = directory.stat().st_mode & 0o777
-            return f"{program} is {target}, and {directory} is closed to other users (mode {mode:o})"
-    if not target.stat().st_mode & stat.S_IXOTH:
-        return f"{target} is not executable by other users"
+            shown = path if target == named else f"{path} (that is {target})"
+            return f"{shown}: {directory} is closed to other users (mode {mode:o})"
+    found = target.stat()
+    wanted = stat.S_IROTH | stat.S_IXOTH if stat.S_ISDIR(found.st_mode) else stat.S_IXOTH
+    if found.st_mode & wanted != wanted:
+        what = "readable and enterable" if stat.S_ISDIR(found.st_mode) else "executable"
+        return f"{target} is not {what} by other users (mode {found.st_mode & 0o777:o})"
     return None
 
 
-def _check_runnable_by_others(command: str) -> None:
+def _check_reachable_by_others(command: str, workdir: Path) -> None:
     found = shutil.which(command, path=WORKER_PATH) if os.sep not in command else command
     if found is None:
         raise SandboxError(f"command {command!r} is not found on the workers' PATH ({WORKER_PATH})")
@@ -178,6 +204,12 @@ def _check_runnable_by_others(command: str) -> None:
         raise SandboxError(
             f"worker users cannot run {command!r}: {closed}; a job's command must be runnable by every "
             "user (build the environment from an interpreter such as /usr/bin/python3, docs/security.md)"
+        )
+    closed = _closed_to_others(workdir)
+    if closed is not None:
+        raise SandboxError(
+            f"worker users cannot enter the working directory (worker_dir): {closed}; it must be "
+            "enterable by every user (docs/security.md)"
         )
 
 
