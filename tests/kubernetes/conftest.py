@@ -3,7 +3,8 @@
 The emulator runs in its own thread and event loop, so the synchronous `kubernetes` client (and the
 launcher's watch threads) talk to it over HTTP exactly as they would to an API server. The only
 additions to kmock's emulator are what a real API server does on every write and the launcher relies
-on: a `uid` and `creationTimestamp` on creation and a growing `resourceVersion`.
+on: a `uid` and `creationTimestamp` on creation, a growing `resourceVersion`, and 404 for an object
+created in a namespace that does not exist.
 """
 
 from __future__ import annotations
@@ -22,19 +23,35 @@ import pytest
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from kmock import action
 from kubernetes import client as k8s
+from kubernetes import utils as k8s_utils
 
-NAMESPACE = "gpuyard"
+NAMESPACE = "gpuyard"  # the control plane's
+SERVED = (  # served even before the first object
+    "v1/pods",
+    "v1/services",
+    "v1/secrets",
+    "v1/nodes",
+    "v1/resourcequotas",
+    "v1/serviceaccounts",
+    "networking.k8s.io/v1/networkpolicies",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+)
 
 
 class ApiServerEmulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the metadata a real API server stamps on writes."""
 
     _versions = itertools.count(1000)
+    # kmock cannot route /api/v1/namespaces (it reads 'namespaces' as the start of a namespaced path):
+    # the namespaces that exist are kept here (Cluster.apply adds them). The launcher never reads them.
+    namespaces: dict[str, dict[str, Any]]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for plural in ("pods", "services", "secrets", "nodes"):  # served even before the first object
-            self.resources[f"v1/{plural}"] = {}
+        self.namespaces = {}
+        for resource in SERVED:
+            self.resources[resource] = {}
 
     async def _handle(self, request: Any) -> Any:
         if request.method == "GET" and str(request.params.get("watch", "")).lower() == "true":
@@ -48,6 +65,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             and request.action in (action.CREATE, action.UPDATE)
         ):
             meta = data.setdefault("metadata", {})
+            namespace = request.namespace or meta.get("namespace")
+            if request.action == action.CREATE and namespace and not self.has_namespace(namespace):
+                raise kmock.KubernetesObjectNotFoundError(
+                    reason="NotFound", message=f'namespaces "{namespace}" not found'
+                )
             meta["resourceVersion"] = str(next(self._versions))
             if request.action == action.CREATE:
                 meta.setdefault("uid", str(uuid.uuid4()))
@@ -71,6 +93,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 return
             yield item
 
+    def has_namespace(self, name: str) -> bool:
+        return name in self.namespaces
+
     def patch_silently(self, plural: str, name: str, patch: dict[str, Any]) -> None:
         """Change an object without a watch event: what a watcher misses while disconnected."""
         for (resource, _, object_name), obj in self.objects.items():
@@ -90,16 +115,21 @@ class Cluster:
         configuration = k8s.Configuration()
         configuration.host = url
         self.api = k8s.CoreV1Api(k8s.ApiClient(configuration))
+        self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """Create these objects, as `kubectl apply -f` of their YAML would on an empty cluster."""
+        for obj in objects:
+            if obj["kind"] == "Namespace":
+                self.emulator.namespaces[obj["metadata"]["name"]] = obj
+            else:
+                k8s_utils.create_from_dict(self.api.api_client, obj)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 
     def pods(self) -> list[dict[str, Any]]:
-        return [
-            dict(obj.raw)
-            for (res, ns, _), obj in self.emulator.objects.items()
-            if res.plural == "pods" and ns == NAMESPACE and not obj.deleted
-        ]
+        return self.objects("pods")
 
     def objects(self, plural: str) -> list[dict[str, Any]]:
         return [
@@ -117,7 +147,8 @@ class Cluster:
 
     # Kubelet and node controller, played through the API as they would play it.
     def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
-        self.api.patch_namespaced_pod_status(name, NAMESPACE, {"status": status}, _preload_content=False)
+        (namespace,) = [p["metadata"]["namespace"] for p in self.pods() if p["metadata"]["name"] == name]
+        self.api.patch_namespaced_pod_status(name, namespace, {"status": status}, _preload_content=False)
 
     def add_node(self, name: str, **overrides: Any) -> None:
         self.api.create_node(node(name, **overrides))

@@ -157,19 +157,28 @@ def test_kubectl_apply_k_renders_a_platform_that_validates(tmp_path: Path) -> No
 
 
 def test_rights_are_only_what_the_launcher_uses() -> None:
-    (role,) = by_kind("Role").values()
-    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
-    assert {res for res, _ in granted} == {"pods", "pods/log", "services", "secrets"}
-    assert not {verb for _, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
+    """Cluster-wide, the control plane reads nodes and nothing else; its namespaced rights live in the
+    team namespaces (manifests.LAUNCHER_RULES, checked by test_manifests and test_launcher)."""
+    assert by_kind("Role") == {} and by_kind("RoleBinding") == {}  # nothing to do in its own namespace
     (cluster_role,) = by_kind("ClusterRole").values()
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
     ]
+    (binding,) = by_kind("ClusterRoleBinding").values()
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]  # never cluster-admin
     accounts = by_kind("ServiceAccount")
     assert accounts["gpuyard-worker"]["automountServiceAccountToken"] is False
-    bound = {
-        s["name"]
-        for b in [*by_kind("RoleBinding").values(), *by_kind("ClusterRoleBinding").values()]
-        for s in b["subjects"]
-    }
-    assert bound == {"gpuyard-control-plane"}  # workers and the relay hold no rights
+    assert accounts["gpuyard-relay"]["automountServiceAccountToken"] is False
+    assert {s["name"] for s in binding["subjects"]} == {"gpuyard-control-plane"}  # workers, relay: no rights
+
+
+def test_the_launcher_settings_of_the_config_map_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
+    for name, value in config.items():
+        if name.startswith("GPUYARD_KUBERNETES__"):
+            monkeypatch.setenv(name, value)
+    kubernetes = load_settings(home=tmp_path).kubernetes
+    assert (kubernetes.namespace, kubernetes.team_namespace_prefix) == ("gpuyard", "gpuyard-team-")
+    assert kubernetes.worker_egress_cidrs == () and kubernetes.mlflow_tracking_uri is not None

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kmock
 import pytest
-from conftest import NAMESPACE, Cluster, assert_valid
+from conftest import Cluster, assert_valid
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import JobSpec
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
@@ -31,13 +32,19 @@ SPEC = JobSpec(
 )
 
 
-def request(attempt_id: str = "att-7f3a", nodes: tuple[str, ...] = ("gpu-a", "gpu-b")) -> LaunchRequest:
+TEAM_NS = "gpuyard-team-nlp"
+ATTEMPT_PLURALS = ("secrets", "networkpolicies", "services", "pods")
+
+
+def request(
+    attempt_id: str = "att-7f3a", nodes: tuple[str, ...] = ("gpu-a", "gpu-b"), spec: JobSpec = SPEC
+) -> LaunchRequest:
     return LaunchRequest(
         attempt_id=attempt_id,
         job_id="job-42",
         attempt_number=2,
         fencing_token=918273,
-        spec=SPEC,
+        spec=spec,
         placement=Placement("eu-west", "c1", "rack-1", tuple(NodeSlice(n, (0, 1, 2, 3)) for n in nodes)),
         api_url="http://gpuyard-api.gpuyard.svc:8080",
         checkpoint_url="s3://ckpt/job-42",
@@ -108,15 +115,38 @@ def ended(attempt_id: str) -> Callable[[list[WorkerReport]], bool]:
     )
 
 
+def ours(cluster: Cluster, plural: str) -> list[dict[str, Any]]:
+    """The launcher's objects of this kind (not the team namespace's own default-deny policy)."""
+    return [
+        o for o in cluster.objects(plural) if o["metadata"].get("labels", {}).get(m.MANAGED_BY) == "gpuyard"
+    ]
+
+
+def created(cluster: Cluster) -> list[Any]:
+    """The launcher's create requests (not those of the team namespace set up by the fixture)."""
+    return [
+        r
+        for r in list(cluster.emulator)
+        if r.action == action.CREATE
+        and r.resource.plural in ATTEMPT_PLURALS
+        and r.data["metadata"].get("labels", {}).get(m.MANAGED_BY) == "gpuyard"
+    ]
+
+
 @pytest.fixture
-def nodes(cluster: Cluster) -> None:
+def nodes(cluster: Cluster, config: KubernetesConfig) -> None:
     cluster.add_node("gpu-a")
     cluster.add_node("gpu-b")
+    cluster.apply(m.build_team_namespace("nlp", 16, config))  # what `gpuyard kubernetes namespaces` prints
+
+
+def teams() -> list[str]:
+    return ["nlp", "vision"]  # the store's teams: vision has no namespace in the cluster
 
 
 @pytest.fixture
 def launcher(cluster: Cluster, config: KubernetesConfig, nodes: None) -> Iterator[KubernetesLauncher]:
-    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as launcher:
+    with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as launcher:
         yield launcher
 
 
@@ -133,11 +163,13 @@ def start_gang(cluster: Cluster, launcher: KubernetesLauncher, attempt_id: str =
 def test_launch_creates_valid_owned_objects(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     launcher.launch(request())
     secrets, services, pods = cluster.objects("secrets"), cluster.objects("services"), cluster.pods()
-    assert len(secrets) == 1 and len(services) == 1 and len(pods) == 2
-    for obj in [*secrets, *services, *pods]:
+    policies = ours(cluster, "networkpolicies")
+    assert len(secrets) == 1 and len(services) == 1 and len(pods) == 2 and len(policies) == 1
+    for obj in [*secrets, *policies, *services, *pods]:
         assert_valid(obj)
+        assert obj["metadata"]["namespace"] == TEAM_NS  # the team's namespace, not the control plane's
     owner = secrets[0]["metadata"]
-    for obj in [*services, *pods]:
+    for obj in [*policies, *services, *pods]:
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"]) == ("Secret", owner["name"], owner["uid"])
     # the fencing token is only in the Secret, never in a pod's plain env values
@@ -153,10 +185,28 @@ def test_launch_creates_valid_owned_objects(cluster: Cluster, launcher: Kubernet
         for p in pods
     )
     assert nodes == ["gpu-a", "gpu-b"]
-    created = [
-        r for r in list(cluster.emulator) if r.action == action.CREATE and r.resource.plural != "nodes"
-    ]
-    assert [r.resource.plural for r in created] == ["secrets", "services", "pods", "pods"]  # owner first
+    # the owner first, then the gang's NetworkPolicy: no pod of the gang exists before it is isolated
+    plurals = [r.resource.plural for r in created(cluster)]
+    assert plurals == ["secrets", "networkpolicies", "services", "pods", "pods"]
+    (policy,) = policies
+    gang = {"podSelector": {"matchLabels": {m.ATTEMPT_LABEL: m.attempt_key("att-7f3a")}}}
+    assert policy["spec"]["podSelector"] == gang["podSelector"]
+    assert policy["spec"]["ingress"] == [{"from": [gang]}]
+
+
+def test_a_team_without_its_namespace_is_refused_with_the_fix(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    vision = SPEC.model_copy(update={"team": "vision"})
+    with pytest.raises(LaunchError) as refused:
+        launcher.launch(request("att-v", spec=vision))
+    assert str(refused.value) == (
+        "creating secret gpuyard-team-vision/" + m.attempt_key("att-v") + ": namespace gpuyard-team-vision "
+        "not found (404): a cluster admin creates it with "
+        "`gpuyard kubernetes namespaces --team vision | kubectl apply -f -`"
+    )
+    assert [r.resource.plural for r in created(cluster)] == ["secrets"]  # the refused one, nothing after it
+    assert cluster.pods() == []
 
 
 def test_watch_turns_phases_into_reports(cluster: Cluster, launcher: KubernetesLauncher) -> None:
@@ -262,7 +312,7 @@ def test_node_that_disappears_loses_the_attempt(cluster: Cluster, launcher: Kube
 
 def test_pod_deleted_behind_our_back_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     names = start_gang(cluster, launcher)
-    cluster.api.delete_namespaced_pod(names[0], NAMESPACE)  # e.g. pod GC after its node went away
+    cluster.api.delete_namespaced_pod(names[0], TEAM_NS)  # e.g. pod GC after its node went away
     (report,) = collect(launcher, ended("att-7f3a"))
     assert report.outcome is Outcome.LOST and "deleted before it ended" in (report.reason or "")
 
@@ -306,10 +356,7 @@ def test_conflict_on_create_adopts_after_restart(
     launcher.close()
     with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as restarted:
         restarted.launch(request())  # same attempt again: every create meets 409 and adopts
-        conflicts = [
-            r for r in list(cluster.emulator) if r.action == action.CREATE and r.resource.plural != "nodes"
-        ]
-        assert len(conflicts) == 8  # 4 created, then 4 conflicts
+        assert len(created(cluster)) == 10  # 5 created, then 5 conflicts
         assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods()} == before
         for name in pod_names("att-7f3a"):
             cluster.set_pod_status(name, running())
@@ -333,7 +380,7 @@ def test_conflict_with_another_attempts_object_is_refused(
 def test_cancel_deletes_with_grace_and_reports_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     start_gang(cluster, launcher)
     launcher.cancel("att-7f3a", grace_s=45)
-    assert cluster.pods() == [] and cluster.objects("services") == [] and cluster.objects("secrets") == []
+    assert not any(ours(cluster, plural) for plural in ATTEMPT_PLURALS)
     deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
     assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]
     (report,) = collect(launcher, ended("att-7f3a"))
@@ -353,10 +400,10 @@ def test_reconcile_after_restart(
         launcher.launch(req)
     launcher.close()  # the scheduler dies
     for name in pod_names("att-vanished"):
-        cluster.api.delete_namespaced_pod(name, NAMESPACE)
-    cluster.api.delete_namespaced_pod(pod_names("att-half")[1], NAMESPACE)
+        cluster.api.delete_namespaced_pod(name, TEAM_NS)
+    cluster.api.delete_namespaced_pod(pod_names("att-half")[1], TEAM_NS)
 
-    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as restarted:
+    with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
         reports = restarted.reconcile({r.attempt_id: r for r in (live, vanished, half)})
         for report in reports:
             restarted.acknowledge(report)  # the scheduler does, once the store has them
@@ -371,6 +418,9 @@ def test_reconcile_after_restart(
         assert sorted(p["metadata"]["name"] for p in cluster.pods()) == pod_names("att-live")
         assert [s["metadata"]["name"] for s in cluster.objects("secrets")] == [m.attempt_key("att-live")]
         assert [s["metadata"]["name"] for s in cluster.objects("services")] == [m.attempt_key("att-live")]
+        assert [p["metadata"]["name"] for p in ours(cluster, "networkpolicies")] == [
+            m.attempt_key("att-live")
+        ]
         # the adopted attempt is observed as before
         for name in pod_names("att-live"):
             cluster.set_pod_status(name, terminated(0))
@@ -381,18 +431,39 @@ def test_reconcile_after_restart(
 def test_list_requests_use_the_label_selector(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     launcher.reconcile({})
     lists = [r for r in list(cluster.emulator) if r.action == action.LIST and r.resource.plural != "nodes"]
-    assert lists and all(
-        r.params.get("labelSelector") == "app.kubernetes.io/managed-by=gpuyard" for r in lists
-    )
+    assert {(r.namespace, r.resource.plural) for r in lists} == {
+        (ns, plural) for ns in (TEAM_NS, "gpuyard-team-vision") for plural in ATTEMPT_PLURALS
+    }  # the store's teams' namespaces only: nothing cluster-wide but nodes
+    assert all(r.params.get("labelSelector") == "app.kubernetes.io/managed-by=gpuyard" for r in lists)
+
+
+def test_a_restart_cleans_up_the_namespace_of_a_team_with_nothing_live(
+    cluster: Cluster, config: KubernetesConfig, launcher: KubernetesLauncher
+) -> None:
+    launcher.launch(request("att-gone"))
+    launcher.close()
+    with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
+        assert restarted.reconcile({}) == []  # no live attempt names nlp: its namespace comes from `teams`
+    assert not any(ours(cluster, plural) for plural in ATTEMPT_PLURALS)
+
+
+def test_cancel_after_a_restart_finds_the_attempts_namespace(
+    cluster: Cluster, config: KubernetesConfig, launcher: KubernetesLauncher
+) -> None:
+    launcher.launch(request())
+    launcher.close()
+    with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
+        restarted.cancel("att-7f3a", grace_s=0)
+    assert not any(ours(cluster, plural) for plural in ATTEMPT_PLURALS)
 
 
 def test_foreign_pods_are_left_alone(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     cluster.api.create_namespaced_pod(
-        NAMESPACE,
+        TEAM_NS,
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "someone-else", "namespace": NAMESPACE},
+            "metadata": {"name": "someone-else", "namespace": TEAM_NS},
             "spec": {"containers": [{"name": "c", "image": "busybox"}]},
         },
     )
@@ -425,8 +496,8 @@ def test_an_ended_attempt_leaves_no_object_behind(
     cluster.add_node("gpu-d")
     launcher.launch(request("att-other", ("gpu-c", "gpu-d")))  # a neighbour that keeps running
     names = start_gang(cluster, launcher)
-    counted = {plural: len(cluster.objects(plural)) for plural in ("secrets", "services", "pods")}
-    assert counted == {"secrets": 2, "services": 2, "pods": 4}
+    counted = {plural: len(ours(cluster, plural)) for plural in ATTEMPT_PLURALS}
+    assert counted == {"secrets": 2, "networkpolicies": 2, "services": 2, "pods": 4}
     end(cluster, names)
     deadline = time.monotonic() + 8
     while not (reports := [r for r in launcher.observe() if r.attempt_id == "att-7f3a"]):
@@ -437,8 +508,8 @@ def test_an_ended_attempt_leaves_no_object_behind(
     assert len(cluster.objects("secrets")) == 2  # kept until the store has the ending
     launcher.acknowledge(report)
     key = m.attempt_key("att-other")
-    assert [s["metadata"]["name"] for s in cluster.objects("secrets")] == [key]
-    assert [s["metadata"]["name"] for s in cluster.objects("services")] == [key]
+    for plural in ("secrets", "networkpolicies", "services"):
+        assert [s["metadata"]["name"] for s in ours(cluster, plural)] == [key], plural
     assert sorted(p["metadata"]["name"] for p in cluster.pods()) == pod_names("att-other")
 
 
@@ -446,10 +517,10 @@ def test_logs_of_every_rank(cluster: Cluster, launcher: KubernetesLauncher) -> N
     launcher.launch(request())
     names = pod_names("att-7f3a")
     (
-        cluster.emulator[f"get /api/v1/namespaces/{NAMESPACE}/pods/{names[0]}/log"]
+        cluster.emulator[f"get /api/v1/namespaces/{TEAM_NS}/pods/{names[0]}/log"]
         << b"step 1 loss 2.0\nstep 2 loss 1.5\n"
     )
-    cluster.emulator[f"get /api/v1/namespaces/{NAMESPACE}/pods/{names[1]}/log"] << b"rank 1 ready\n"
+    cluster.emulator[f"get /api/v1/namespaces/{TEAM_NS}/pods/{names[1]}/log"] << b"rank 1 ready\n"
     assert list(launcher.logs("att-7f3a")) == [
         "[node-rank 0] step 1 loss 2.0",
         "[node-rank 0] step 2 loss 1.5",
@@ -465,3 +536,61 @@ def test_logs_of_every_rank(cluster: Cluster, launcher: KubernetesLauncher) -> N
         r for r in list(cluster.emulator) if r.subresource == "log" and r.params.get("follow") == "True"
     ]
     assert len(follows) == 2
+
+
+VERBS = {
+    action.LIST: "list",
+    action.WATCH: "watch",
+    action.FETCH: "get",
+    action.CREATE: "create",
+    action.DELETE: "delete",
+    action.UPDATE: "patch",
+}
+
+
+def test_every_request_of_the_launcher_is_granted_by_its_rules(
+    cluster: Cluster, config: KubernetesConfig, launcher: KubernetesLauncher
+) -> None:
+    """A whole life (launch, run, logs, a failure, cleanup, a cancel of an unknown attempt, a restart's
+    reconcile): every request is in the team namespace Role (manifests.LAUNCHER_RULES) or is a read of
+    nodes, the one cluster-wide right deploy/rbac.yaml grants."""
+    first = len(list(cluster.emulator))
+    names = start_gang(cluster, launcher)
+    for name in names:
+        cluster.emulator[f"get /api/v1/namespaces/{TEAM_NS}/pods/{name}/log"] << b"step 1\n"
+    assert list(launcher.logs("att-7f3a")) == ["[node-rank 0] step 1", "[node-rank 1] step 1"]
+    cluster.set_pod_status(names[1], terminated(3))
+    collect(launcher, ended("att-7f3a"))
+    launcher.cancel("att-unknown", grace_s=0)
+    with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
+        restarted.reconcile({})
+    granted = {
+        (group, resource, verb)
+        for rule in m.LAUNCHER_RULES
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    made = [r for r in list(cluster.emulator)[first:] if r.subresource != "status"]  # not the kubelet's
+    assert {r.resource.plural for r in made} >= {"pods", "secrets", "services", "networkpolicies", "nodes"}
+    for r in made:
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        verb = VERBS[r.action]
+        if r.namespace is None:
+            assert (resource, verb) in {("nodes", "list"), ("nodes", "watch")}, (resource, verb)
+        else:
+            assert r.namespace in (TEAM_NS, "gpuyard-team-vision"), r.namespace
+            assert (r.resource.group, resource, verb) in granted, (r.resource.group, resource, verb)
+
+
+def test_a_pod_the_quota_refuses_fails_the_launch_naming_the_quota(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """The team namespace's ResourceQuota, the second line behind the scheduler's quotas, speaks
+    through the launch error (and so through the attempt's reason)."""
+    said = "exceeded quota: gpuyard-gpus, requested: requests.nvidia.com/gpu=4, used: 16, limited: 16"
+    refusal = kmock.KubernetesError(status=403, reason="Forbidden", message=said)
+    cluster.emulator[f"post /api/v1/namespaces/{TEAM_NS}/pods"] << refusal
+    with pytest.raises(LaunchError) as refused:
+        launcher.launch(request())
+    assert str(refused.value) == (f"creating pod {TEAM_NS}/{pod_names('att-7f3a')[0]}: 403 Forbidden: {said}")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NAMESPACE, Cluster
+from conftest import Cluster
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import parse_spec
@@ -44,7 +44,8 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
 def service(cluster: Cluster, config: KubernetesConfig, engine: Engine) -> Iterator[SchedulerService]:
     cluster.add_node("gpu-a", domain="rack-1")
     cluster.add_node("gpu-b", domain="rack-2")
-    with KubernetesLauncher(config, cluster.api, backoff_s=0.05) as launcher:
+    cluster.apply(m.build_team_namespace("a", 16, config))
+    with KubernetesLauncher(config, cluster.api, teams=lambda: ["a"], backoff_s=0.05) as launcher:
         yield SchedulerService(
             engine,
             launcher,
@@ -116,7 +117,7 @@ def test_a_plain_command_runs_three_lease_periods_in_one_attempt(
 
 
 def test_a_node_that_disappears_loses_its_attempt_which_resumes_on_another(
-    cluster: Cluster, service: SchedulerService, engine: Engine
+    cluster: Cluster, config: KubernetesConfig, service: SchedulerService, engine: Engine
 ) -> None:
     job_id = submit(engine, ["sh", "-c", "sleep 600"])
     attempt_id = run_pods(cluster, service, engine, job_id)
@@ -135,7 +136,7 @@ def test_a_node_that_disappears_loses_its_attempt_which_resumes_on_another(
     second = detail(engine, job_id).attempts[1]
     step_until(service, lambda: pods_of(cluster, second.id), "its pod")
     (moved,) = [p for p in cluster.pods() if p["metadata"]["name"] in pods_of(cluster, second.id)]
-    assert (
-        moved["metadata"]["annotations"][m.NODE_ANNOTATION] != node
-        and moved["metadata"]["namespace"] == NAMESPACE
-    )
+    assert moved["metadata"]["annotations"][m.NODE_ANNOTATION] != node and moved["metadata"][
+        "namespace"
+    ] == m.team_namespace("a", config)
+

@@ -1,4 +1,5 @@
-"""Pure builders and fates: names, environment, resources, security, and pod statuses to outcomes."""
+"""Pure builders and fates: names, environment, resources, security, isolation (NetworkPolicy, team
+namespaces, RBAC), and pod statuses to outcomes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import assert_valid
+from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.launchers.base import LaunchRequest, Outcome
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
@@ -32,7 +34,8 @@ def test_pod_environment_resources_and_security(config: KubernetesConfig) -> Non
     (container,) = spec["containers"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     key = m.attempt_key("att-7f3a")
-    assert env["MASTER_ADDR"] == f"{key}-0.{key}.gpuyard.svc.cluster.local"
+    assert pod["metadata"]["namespace"] == "gpuyard-team-nlp"  # the job's team's
+    assert env["MASTER_ADDR"] == f"{key}-0.{key}.gpuyard-team-nlp.svc.cluster.local"
     assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"], env["MASTER_PORT"]) == (
         "2",
         "1",
@@ -48,9 +51,22 @@ def test_pod_environment_resources_and_security(config: KubernetesConfig) -> Non
         "limits": {"nvidia.com/gpu": "4", "memory": str(64 * 2**30)},
         "requests": {"cpu": "16000m", "memory": str(64 * 2**30)},
     }
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["securityContext"]["privileged"] is False
-    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 10001
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert (spec["hostNetwork"], spec["hostPID"], spec["hostIPC"]) == (False, False, False)
+    # a read-only root: the runtime writes to emptyDirs only (its HOME holds .gpuyard/train and caches)
+    assert all(set(volume) == {"name", "emptyDir"} for volume in spec["volumes"])  # never a hostPath
+    mounts = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/var/lib/gpuyard": "work"}
+    assert (env["HOME"], env["TMPDIR"]) == ("/var/lib/gpuyard", "/tmp")
     assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 30 and spec["serviceAccountName"] == "gpuyard-worker"
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
@@ -149,3 +165,112 @@ def test_workers_log_to_the_platforms_mlflow_server_unless_the_job_names_its_own
     spec = request().spec.model_copy(update={"env": {"MLFLOW_TRACKING_URI": "http://team"}})
     own = replace(request(), spec=spec)
     assert tracking(KubernetesConfig(mlflow_tracking_uri=server), own) == "http://team"
+
+
+def test_network_policy_opens_the_gang_to_itself_and_the_control_plane_only(config: KubernetesConfig) -> None:
+    config = config.model_copy(update={"worker_egress_cidrs": ("10.20.0.0/16",)})
+    policy = m.build_network_policy(request(), config, OWNER)
+    assert_valid(policy)
+    key = m.attempt_key("att-7f3a")
+    gang = {"podSelector": {"matchLabels": {m.ATTEMPT_LABEL: key}}}
+    assert policy["metadata"]["namespace"] == "gpuyard-team-nlp" and policy["metadata"]["name"] == key
+    assert policy["metadata"]["ownerReferences"][0]["name"] == "gy-x"  # goes with the attempt's Secret
+    spec = policy["spec"]
+    assert spec["podSelector"] == gang["podSelector"] and spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == [{"from": [gang]}]  # every port, from the gang only: NCCL/gloo pick theirs
+
+    def control(app: str) -> dict[str, Any]:
+        return {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpuyard"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": app}},
+        }
+
+    dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+    assert spec["egress"] == [
+        {"to": [gang]},
+        {"to": [control("gpuyard-api")], "ports": [{"protocol": "TCP", "port": 8080}]},
+        {"to": [control("gpuyard-mlflow")], "ports": [{"protocol": "TCP", "port": 5000}]},
+        {"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]},
+    ]
+    # the Service's and the pods' rendezvous port is one the gang's ingress opens (all of them)
+    (port,) = m.build_service(request(), config, OWNER)["spec"]["ports"]
+    assert port["targetPort"] == config.master_port
+
+
+def test_team_namespace_name_and_its_errors() -> None:
+    assert m.team_namespace("nlp", KubernetesConfig()) == "gpuyard-team-nlp"
+    assert m.team_namespace("nlp", KubernetesConfig(team_namespace_prefix="ml-")) == "ml-nlp"
+    with pytest.raises(ValueError, match="not a DNS label of at most 63 characters"):
+        m.team_namespace("t" * 60, KubernetesConfig())
+    with pytest.raises(ValueError, match="team_namespace_prefix"):
+        KubernetesConfig(team_namespace_prefix="Team_")
+
+
+def test_team_gpu_limit_is_what_the_scheduler_may_let_the_team_hold() -> None:
+    quotas = {
+        "nlp": TeamQuota(gpu_quota=8, cohort="research"),
+        "vision": TeamQuota(gpu_quota=16, cohort="research"),
+        "ops": TeamQuota(gpu_quota=4),
+    }
+    assert m.team_gpu_limit("ops", quotas) == 4  # its nominal quota
+    assert m.team_gpu_limit("nlp", quotas) == 24  # it may borrow all of its cohort's idle quota
+
+
+def test_team_namespace_objects(config: KubernetesConfig) -> None:
+    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in m.build_team_namespace("nlp", 24, config)}
+    for obj in objects.values():
+        assert_valid(obj)
+    assert sorted(objects) == [
+        "Namespace/gpuyard-team-nlp",
+        "NetworkPolicy/gpuyard-default-deny",
+        "ResourceQuota/gpuyard-gpus",
+        "Role/gpuyard-launcher",
+        "RoleBinding/gpuyard-launcher",
+        "ServiceAccount/gpuyard-worker",
+    ]
+    namespace = objects["Namespace/gpuyard-team-nlp"]["metadata"]
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespace["labels"][m.TEAM_LABEL] == "nlp"
+    assert all(
+        o["metadata"].get("namespace", "gpuyard-team-nlp") == "gpuyard-team-nlp" for o in objects.values()
+    )
+    assert objects["ResourceQuota/gpuyard-gpus"]["spec"] == {"hard": {"requests.nvidia.com/gpu": "24"}}
+    assert objects["ServiceAccount/gpuyard-worker"]["automountServiceAccountToken"] is False
+    deny = objects["NetworkPolicy/gpuyard-default-deny"]["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}  # no rule: nothing allowed
+    rules = objects["Role/gpuyard-launcher"]["rules"]
+    granted = {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert not [g for g in granted if "*" in g]  # no wildcard group, resource or verb
+    assert {v for _, _, v in granted} <= {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "delete",
+    }  # no update, patch, escalate
+    assert {(g, r) for g, r, _ in granted} == {
+        ("", "pods"),
+        ("", "pods/log"),
+        ("", "services"),
+        ("", "secrets"),
+        ("networking.k8s.io", "networkpolicies"),
+    }
+    binding = objects["RoleBinding/gpuyard-launcher"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "gpuyard-launcher",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuyard-control-plane", "namespace": "gpuyard"}
+    ]

@@ -7,8 +7,10 @@ Succeeded; a gang of two meets at its headless Service's name; a node drained wi
 (the job resumes from its checkpoint on another node, its failure budget untouched); a node going
 NotReady (its attempt lost once its lease runs out, the job placed elsewhere); an image that cannot be
 pulled (the job fails, naming it); the leading scheduler SIGKILLed mid-run (the other takes over and
-adopts the running pods). At the end: every job in its state, never two live attempts of a job, never
-a GPU leased to two attempts at once, and no object the launcher made left in the cluster.
+adopts the running pods). The team's namespace is what `gpuyard kubernetes namespaces` prints, applied
+as a cluster admin would; every attempt's objects live there, its pods isolated by their NetworkPolicy.
+At the end: every job in its state, never two live attempts of a job, never a GPU leased to two attempts
+at once, and no object the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import httpx
 import psycopg
 import pytest
 import yaml
-from conftest import NAMESPACE, Cluster
+from conftest import NAMESPACE, Cluster, assert_valid
 from gpuyard.launchers.kubernetes import manifests as m
 from servers import free_port, wait_until
 
@@ -37,6 +39,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
 IMAGE = "registry.example/train@sha256:" + "a" * 64  # production admits images pinned by digest only
 LEASE_S = 10
+TEAM_NS = "gpuyard-team-ml"
+ATTEMPT_PLURALS = ("pods", "services", "secrets", "networkpolicies")
 
 
 def running() -> dict[str, Any]:
@@ -138,6 +142,12 @@ class Platform:
         self.token = (
             self.gpuyard("token", "create", "--team", "ml", "--json").split('"token": "')[1].split('"')[0]
         )
+        # the team's namespace, as a cluster admin applies it: kubectl apply -f - of what this prints
+        namespaces = [doc for doc in yaml.safe_load_all(self.gpuyard("kubernetes", "namespaces")) if doc]
+        for doc in namespaces:
+            assert_valid(doc)
+        assert {doc["metadata"].get("namespace", doc["metadata"]["name"]) for doc in namespaces} == {TEAM_NS}
+        self.cluster.apply(namespaces)
         self.start("api", "api", "--host", "127.0.0.1", "--port", str(self.api_port), "--workers", "2")
         self.start("relay", "relay", GPUYARD_RELAY_PROBE_PORT=str(free_port()))
         for name in ("scheduler-1", "scheduler-2"):
@@ -286,7 +296,12 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
     key = gang[0]["metadata"]["labels"][m.ATTEMPT_LABEL]
     (service,) = [s for s in cluster.objects("services") if s["metadata"]["name"] == key]
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {m.ATTEMPT_LABEL: key}
-    rendezvous = f"{key}-0.{key}.{NAMESPACE}.svc.cluster.local"
+    (policy,) = [p for p in cluster.objects("networkpolicies") if p["metadata"]["name"] == key]
+    gang_only = {"podSelector": {"matchLabels": {m.ATTEMPT_LABEL: key}}}
+    assert policy["spec"]["podSelector"] == gang_only["podSelector"]
+    assert policy["spec"]["ingress"] == [{"from": [gang_only]}]  # the rendezvous port opens to the gang only
+    assert {o["metadata"]["namespace"] for o in [*gang, service, policy]} == {TEAM_NS}
+    rendezvous = f"{key}-0.{key}.{TEAM_NS}.svc.cluster.local"
     assert [env_of(p)["MASTER_ADDR"] for p in gang] == [rendezvous, rendezvous]
     assert (gang[0]["spec"]["hostname"], gang[0]["spec"]["subdomain"]) == (f"{key}-0", key)
     assert len({node_of(p) for p in gang}) == 2
@@ -393,7 +408,7 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
         lambda: (
             not [
                 o
-                for plural in ("pods", "services", "secrets")
+                for plural in ATTEMPT_PLURALS
                 for o in cluster.objects(plural)
                 if (o["metadata"].get("labels") or {}).get(m.MANAGED_BY) == "gpuyard"
             ]
@@ -401,3 +416,5 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
         timeout_s=30,
         what="every object of the launcher deleted",
     )
+    # what the namespace set-up made stays: it is the team's, not an attempt's
+    assert [p["metadata"]["name"] for p in cluster.objects("networkpolicies")] == [m.DEFAULT_DENY]

@@ -38,6 +38,8 @@ team_app = typer.Typer(help="Teams: quotas and admission policies.", no_args_is_
 app.add_typer(team_app, name="team")
 secret_app = typer.Typer(help="A team's secrets, which jobs name in env_from_secret.", no_args_is_help=True)
 app.add_typer(secret_app, name="secret")
+kubernetes_app = typer.Typer(help="The Kubernetes launcher's cluster objects.", no_args_is_help=True)
+app.add_typer(kubernetes_app, name="kubernetes")
 # The planner lives with the worker runtime (training/); it is pure arithmetic, no torch import.
 app.command("plan")(plan)
 # The trace simulator drives the scheduler's own cycle with a virtual clock.
@@ -737,3 +739,35 @@ def logs(
         while (line := _call(next, lines, None)) is not None:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+
+
+@kubernetes_app.command("namespaces")
+def kubernetes_namespaces(
+    team: Annotated[
+        list[str] | None, typer.Option("--team", help="Only this team (repeatable) [default: every team].")
+    ] = None,
+    home: Home = None,
+) -> None:
+    """Print the team namespaces (quota, worker identity, default-deny policy, the launcher's Role) as
+    YAML for `kubectl apply -f -`, from the store's teams: run it as a cluster admin when a team is
+    added or its quota changes."""
+    import yaml
+
+    from gpuyard.launchers.kubernetes import manifests
+
+    settings = _settings(home)
+    with _store(settings).connect() as conn:
+        quotas = team_store.list_teams(conn)
+    unknown = sorted(set(team or ()) - set(quotas))
+    if unknown:
+        _fail(
+            f"--team: no such team in the store: {', '.join(unknown)} (teams: {', '.join(quotas) or 'none'})"
+        )
+    documents = []
+    for name in team or sorted(quotas):
+        gpus = manifests.team_gpu_limit(name, quotas)
+        try:
+            documents += manifests.build_team_namespace(name, gpus, settings.kubernetes)
+        except ValueError as error:
+            _fail(str(error))
+    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))

@@ -62,10 +62,25 @@ def _local(settings: Settings) -> Launcher:
     )
 
 
+def _store_teams(settings: Settings) -> Callable[[], list[str]]:
+    """The store's team names, read when called: the Kubernetes launcher's team namespaces (it has no
+    right to list namespaces)."""
+    from gpuyard.store.db import make_engine
+    from gpuyard.store.teams import list_teams
+
+    engine = make_engine(str(settings.database_url), pool_size=1, bounds=settings.db_bounds())
+
+    def teams() -> list[str]:
+        with engine.connect() as conn:
+            return list(list_teams(conn))
+
+    return teams
+
+
 def _kubernetes(settings: Settings) -> Launcher:
     from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 
-    return KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings))
+    return KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings), teams=_store_teams(settings))
 
 
 def _kubernetes_api(settings: Settings):  # type: ignore[no-untyped-def]
@@ -90,7 +105,7 @@ def _kubernetes_fleet(settings: Settings) -> FleetSource:
 def _kubernetes_logs(settings: Settings) -> LogReader:
     from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 
-    pods = KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings))
+    pods = KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings), teams=_store_teams(settings))
     return lambda attempt_id, follow: pods.logs(attempt_id, follow=follow)
 
 

@@ -1,12 +1,17 @@
 """KubernetesLauncher: attempts become pods on the chosen nodes; pod watches become WorkerReports.
 
-Level-triggered like a controller. `launch` creates the attempt's Secret (the owner), its headless
-Service and one pod per node rank; a 409 Conflict means an earlier launch (maybe before a restart)
-got there first, and the existing object is adopted. Two background threads watch pods and nodes
-(list, then watch from the list's resourceVersion; 410 Gone re-lists) and feed a queue; `observe`
-drains it into a cache of pods and nodes and decides each attempt's fate from ALL its pods (fates.py).
-Once the store has an attempt's ending (`acknowledge`), all its objects are deleted: nothing outlives
-its attempt (its logs outlive it in the cluster's log collection, not in its pods).
+Level-triggered like a controller. `launch` creates, in the team's namespace, the attempt's Secret
+(the owner), its NetworkPolicy, its headless Service and one pod per node rank; a 409 Conflict means
+an earlier launch (maybe before a restart) got there first, and the existing object is adopted.
+Background threads watch nodes and the pods of each team namespace in use (list, then watch from
+the list's resourceVersion; 410 Gone re-lists) and feed a queue; `observe` drains it into a cache of
+pods and nodes and decides each attempt's fate from ALL its pods (fates.py). Once the store has an
+attempt's ending (`acknowledge`), all its objects are deleted: nothing outlives its attempt (its logs
+outlive it in the cluster's log collection, not in its pods).
+
+Its rights are namespaced (manifests.LAUNCHER_RULES in each team namespace) plus reading nodes: it
+never lists across namespaces, so it learns the team namespaces from `teams` (the store's teams),
+from its launches and from the attempts it reconciles.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +42,9 @@ log = logging.getLogger(__name__)
 GONE_WHY = "pod deleted before it ended: its node was removed, or it was deleted outside gpuyard"
 
 
+NO_NAMESPACE = "gpuyard kubernetes namespaces --team {team} | kubectl apply -f -"
+
+
 class LaunchError(RuntimeError):
     """The API refused to create an attempt's objects (other than the 409 that means: already there)."""
 
@@ -53,6 +61,7 @@ def load_api(config: KubernetesConfig) -> k8s.CoreV1Api:
 @dataclass
 class _Attempt:
     attempt_id: str
+    namespace: str
     key: str
     gang_size: int
     nodes: dict[int, str]
@@ -68,6 +77,7 @@ class _Attempt:
 class _Event:
     kind: str  # "pod" or "node"
     type: str  # ADDED, MODIFIED, DELETED, or SYNC (a full listing in `items`)
+    namespace: str = ""  # of a pod event: the namespace its watch covers
     obj: dict[str, Any] = field(default_factory=dict)
     items: tuple[dict[str, Any], ...] = ()
 
@@ -97,6 +107,18 @@ def _ready(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def _status_message(error: ApiException) -> str | None:
+    """The API server's own words (a Status object's message), when its answer carries one."""
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def _key_selector(key: str) -> str:
+    return f"{m.SELECTOR},{m.ATTEMPT_LABEL}={key}"
+
+
 def _ours(obj: Mapping[str, Any]) -> bool:
     """Checked on our side too, so a list that ignored the label selector cannot hand us strangers."""
     return (_meta(obj).get("labels") or {}).get(m.MANAGED_BY) == "gpuyard" and _attempt_id(obj) is not None
@@ -108,14 +130,16 @@ class KubernetesLauncher:
         config: KubernetesConfig,
         api: k8s.CoreV1Api | None = None,
         *,
+        teams: Callable[[], Iterable[str]] = tuple,
         clock: Clock = utcnow,
         backoff_s: float = 0.5,
     ):
         self.config = config
         self.api = api if api is not None else load_api(config)
+        self.networking = k8s.NetworkingV1Api(self.api.api_client)
+        self._teams = teams
         self._clock = clock
         self._backoff_s = backoff_s
-        self._ns = config.namespace
         self._timeout = config.request_timeout_s
         self._lock = threading.RLock()
         self._events: queue.Queue[_Event] = queue.Queue()
@@ -123,35 +147,40 @@ class KubernetesLauncher:
         self._threads: list[threading.Thread] = []
         self._watches: set[watch.Watch] = set()
         self._attempts: dict[str, _Attempt] = {}
-        self._pods: dict[str, dict[str, Any]] = {}  # pod name -> last seen object
-        self._deleted: dict[str, dict[str, Any]] = {}  # pod name -> its last object when it was deleted
+        self._watched: set[str] = set()  # namespaces whose pods a thread watches
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, pod name) -> last seen object
+        self._deleted: dict[tuple[str, str], dict[str, Any]] = {}  # its last object when it was deleted
         self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
-        self._ended: dict[str, int] = {}  # attempt key -> gang size: objects to delete (store has the end)
+        # (namespace, key) -> (gang size, attempt id): objects to delete, the store having the ending
+        self._ended: dict[tuple[str, str], tuple[int, str]] = {}
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
     # ----------------------------------------------------------------------------- lifecycle
 
+    def _spawn(self, name: str, kind: str, list_fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        thread = threading.Thread(
+            target=self._watch_loop, args=(kind, list_fn, kwargs), name=name, daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
     def start(self) -> None:
-        """Start the pod and node watches (idempotent; launch, observe and reconcile call it)."""
+        """Start the node watch (idempotent; launch, observe and reconcile call it)."""
         with self._lock:
             if self._threads:
                 return
             self._stop.clear()
-            pods = (
-                "pod",
-                self.api.list_namespaced_pod,
-                {"namespace": self._ns, "label_selector": m.SELECTOR},
-            )
-            nodes = ("node", self.api.list_node, {})
-            for kind, list_fn, kwargs in (pods, nodes):
-                thread = threading.Thread(
-                    target=self._watch_loop,
-                    args=(kind, list_fn, kwargs),
-                    name=f"gpuyard-watch-{kind}",
-                    daemon=True,
-                )
-                thread.start()
-                self._threads.append(thread)
+            self._spawn("gpuyard-watch-node", "node", self.api.list_node, {})
+
+    def watch_namespace(self, namespace: str) -> None:
+        """Watch the pods of this team namespace from now on (idempotent)."""
+        self.start()
+        with self._lock:
+            if namespace in self._watched:
+                return
+            self._watched.add(namespace)
+            kwargs = {"namespace": namespace, "label_selector": m.SELECTOR}
+            self._spawn(f"gpuyard-watch-pod-{namespace}", "pod", self.api.list_namespaced_pod, kwargs)
 
     def close(self) -> None:
         self._stop.set()
@@ -160,6 +189,7 @@ class KubernetesLauncher:
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads = []
+        self._watched = set()
 
     def __enter__(self) -> KubernetesLauncher:
         return self
@@ -170,6 +200,7 @@ class KubernetesLauncher:
     def _watch_loop(self, kind: str, list_fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         """List, then watch from the list's resourceVersion; resume after a timeout, re-list after 410."""
         version: str | None = None
+        namespace = str(kwargs.get("namespace", ""))
         listed = False
         delay = self._backoff_s
         while not self._stop.is_set():
@@ -179,7 +210,7 @@ class KubernetesLauncher:
                     body = json.loads(response.data)
                     version = _meta(body).get("resourceVersion") or ""
                     items = tuple(item for item in body.get("items") or () if kind == "node" or _ours(item))
-                    self._events.put(_Event(kind, "SYNC", items=items))
+                    self._events.put(_Event(kind, "SYNC", namespace, items=items))
                     if listed:
                         self.relists += 1
                     listed = True
@@ -202,7 +233,7 @@ class KubernetesLauncher:
                         if event["type"] in ("ADDED", "MODIFIED", "DELETED") and (
                             kind == "node" or _ours(raw)
                         ):
-                            self._events.put(_Event(kind, event["type"], raw))
+                            self._events.put(_Event(kind, event["type"], namespace, raw))
                 finally:
                     self._watches.discard(w)
                 if not events and time.monotonic() - started < 1.0:  # ended at once: do not spin
@@ -212,16 +243,22 @@ class KubernetesLauncher:
                     delay = self._backoff_s
             except ApiException as error:
                 if error.status == 410:
-                    log.info("%s watch expired (410 Gone): re-listing", kind)
+                    log.info("%s watch %s expired (410 Gone): re-listing", kind, namespace or "(cluster)")
                     version = None
                     continue
-                log.warning("%s watch: API error %s %s; retrying", kind, error.status, error.reason)
+                log.warning(
+                    "%s watch %s: API error %s %s; retrying",
+                    kind,
+                    namespace or "(cluster)",
+                    error.status,
+                    error.reason,
+                )
                 self._stop.wait(delay)
                 delay = min(delay * 2, 30.0)
             except Exception as error:  # connection reset, read timeout, server restart
                 if self._stop.is_set():
                     break
-                log.warning("%s watch: %s; retrying", kind, error)
+                log.warning("%s watch %s: %s; retrying", kind, namespace or "(cluster)", error)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 30.0)
 
@@ -231,40 +268,45 @@ class KubernetesLauncher:
         self, kind: str, body: dict[str, Any], create: Callable[..., Any], read: Callable[..., Any]
     ) -> Any:
         """Create, or adopt what a previous launch of the same attempt created (409 Conflict)."""
-        name = body["metadata"]["name"]
+        name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
         try:
-            response = create(self._ns, body, _preload_content=False, _request_timeout=self._timeout)
+            response = create(ns, body, _preload_content=False, _request_timeout=self._timeout)
             return json.loads(response.data)
         except ApiException as error:
-            if error.status != 409:
+            if error.status == 404:  # the only thing missing on a create: the namespace
+                team = ns.removeprefix(self.config.team_namespace_prefix)
                 raise LaunchError(
-                    f"creating {kind} {self._ns}/{name}: {error.status} {error.reason}"
+                    f"creating {kind} {ns}/{name}: namespace {ns} not found (404): a cluster admin "
+                    f"creates it with `{NO_NAMESPACE.format(team=team)}`"
                 ) from error
-        response = read(name, self._ns, _preload_content=False, _request_timeout=self._timeout)
+            if error.status != 409:  # e.g. 403 with the team namespace's quota exceeded, which it names
+                said = f": {_status_message(error)}" if _status_message(error) else ""
+                raise LaunchError(
+                    f"creating {kind} {ns}/{name}: {error.status} {error.reason}{said}"
+                ) from error
+        response = read(name, ns, _preload_content=False, _request_timeout=self._timeout)
         existing = json.loads(response.data)
         wanted, found = _attempt_id(body), _attempt_id(existing)
         if found != wanted:
-            raise LaunchError(
-                f"{kind} {self._ns}/{name} exists but belongs to attempt {found!r}, not {wanted!r}"
-            )
+            raise LaunchError(f"{kind} {ns}/{name} exists but belongs to attempt {found!r}, not {wanted!r}")
         log.info(
-            "adopted existing %s %s/%s of attempt %s",
-            kind,
-            self._ns,
-            name,
-            wanted,
-            extra={"attempt_id": wanted},
+            "adopted existing %s %s/%s of attempt %s", kind, ns, name, wanted, extra={"attempt_id": wanted}
         )
         return existing
 
     def launch(self, request: LaunchRequest) -> None:
         self.start()
         key = m.attempt_key(request.attempt_id)
+        try:
+            namespace = m.attempt_namespace(request, self.config)
+        except ValueError as error:
+            raise LaunchError(str(error)) from error
         with self._lock:
             self._attempts.setdefault(
                 request.attempt_id,
                 _Attempt(
                     attempt_id=request.attempt_id,
+                    namespace=namespace,
                     key=key,
                     gang_size=len(request.placement.slices),
                     nodes={rank: s.node for rank, s in enumerate(request.placement.slices)},
@@ -278,36 +320,83 @@ class KubernetesLauncher:
             api.create_namespaced_secret,
             api.read_namespaced_secret,
         )
+        self.watch_namespace(namespace)
         objects = m.build_attempt(request, self.config, owner)
+        net = self.networking
+        self._create(
+            "networkpolicy",
+            objects.network_policy,
+            net.create_namespaced_network_policy,
+            net.read_namespaced_network_policy,
+        )
         self._create("service", objects.service, api.create_namespaced_service, api.read_namespaced_service)
         for pod in objects.pods:
             self._create("pod", pod, api.create_namespaced_pod, api.read_namespaced_pod)
 
     # ----------------------------------------------------------------------------- cancel and cleanup
 
-    def _delete(self, delete: Callable[..., Any], name: str, **kwargs: Any) -> None:
+    def _delete(self, delete: Callable[..., Any], name: str, ns: str, **kwargs: Any) -> None:
         try:
-            delete(name, self._ns, _request_timeout=self._timeout, **kwargs)
+            delete(name, ns, _request_timeout=self._timeout, **kwargs)
         except ApiException as error:
             if error.status != 404:
                 raise
 
-    def _delete_pods(self, names: list[str], grace_s: float) -> None:
+    def _delete_pods(self, ns: str, names: list[str], grace_s: float) -> None:
         for name in names:
-            self._delete(self.api.delete_namespaced_pod, name, grace_period_seconds=max(int(grace_s), 0))
+            self._delete(self.api.delete_namespaced_pod, name, ns, grace_period_seconds=max(int(grace_s), 0))
 
-    def _delete_attempt_objects(self, key: str, pod_names: list[str], grace_s: float) -> None:
-        """Pods with the grace period, then the Service, then the owner Secret (the garbage collector
-        would remove the dependents too; deleting them here does not wait for it)."""
-        self._delete_pods(pod_names, grace_s)
-        self._delete(self.api.delete_namespaced_service, key)
-        self._delete(self.api.delete_namespaced_secret, key, propagation_policy="Background")
+    def _delete_attempt_objects(self, ns: str, key: str, pod_names: list[str], grace_s: float) -> None:
+        """Pods with the grace period, then the NetworkPolicy and the Service, then the owner Secret
+        (the garbage collector would remove the dependents too; deleting them here does not wait)."""
+        self._delete_pods(ns, pod_names, grace_s)
+        self._delete(self.networking.delete_namespaced_network_policy, key, ns)
+        self._delete(self.api.delete_namespaced_service, key, ns)
+        self._delete(self.api.delete_namespaced_secret, key, ns, propagation_policy="Background")
 
-    def _list(self, list_fn: Callable[..., Any]) -> list[dict[str, Any]]:
-        response = list_fn(
-            self._ns, label_selector=m.SELECTOR, _preload_content=False, _request_timeout=self._timeout
-        )
+    def _list(self, list_fn: Callable[..., Any], ns: str, selector: str = m.SELECTOR) -> list[dict[str, Any]]:
+        """Our objects in `ns`; none when the namespace does not exist."""
+        try:
+            response = list_fn(
+                ns, label_selector=selector, _preload_content=False, _request_timeout=self._timeout
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return []
+            raise
         return [item for item in json.loads(response.data).get("items") or () if _ours(item)]
+
+    def _namespaces(self) -> set[str]:
+        """Every team namespace this launcher knows of: watched, of its attempts, of the store's teams."""
+        with self._lock:
+            known = set(self._watched) | {a.namespace for a in self._attempts.values()}
+        for team in self._teams():
+            try:
+                known.add(m.team_namespace(team, self.config))
+            except ValueError:  # a team whose name cannot be a namespace never launched anything
+                continue
+        return known
+
+    def _namespace_of(self, attempt_id: str) -> str | None:
+        """The attempt's namespace: known, else found by its objects (the owner Secret goes last)."""
+        with self._lock:
+            attempt = self._attempts.get(attempt_id)
+        if attempt is not None:
+            return attempt.namespace
+        selector = _key_selector(m.attempt_key(attempt_id))
+        for ns in sorted(self._namespaces()):
+            for list_fn in (self.api.list_namespaced_secret, self.api.list_namespaced_pod):
+                if any(_attempt_id(obj) == attempt_id for obj in self._list(list_fn, ns, selector)):
+                    return ns
+        return None
+
+    def _attempt_pods(self, ns: str, attempt_id: str) -> list[dict[str, Any]]:
+        selector = _key_selector(m.attempt_key(attempt_id))
+        return [
+            pod
+            for pod in self._list(self.api.list_namespaced_pod, ns, selector)
+            if _attempt_id(pod) == attempt_id
+        ]
 
     def cancel(self, attempt_id: str, *, grace_s: float) -> None:
         """SIGTERM now (pod deletion), SIGKILL by the kubelet after `grace_s`; the attempt's objects go."""
@@ -316,12 +405,11 @@ class KubernetesLauncher:
             attempt = self._attempts.get(attempt_id)
             if attempt is not None:
                 attempt.cancelled = True
-        names = [
-            _meta(pod)["name"]
-            for pod in self._list(self.api.list_namespaced_pod)
-            if _attempt_id(pod) == attempt_id
-        ]
-        self._delete_attempt_objects(key, names, grace_s)
+        ns = self._namespace_of(attempt_id)
+        if ns is None:
+            return  # nothing of it in any team namespace
+        names = [_meta(pod)["name"] for pod in self._attempt_pods(ns, attempt_id)]
+        self._delete_attempt_objects(ns, key, names, grace_s)
 
     # ----------------------------------------------------------------------------- observe
 
@@ -336,22 +424,23 @@ class KubernetesLauncher:
                 else:
                     self._nodes[name] = _ready(event.obj)
             return
-        if event.type == "SYNC":
-            listed = {_meta(pod)["name"]: dict(pod) for pod in event.items}
-            for name in set(self._pods) - set(listed):  # vanished while nobody watched
-                self._deleted[name] = self._pods[name]
-            self._pods = listed
+        ns = event.namespace
+        if event.type == "SYNC":  # the whole of one namespace
+            listed = {(ns, _meta(pod)["name"]): dict(pod) for pod in event.items}
+            for where in [w for w in self._pods if w[0] == ns and w not in listed]:  # vanished unwatched
+                self._deleted[where] = self._pods.pop(where)
+            self._pods.update(listed)
             return
-        name = _meta(event.obj).get("name", "")
+        where = (ns, _meta(event.obj).get("name", ""))
         if event.type == "DELETED":
-            self._pods.pop(name, None)
-            self._deleted[name] = event.obj
+            self._pods.pop(where, None)
+            self._deleted[where] = event.obj
         else:
-            self._pods[name] = event.obj
-            self._deleted.pop(name, None)
+            self._pods[where] = event.obj
+            self._deleted.pop(where, None)
 
     def _rank_fate(self, attempt: _Attempt, rank: int) -> PodFate | None:
-        name = m.pod_name(attempt.key, rank)
+        name = (attempt.namespace, m.pod_name(attempt.key, rank))
         pod = self._pods.get(name)
         if pod is not None:
             attempt.seen.add(rank)
@@ -370,7 +459,7 @@ class KubernetesLauncher:
         if self._nodes is None:
             return False
         for rank in range(attempt.gang_size):
-            pod = self._pods.get(m.pod_name(attempt.key, rank))
+            pod = self._pods.get((attempt.namespace, m.pod_name(attempt.key, rank)))
             node = (_pod_node(pod) if pod is not None else None) or attempt.nodes.get(rank)
             if node is None or not self._nodes.get(node, False):
                 return False
@@ -379,7 +468,7 @@ class KubernetesLauncher:
     def observe(self) -> list[WorkerReport]:
         self.start()
         reports: list[WorkerReport] = []
-        teardown: list[str] = []
+        teardown: list[tuple[str, str]] = []
         with self._lock:
             while True:
                 try:
@@ -407,7 +496,7 @@ class KubernetesLauncher:
                         )
                         # The gang ended: stop every rank that has not (seen by the watch or not).
                         teardown += [
-                            m.pod_name(attempt.key, rank)
+                            (attempt.namespace, m.pod_name(attempt.key, rank))
                             for rank in range(attempt.gang_size)
                             if rank not in fates or not fates[rank].ended
                         ]
@@ -415,7 +504,8 @@ class KubernetesLauncher:
                     reports.append(attempt.ending)
                 elif attempt.running and not attempt.running_acknowledged:
                     reports.append(WorkerReport(attempt.attempt_id, Outcome.RUNNING, self._clock()))
-        self._delete_pods(teardown, self.config.termination_grace_s)
+        for ns, name in teardown:
+            self._delete_pods(ns, [name], self.config.termination_grace_s)
         self._clean_up()
         return reports
 
@@ -429,24 +519,30 @@ class KubernetesLauncher:
                 attempt.running_acknowledged = True
                 return
             del self._attempts[report.attempt_id]
-            self._ended[attempt.key] = attempt.gang_size
+            self._ended[(attempt.namespace, attempt.key)] = (attempt.gang_size, attempt.attempt_id)
         self._clean_up()
 
     def _clean_up(self) -> None:
-        """Delete the pods, Service and Secret of every attempt whose ending the store has. A pod being
+        """Delete the objects of every attempt whose ending the store has. A pod being
         stopped keeps its grace period (an equal one does not shorten it); an API error leaves the
         attempt for the next observe, and a restarted launcher's reconcile deletes what is not live."""
         with self._lock:
             ended = dict(self._ended)
-        for key, gang_size in ended.items():
+        for (ns, key), (gang_size, attempt_id) in ended.items():
             names = [m.pod_name(key, rank) for rank in range(gang_size)]
             try:
-                self._delete_attempt_objects(key, names, self.config.termination_grace_s)
+                self._delete_attempt_objects(ns, key, names, self.config.termination_grace_s)
             except Exception as error:  # API errors, connection resets: retried next pass
-                log.warning("cleaning up attempt objects %s/%s: %s; retrying", self._ns, key, error)
+                log.warning(
+                    "cleaning up attempt objects %s/%s: %s; retrying",
+                    ns,
+                    key,
+                    error,
+                    extra={"attempt_id": attempt_id},
+                )
                 continue
             with self._lock:
-                self._ended.pop(key, None)
+                self._ended.pop((ns, key), None)
 
     def alive(self) -> dict[str, int]:
         """Attempts whose every pod runs (worker container not terminated) on a Ready node."""
@@ -457,7 +553,8 @@ class KubernetesLauncher:
         """Delete the attempt's objects at once; True when none of its pods remains on a Ready node
         (a pod on a NotReady or removed node is taken as dead with its node)."""
         self.cancel(attempt_id, grace_s=0)
-        pods = [pod for pod in self._list(self.api.list_namespaced_pod) if _attempt_id(pod) == attempt_id]
+        ns = self._namespace_of(attempt_id)
+        pods = self._attempt_pods(ns, attempt_id) if ns is not None else []
         with self._lock:
             nodes = self._nodes or {}
             return all(
@@ -469,37 +566,52 @@ class KubernetesLauncher:
     # ----------------------------------------------------------------------------- reconcile
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
-        """Adopt complete gangs of live attempts; delete everything of other attempts; LOST for
-        live attempts whose gang is gone or incomplete (a half-launched gang cannot rendezvous)."""
+        """Adopt complete gangs of live attempts; delete everything of other attempts (in every team
+        namespace known); LOST for live attempts whose gang is gone or incomplete (a half-launched
+        gang cannot rendezvous)."""
         self.start()
-        pods = self._list(self.api.list_namespaced_pod)
-        keys = {_meta(obj)["name"]: _attempt_id(obj) for obj in self._list(self.api.list_namespaced_secret)}
-        keys.update(
-            {_meta(obj)["name"]: _attempt_id(obj) for obj in self._list(self.api.list_namespaced_service)}
-        )
+        wanted: dict[str, str] = {}  # attempt id -> its namespace
+        for attempt_id, request in live.items():
+            try:
+                wanted[attempt_id] = m.attempt_namespace(request, self.config)
+            except ValueError:
+                wanted[attempt_id] = ""  # cannot have launched: reported lost below
         by_attempt: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            by_attempt.setdefault(_attempt_id(pod) or "", []).append(pod)
-            keys.setdefault(str((_meta(pod).get("labels") or {}).get(m.ATTEMPT_LABEL)), _attempt_id(pod))
-
-        reports: list[WorkerReport] = []
         grace = self.config.termination_grace_s
-        for key, attempt_id in keys.items():
-            if attempt_id not in live:
-                names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id or "", [])]
-                log.info(
-                    "reconcile: deleting orphan attempt %s (%d pods)",
-                    attempt_id,
-                    len(names),
-                    extra={"attempt_id": attempt_id},
-                )
-                self._delete_attempt_objects(key, names, grace)
+        for ns in sorted(self._namespaces() | {n for n in wanted.values() if n}):
+            pods = self._list(self.api.list_namespaced_pod, ns)
+            keys: dict[str, str | None] = {}  # object name (the attempt key) -> attempt id
+            for list_fn in (
+                self.api.list_namespaced_secret,
+                self.api.list_namespaced_service,
+                self.networking.list_namespaced_network_policy,
+            ):
+                keys.update({_meta(obj)["name"]: _attempt_id(obj) for obj in self._list(list_fn, ns)})
+            for pod in pods:
+                by_attempt.setdefault(_attempt_id(pod) or "", []).append(pod)
+                keys.setdefault(str((_meta(pod).get("labels") or {}).get(m.ATTEMPT_LABEL)), _attempt_id(pod))
+            for key, owner in keys.items():
+                if owner is None or owner not in live or wanted[owner] != ns:
+                    names = [_meta(pod)["name"] for pod in pods if _attempt_id(pod) == owner]
+                    log.info(
+                        "reconcile: deleting orphan attempt %s in %s (%d pods)",
+                        owner,
+                        ns,
+                        len(names),
+                        extra={"attempt_id": owner},
+                    )
+                    self._delete_attempt_objects(ns, key, names, grace)
+                    by_attempt.pop(owner or "", None)
+            if pods or ns in wanted.values():
+                self.watch_namespace(ns)
         with self._lock:
             for attempt_id in list(self._attempts):
                 if attempt_id not in live:
                     del self._attempts[attempt_id]
+
+        reports: list[WorkerReport] = []
         for attempt_id, request in live.items():
-            key = m.attempt_key(attempt_id)
+            key, ns = m.attempt_key(attempt_id), wanted[attempt_id]
             gang = len(request.placement.slices)
             found = {rank for pod in by_attempt.get(attempt_id, []) if (rank := _rank(pod)) is not None}
             if found == set(range(gang)):
@@ -508,6 +620,7 @@ class KubernetesLauncher:
                         attempt_id,
                         _Attempt(
                             attempt_id,
+                            ns,
                             key,
                             gang,
                             {r: s.node for r, s in enumerate(request.placement.slices)},
@@ -515,32 +628,34 @@ class KubernetesLauncher:
                         ),
                     )
                     for pod in by_attempt[attempt_id]:
-                        self._pods.setdefault(_meta(pod)["name"], pod)
+                        self._pods.setdefault((ns, _meta(pod)["name"]), pod)
                 continue
             reason = (
                 "no worker pods found after a restart"
                 if not found
                 else f"only node ranks {sorted(found)} of {gang} found after a restart: the gang cannot meet"
             )
-            names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id, [])]
-            self._delete_attempt_objects(key, names, grace)
+            if ns:
+                names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id, [])]
+                self._delete_attempt_objects(ns, key, names, grace)
             report = WorkerReport(attempt_id, Outcome.LOST, self._clock(), None, reason, disrupted=True)
             with self._lock:
                 self._attempts[attempt_id] = _Attempt(
-                    attempt_id, key, gang, {}, request.fencing_token, ending=report
+                    attempt_id, ns, key, gang, {}, request.fencing_token, ending=report
                 )
             reports.append(report)
         return reports
 
     # ----------------------------------------------------------------------------- logs
 
-    def _pod_names(self, attempt_id: str) -> list[str]:
-        pods = [pod for pod in self._list(self.api.list_namespaced_pod) if _attempt_id(pod) == attempt_id]
-        return [_meta(pod)["name"] for pod in sorted(pods, key=lambda pod: _rank(pod) or 0)]
+    def _pod_names(self, attempt_id: str) -> tuple[str, list[str]]:
+        ns = self._namespace_of(attempt_id)
+        pods = self._attempt_pods(ns, attempt_id) if ns is not None else []
+        return ns or "", [_meta(pod)["name"] for pod in sorted(pods, key=lambda pod: _rank(pod) or 0)]
 
-    def _log_lines(self, name: str, follow: bool) -> Iterator[str]:
+    def _log_lines(self, ns: str, name: str, follow: bool) -> Iterator[str]:
         response = self.api.read_namespaced_pod_log(
-            name, self._ns, container=m.WORKER_CONTAINER, follow=follow, _preload_content=False
+            name, ns, container=m.WORKER_CONTAINER, follow=follow, _preload_content=False
         )
         buffer = b""
         try:
@@ -557,7 +672,7 @@ class KubernetesLauncher:
     def logs(self, attempt_id: str, *, follow: bool = False) -> Iterator[str]:
         """Every rank's output; lines are prefixed with the node rank when the gang has several pods.
         With `follow`, the ranks stream side by side until every worker container ends."""
-        names = self._pod_names(attempt_id)
+        ns, names = self._pod_names(attempt_id)
         prefix = len(names) > 1
 
         def label(rank: int, line: str) -> str:
@@ -565,14 +680,14 @@ class KubernetesLauncher:
 
         if not follow:
             for rank, name in enumerate(names):
-                for line in self._log_lines(name, False):
+                for line in self._log_lines(ns, name, False):
                     yield label(rank, line)
             return
         lines: queue.Queue[tuple[int, str] | None] = queue.Queue()
 
         def pump(rank: int, name: str) -> None:
             try:
-                for line in self._log_lines(name, True):
+                for line in self._log_lines(ns, name, True):
                     lines.put((rank, line))
             except ApiException as error:
                 lines.put((rank, f"(log of {name} unavailable: {error.status} {error.reason})"))

@@ -1,9 +1,11 @@
-"""Pure builders of the Kubernetes objects of one attempt: its Secret (the owner), headless Service, Pods.
+"""Pure builders of the Kubernetes objects of one attempt (its Secret, the owner; its NetworkPolicy,
+headless Service and Pods) and of a team's namespace (quota, worker identity, the launcher's Role).
 
-The per-attempt Secret is created first and owns the rest (ownerReferences): it exists for every
-attempt anyway (it carries the fencing token), lives in the same namespace as the pods and the
-Service, needs no custom resource and no extra RBAC. Deleting it lets the garbage collector remove
-the Service and every pod of the gang.
+Every attempt lives in its team's namespace (`team_namespace`). The per-attempt Secret is created
+first and owns the rest (ownerReferences): it exists for every attempt anyway (it carries the fencing
+token), lives in the same namespace as the pods and the Service, needs no custom resource and no
+extra RBAC. Deleting it lets the garbage collector remove the NetworkPolicy, the Service and every
+pod of the gang. The NetworkPolicy is created before the pods, so no pod of the gang is ever open.
 
 Names: attempt ids are free-form strings, object names are DNS labels. `attempt_key` derives a
 stable DNS label (readable prefix + hash); the exact ids ride along in annotations.
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.units import parse_bytes, parse_cpu
 from gpuyard.launchers.base import LaunchRequest
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
@@ -35,8 +38,13 @@ ATTEMPT_NUMBER_ANNOTATION = "gpuyard.io/attempt-number"
 GANG_SIZE_ANNOTATION = "gpuyard.io/gang-size"
 NODE_ANNOTATION = "gpuyard.io/node"
 FENCING_TOKEN_KEY = "fencing-token"
+TMP_DIR = "/tmp"
 WORKER_CONTAINER = "worker"
 RENDEZVOUS_PORT_NAME = "rendezvous"
+TEAM_LABEL = "gpuyard.io/team"
+APP_NAME = "app.kubernetes.io/name"
+NAMESPACE_NAME = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+PART_OF = {"app.kubernetes.io/part-of": "gpuyard"}
 
 # Selects every object gpuyard's launcher creates (and nothing else) in its namespace.
 SELECTOR = f"{MANAGED_BY}=gpuyard"
@@ -74,9 +82,24 @@ def pod_name(key: str, rank: int) -> str:
     return f"{key}-{rank}"
 
 
-def master_addr(key: str, config: KubernetesConfig) -> str:
+def team_namespace(team: str, config: KubernetesConfig) -> str:
+    """The namespace of a team's attempts: `<team_namespace_prefix><team>`, a DNS label."""
+    name = f"{config.team_namespace_prefix}{team}"
+    if len(name) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        raise ValueError(
+            f"team {team!r}: namespace {name!r} is not a DNS label of at most 63 characters "
+            "(shorten kubernetes.team_namespace_prefix or the team name)"
+        )
+    return name
+
+
+def attempt_namespace(request: LaunchRequest, config: KubernetesConfig) -> str:
+    return team_namespace(request.spec.team, config)
+
+
+def master_addr(key: str, namespace: str, config: KubernetesConfig) -> str:
     """DNS name of rank 0 through the headless Service: stable while pod IPs change."""
-    return f"{pod_name(key, 0)}.{key}.{config.namespace}.svc.{config.cluster_domain}"
+    return f"{pod_name(key, 0)}.{key}.{namespace}.svc.{config.cluster_domain}"
 
 
 def attempt_labels(request: LaunchRequest) -> dict[str, str]:
@@ -120,7 +143,7 @@ def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
         "kind": "Secret",
         "metadata": {
             "name": attempt_key(request.attempt_id),
-            "namespace": config.namespace,
+            "namespace": attempt_namespace(request, config),
             "labels": {**attempt_labels(request), COMPONENT: "attempt"},
             "annotations": attempt_annotations(request),
         },
@@ -138,7 +161,7 @@ def build_service(request: LaunchRequest, config: KubernetesConfig, owner: Manif
         "kind": "Service",
         "metadata": {
             "name": key,
-            "namespace": config.namespace,
+            "namespace": attempt_namespace(request, config),
             "labels": {**attempt_labels(request), COMPONENT: "rendezvous"},
             "annotations": attempt_annotations(request),
             "ownerReferences": [owner_reference(owner)],
@@ -185,10 +208,13 @@ def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> l
     key = attempt_key(request.attempt_id)
     placement = request.placement
     nproc = max(len(placement.slices[rank].gpu_indices), 1)
-    platform = {"MLFLOW_TRACKING_URI": config.mlflow_tracking_uri} if config.mlflow_tracking_uri else {}
+    # Writable places on a read-only root filesystem (the job may point them elsewhere).
+    platform = {"HOME": config.work_dir, "TMPDIR": TMP_DIR}
+    if config.mlflow_tracking_uri:
+        platform["MLFLOW_TRACKING_URI"] = config.mlflow_tracking_uri
     plain: dict[str, str] = {**platform, **request.spec.env, **request.env}  # the job's own win
     torchrun = {
-        "MASTER_ADDR": master_addr(key, config),
+        "MASTER_ADDR": master_addr(key, attempt_namespace(request, config), config),
         "MASTER_PORT": str(config.master_port),
         "NNODES": str(len(placement.slices)),
         "NODE_RANK": str(rank),
@@ -276,9 +302,15 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
             "privileged": False,
             "allowPrivilegeEscalation": False,
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": config.read_only_root_filesystem,
             "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # NCCL and DataLoader workers
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL and DataLoader workers
+            {"name": "tmp", "mountPath": TMP_DIR},
+            {"name": "work", "mountPath": config.work_dir},  # HOME: .gpuyard/train, caches
+        ],
     }
     if config.env_from_secrets:
         container["envFrom"] = [{"secretRef": {"name": name}} for name in config.env_from_secrets]
@@ -288,6 +320,9 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
         "serviceAccountName": config.worker_service_account,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
         "hostname": pod_name(key, rank),
         "subdomain": key,
         "affinity": {
@@ -308,7 +343,11 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [  # emptyDirs only: never a host path
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "work", "emptyDir": {}},
+        ],
     }
     # The platform's pull secrets (registries every team may use), then the team's own.
     pull_secrets = (*config.image_pull_secrets, team_pull_secret_name(request.spec.team))
@@ -318,7 +357,7 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
         "kind": "Pod",
         "metadata": {
             "name": pod_name(key, rank),
-            "namespace": config.namespace,
+            "namespace": attempt_namespace(request, config),
             "labels": {
                 **_job_labels(request.spec.labels),
                 **attempt_labels(request),
@@ -332,9 +371,62 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
     }
 
 
+def _gang(key: str) -> dict[str, Any]:
+    return {"podSelector": {"matchLabels": {ATTEMPT_LABEL: key}}}
+
+
+def _in_namespace(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME: namespace}},
+        "podSelector": {"matchLabels": dict(labels)},
+    }
+
+
+def build_network_policy(request: LaunchRequest, config: KubernetesConfig, owner: Manifest) -> Manifest:
+    """The gang's pods accept traffic only from each other (every port: torchrun's rendezvous, then
+    NCCL's or gloo's own), and reach only each other, the control plane's pods on their ports (the API
+    for heartbeats, MLflow), the cluster DNS and `worker_egress_cidrs` (the object store). Nothing in
+    the control plane connects to a worker, so nothing there is let in."""
+    key = attempt_key(request.attempt_id)
+    egress: list[dict[str, Any]] = [{"to": [_gang(key)]}]
+    egress += [
+        {
+            "to": [_in_namespace(config.namespace, {APP_NAME: app})],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }
+        for app, port in sorted(config.control_plane_ports.items())
+    ]
+    egress.append(
+        {
+            "to": [_in_namespace(config.dns_namespace, config.dns_pod_labels)],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        }
+    )
+    if config.worker_egress_cidrs:
+        egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in config.worker_egress_cidrs]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": key,
+            "namespace": attempt_namespace(request, config),
+            "labels": {**attempt_labels(request), COMPONENT: "isolation"},
+            "annotations": attempt_annotations(request),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {ATTEMPT_LABEL: key}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [_gang(key)]}],
+            "egress": egress,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class AttemptObjects:
     secret: Manifest
+    network_policy: Manifest
     service: Manifest
     pods: tuple[Manifest, ...]
 
@@ -343,6 +435,95 @@ def build_attempt(request: LaunchRequest, config: KubernetesConfig, owner: Manif
     """Everything an attempt needs, given its created owner Secret (which carries the uid)."""
     return AttemptObjects(
         secret=owner,
+        network_policy=build_network_policy(request, config, owner),
         service=build_service(request, config, owner),
         pods=tuple(build_pod(request, config, rank, owner) for rank in range(len(request.placement.slices))),
     )
+
+
+# ------------------------------------------------------------------------------------- team namespaces
+
+LAUNCHER_ROLE = "gpuyard-launcher"
+DEFAULT_DENY = "gpuyard-default-deny"
+GPU_QUOTA = "gpuyard-gpus"
+
+# What the launcher does in a team namespace (and the API: it reads logs), nothing more: no update,
+# no patch, no wildcard; Secrets only of its own making and the team's, never listed elsewhere.
+LAUNCHER_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["get", "list", "create", "delete"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "list", "create", "delete"],
+    },
+)
+
+
+def team_gpu_limit(team: str, quotas: Mapping[str, TeamQuota]) -> int:
+    """The most GPUs the scheduler lets `team` hold at once: its nominal quota, or, in a cohort, the
+    cohort's whole nominal quota (what it may borrow while the others are idle)."""
+    quota = quotas[team]
+    if quota.cohort is None:
+        return quota.gpu_quota
+    return sum(q.gpu_quota for q in quotas.values() if q.cohort == quota.cohort)
+
+
+def build_team_namespace(team: str, gpu_limit: int, config: KubernetesConfig) -> list[Manifest]:
+    """A team's namespace, for a cluster admin to apply (`gpuyard kubernetes namespaces`): the Pod
+    Security Standard `restricted` enforced; a ResourceQuota on GPUs, a second line behind the
+    scheduler's quotas; the workers' service account (no token); a NetworkPolicy denying all traffic
+    to and from any pod no attempt's policy opens; and the launcher's Role, bound to the control
+    plane's service account: its only rights in the namespace."""
+    namespace = team_namespace(team, config)
+    labels = {**PART_OF, TEAM_LABEL: label_value(team)}
+
+    def meta(name: str) -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": dict(labels)}
+
+    restricted = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {**labels, **restricted}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": meta(GPU_QUOTA),
+            "spec": {"hard": {f"requests.{config.gpu_resource}": str(gpu_limit)}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta(config.worker_service_account),
+            "automountServiceAccountToken": False,
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": meta(DEFAULT_DENY),
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(LAUNCHER_ROLE),
+            "rules": [dict(rule) for rule in LAUNCHER_RULES],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(LAUNCHER_ROLE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LAUNCHER_ROLE},
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": config.control_plane_service_account,
+                    "namespace": config.namespace,
+                }
+            ],
+        },
+    ]
