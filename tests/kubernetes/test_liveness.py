@@ -5,6 +5,9 @@ and a pass."""
 
 from __future__ import annotations
 
+import io
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+from gpuyard.observability import logs
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
@@ -140,3 +144,30 @@ def test_a_node_that_disappears_loses_its_attempt_which_resumes_on_another(
         "namespace"
     ] == m.team_namespace("a", config)
 
+
+def test_scheduler_lines_about_an_attempt_carry_its_job_and_attempt_ids(
+    cluster: Cluster, service: SchedulerService, engine: Engine
+) -> None:
+    """In production's JSON format: the placement's line and the ending's, as fields a log collector
+    indexes (bound around the attempt's work, not formatted into each message)."""
+    stream = io.StringIO()
+    logs.configure("INFO", "json", stream=stream)
+    try:
+        job_id = submit(engine, ["train"])
+        attempt_id = run_pods(cluster, service, engine, job_id)
+        for name in pods_of(cluster, attempt_id):
+            cluster.set_pod_status(name, terminated(0))
+        step_until(service, lambda: detail(engine, job_id).job.state.value == "SUCCEEDED", "the ending")
+        service.step()  # a pass with nothing to do for the attempt: its lines carry no stale fields
+    finally:
+        logs.configure("WARNING", "text", stream=sys.stderr)
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    ours = [r for r in records if r["logger"] == "gpuyard.scheduler.service"]
+    (placed,) = [r for r in ours if r["msg"].startswith(f"launching attempt 1 of job {job_id} on gpu-")]
+    (ended,) = [r for r in ours if r["msg"].startswith(f"attempt {attempt_id} ended SUCCEEDED")]
+    for record in (placed, ended):
+        assert (record["job_id"], record["attempt_id"]) == (job_id, attempt_id), record
+    assert (ended["outcome"], ended["exit_code"]) == ("SUCCEEDED", 0)
+    for record in records:  # no line outside an attempt's work carries one
+        if "attempt_id" in record:
+            assert attempt_id in record["msg"] or job_id in record["msg"], record

@@ -7,6 +7,9 @@ reaps expired leases, runs the cycle, reserves and launches its placements, and 
 attempt asked to stop. Bus messages only wake the loop early; a lost message costs a delay, never a
 job. Replicas elect one leader by a lease row, judged by the database's clock and fenced by an epoch
 (`store/leadership.py`): a pass begun under a lead that has since passed reserves nothing.
+
+Work on one attempt runs inside `attempt_context`: every line logged meanwhile, the launcher's too,
+carries its job_id and attempt_id as fields (observability/logs.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -33,6 +37,7 @@ from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, StopReason
 from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
+from gpuyard.observability import logs
 from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
@@ -53,6 +58,19 @@ _OUTCOMES = {
     Outcome.PREEMPTED: AttemptState.PREEMPTED,
     Outcome.LOST: AttemptState.LOST,
 }
+
+
+def job_id_of(attempt_id: str) -> str:
+    """The job of an attempt id: the store makes them `<job id>-a<number>-<hex>` (a job id may hold
+    '-a' itself, so it is read from the right)."""
+    return attempt_id.rsplit("-", 2)[0]
+
+
+@contextmanager
+def attempt_context(attempt_id: str, job_id: str | None = None) -> Iterator[None]:
+    """Lines logged within carry the attempt's job_id and attempt_id fields."""
+    with logs.context(job_id=job_id or job_id_of(attempt_id), attempt_id=attempt_id):
+        yield
 
 
 class SchedulerService:
@@ -101,13 +119,28 @@ class SchedulerService:
         for code in CYCLE_CODES:
             metrics.scheduler_waiting.labels(code).set(waiting[code])
         for eviction in result.evicted:
-            attempt_store.request_stop(
-                self.engine, eviction.attempt.attempt_id, at=now, why=eviction.reason, kind=StopReason.PREEMPT
-            )
+            victim = eviction.attempt.attempt_id
+            with attempt_context(victim):
+                log.info("preempting attempt %s: %s", victim, eviction.reason)
+                attempt_store.request_stop(
+                    self.engine, victim, at=now, why=eviction.reason, kind=StopReason.PREEMPT
+                )
         return result
 
     def launch(self, attempt: Attempt, job: Job) -> None:
+        with attempt_context(attempt.id, job.id):
+            self._launch(attempt, job)
+
+    def _launch(self, attempt: Attempt, job: Job) -> None:
         request = self.launch_request(attempt, job)
+        nodes = ", ".join(s.node for s in request.placement.slices)
+        log.info(
+            "launching attempt %d of job %s on %s (%s)",
+            attempt.number,
+            job.id,
+            nodes,
+            "placed" if attempt.state == AttemptState.CREATED else "again after a restart",
+        )
         if attempt.state == AttemptState.CREATED:
             try:
                 request = self.bring_checkpoint(attempt, job, request)
@@ -126,7 +159,7 @@ class SchedulerService:
     def not_started(self, attempt: Attempt, reason: str) -> None:
         """The attempt could not start. It counts as a failure, with the job's backoff: a cause that
         persists (a corrupt checkpoint, a refused pod) ends the job instead of retrying every pass."""
-        log.warning("attempt %s did not start: %s", attempt.id, reason)
+        log.warning("attempt %s did not start: %s", attempt.id, reason)  # in the attempt's context
         attempt_store.finish(self.engine, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
@@ -177,24 +210,34 @@ class SchedulerService:
         """Record each report in the store, then acknowledge it to the launcher. A report the store
         could not take is not acknowledged: the launcher repeats it next pass (at least once)."""
         for report in reports:
-            try:
-                if report.outcome == Outcome.RUNNING:
-                    attempt_store.mark_running(self.engine, report.attempt_id, report.at)
-                else:
-                    attempt_store.finish(
-                        self.engine,
-                        report.attempt_id,
-                        _OUTCOMES[report.outcome],
-                        at=report.at,
-                        exit_code=report.exit_code,
-                        reason=report.reason,
-                        disrupted=report.disrupted,
-                    )
-            except Exception:
-                log.exception("attempt %s: report %s not recorded; it comes again", report.attempt_id, report)
-                continue
-            metrics.scheduler_reports.labels(report.outcome.value).inc()
-            self.launcher.acknowledge(report)
+            with attempt_context(report.attempt_id):
+                self._apply(report)
+
+    def _apply(self, report: WorkerReport) -> None:
+        try:
+            if report.outcome == Outcome.RUNNING:
+                attempt_store.mark_running(self.engine, report.attempt_id, report.at)
+            elif attempt_store.finish(
+                self.engine,
+                report.attempt_id,
+                _OUTCOMES[report.outcome],
+                at=report.at,
+                exit_code=report.exit_code,
+                reason=report.reason,
+                disrupted=report.disrupted,
+            ):
+                log.info(
+                    "attempt %s ended %s: %s",
+                    report.attempt_id,
+                    report.outcome.value,
+                    report.reason or f"exit code {report.exit_code}",
+                    extra={"outcome": report.outcome.value, "exit_code": report.exit_code},
+                )
+        except Exception:
+            log.exception("attempt %s: report %s not recorded; it comes again", report.attempt_id, report)
+            return
+        metrics.scheduler_reports.labels(report.outcome.value).inc()
+        self.launcher.acknowledge(report)
 
     def renew(self) -> None:
         """Renew the leases of attempts whose workers the launcher sees alive, a third of a lease
@@ -219,13 +262,14 @@ class SchedulerService:
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
         for item in live:
-            if item.job.cancel_requested:
-                attempt_store.request_stop(
-                    self.engine, item.attempt.id, at=now, why="job cancelled", kind=StopReason.CANCEL
-                )
-            elif (limit := overdue(item.job, item.attempt, now)) is not None:
-                kind, why = limit
-                attempt_store.request_stop(self.engine, item.attempt.id, at=now, why=why, kind=kind)
+            with attempt_context(item.attempt.id, item.job.id):
+                if item.job.cancel_requested:
+                    attempt_store.request_stop(
+                        self.engine, item.attempt.id, at=now, why="job cancelled", kind=StopReason.CANCEL
+                    )
+                elif (limit := overdue(item.job, item.attempt, now)) is not None:
+                    kind, why = limit
+                    attempt_store.request_stop(self.engine, item.attempt.id, at=now, why=why, kind=kind)
 
     def deliver_stops(self) -> None:
         """Signal every live attempt asked to stop (by the cycle, a cancel, a limit or an admin): the
@@ -235,7 +279,8 @@ class SchedulerService:
             live = attempt_store.live(conn)
         asked = {item.attempt.id for item in live if item.attempt.stop_requested is not None}
         for attempt_id in asked - self._signalled:
-            self.launcher.cancel(attempt_id, grace_s=self.grace_s)
+            with attempt_context(attempt_id):
+                self.launcher.cancel(attempt_id, grace_s=self.grace_s)
         self._signalled &= asked
         self._signalled |= asked
 
@@ -247,20 +292,19 @@ class SchedulerService:
         with self.engine.connect() as conn:
             expired = attempt_store.expired(conn, now)
         for attempt_id in expired:
-            if not self.launcher.release(attempt_id):
-                log.warning(
-                    "attempt %s: lease expired, but its workers may still run; not replaced", attempt_id
-                )
-                continue
-            attempt_store.finish(
-                self.engine,
-                attempt_id,
-                AttemptState.LOST,
-                at=now,
-                reason="lease expired: neither its workers nor its launcher renewed it within the lease",
-                disrupted=True,
-            )
-            metrics.scheduler_leases_reaped.inc()
+            with attempt_context(attempt_id):
+                self._reap(attempt_id, now)
+
+    def _reap(self, attempt_id: str, now: datetime) -> None:
+        if not self.launcher.release(attempt_id):
+            log.warning("attempt %s: lease expired, but its workers may still run; not replaced", attempt_id)
+            return
+        reason = "lease expired: neither its workers nor its launcher renewed it within the lease"
+        attempt_store.finish(
+            self.engine, attempt_id, AttemptState.LOST, at=now, reason=reason, disrupted=True
+        )
+        log.warning("attempt %s lost: %s", attempt_id, reason)
+        metrics.scheduler_leases_reaped.inc()
 
     def recover(self) -> None:
         """On taking the lead (each new epoch: a replica that lost and regained it may have missed
