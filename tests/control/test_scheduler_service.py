@@ -28,7 +28,7 @@ from gpuyard.store.tables import attempts, leases
 from gpuyard.store.tables import events as events_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import OperationalError
 
 from .conftest import EXAMPLE_SPEC
@@ -721,7 +721,7 @@ def test_a_report_the_store_could_not_take_comes_again(
     (request,) = launcher.launched.values()
     done = WorkerReport(request.attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
     launcher.pending_reports.append(done)
-    finish = attempt_store.finish
+    finish = attempt_store.finish_in
     failures = iter([OperationalError("UPDATE attempts", {}, Exception("connection reset"))])
 
     def flaky(*args: Any, **kwargs: Any) -> bool:
@@ -729,11 +729,49 @@ def test_a_report_the_store_could_not_take_comes_again(
             raise error
         return finish(*args, **kwargs)
 
-    attempt_store.finish = flaky  # type: ignore[assignment]
+    attempt_store.finish_in = flaky  # type: ignore[assignment]
     try:
         service.step()
         assert launcher.acknowledged == [] and launcher.pending_reports == [done]
         service.step()
     finally:
-        attempt_store.finish = finish  # type: ignore[assignment]
+        attempt_store.finish_in = finish  # type: ignore[assignment]
     assert launcher.acknowledged == [done] and state(engine, job_id) == "SUCCEEDED"
+
+
+def test_reports_are_recorded_in_one_transaction_and_one_refused_leaves_the_rest(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """A pass records its reports together (one commit per batch, so an ending reaches followers as
+    soon as the pass sees it); a report the store refuses is rolled back to its own savepoint and comes
+    again, while the others of its batch are recorded and acknowledged."""
+    first, second = submit(engine, clock, spec("one")), submit(engine, clock, spec("two"))
+    service.step()
+    by_job = {r.job_id: r for r in launcher.launched.values()}
+    refused = WorkerReport(by_job[first].attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
+    taken = WorkerReport(by_job[second].attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
+    launcher.pending_reports += [refused, taken]
+    finish = attempt_store.finish_in
+    commits: list[int] = []
+
+    def refuse_the_first(conn: Any, attempt_id: str, *args: Any, **kwargs: Any) -> bool:
+        finish(conn, attempt_id, *args, **kwargs)  # its writes are made, then undone by the savepoint
+        if attempt_id == refused.attempt_id:
+            raise OperationalError("UPDATE jobs", {}, Exception("serialization failure"))
+        return True
+
+    def count(conn: Any) -> None:
+        commits.append(1)
+
+    attempt_store.finish_in = refuse_the_first  # type: ignore[assignment]
+    event.listen(engine, "commit", count)
+    try:
+        service.apply(launcher.observe())
+    finally:
+        attempt_store.finish_in = finish  # type: ignore[assignment]
+        event.remove(engine, "commit", count)
+    assert len(commits) == 1
+    assert launcher.acknowledged == [taken] and launcher.pending_reports == [refused]
+    assert (state(engine, first), state(engine, second)) == ("SCHEDULED", "SUCCEEDED")
+    service.step()
+    assert state(engine, first) == "SUCCEEDED" and launcher.acknowledged == [taken, refused]

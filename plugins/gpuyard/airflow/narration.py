@@ -2,11 +2,11 @@
 
 A `Story` takes one job's events in order (the JSON of `/v1/events`) and says each attempt, where
 it was placed, its durable checkpoints (each step once: heartbeats repeat the newest), stop notices,
-preemptions, the step an attempt resumed from, the progress lost, and the final state. Only an
-interruption (an attempt PREEMPTED, LOST, FAILED or CANCELLED) needs the attempt as the API shows it,
-for the steps it reached and lost (`needs_attempt`); everything else is in the events, so a follower
-of a thousand jobs reads little more than the events. The trigger and the operator's synchronous
-path tell jobs with the same Story, so a job reads the same whichever way it was followed.
+preemptions, the step an attempt resumed from, the progress lost, and the final state, all from the
+events (an attempt's ending carries the step it reached and its last checkpoint's), so a follower of
+a thousand jobs reads nothing but the events. Only an interruption recorded before endings carried
+their steps needs the attempt as the API shows it (`needs_attempt`). The trigger and the operator's
+synchronous path tell jobs with the same Story, so a job reads the same whichever way it was followed.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ class Story:
         self.lost = 0
 
     def needs_attempt(self, event: Mapping[str, Any]) -> bool:
-        """Whether telling `event` needs its attempt from the API (`GET /v1/jobs/{id}`)."""
-        return event["type"] in INTERRUPTIONS
+        """Whether telling `event` needs its attempt from the API (`GET /v1/jobs/{id}`): an
+        interruption recorded before endings carried their steps."""
+        return event["type"] in INTERRUPTIONS and "step" not in (event.get("data") or {})
 
     def recall(self, event: Mapping[str, Any]) -> None:
         """Take in an event told before (by an earlier trigger) without telling it again."""
@@ -82,6 +83,8 @@ class Story:
         if kind in INTERRUPTIONS:
             self.interrupted += 1
             state = kind.split(".", 1)[1].upper()
+            if "step" in data:  # the ending carries how far the attempt got
+                attempt = data
             if attempt is None or attempt.get("step") is None:
                 return f"{label} {state}{why}"
             lost = lost_steps(attempt) or 0

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from gpuyard import metrics
 from gpuyard.bus.base import BusUnavailable, EventBus
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 GROUP = "scheduler"
 RESUME_URL = "GPUYARD_RESUME_URL"  # where a retry resumes: the checkpoint the store recorded
+REPORTS_PER_TRANSACTION = 100  # one commit per batch; the batch's jobs stay locked until it commits
 _OUTCOMES = {
     Outcome.SUCCEEDED: AttemptState.SUCCEEDED,
     Outcome.FAILED: AttemptState.FAILED,
@@ -110,10 +111,13 @@ class SchedulerService:
         # (store/reservations.py); NotLeading stops the pass, as a single reserve's would.
         wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
         made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
+        launched = []
         for placed, attempt in zip(result.placed, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
                 metrics.scheduler_placements.inc()
-                self.launch(attempt, by_id[placed.job.id])
+                if self.launch(attempt, by_id[placed.job.id]):
+                    launched.append(attempt.id)
+        attempt_store.mark_launching(self.engine, launched, self.clock())
         metrics.scheduler_evictions.inc(len(result.evicted))
         waiting = Counter(reason_code(text) for text in result.waiting.values())
         for code in CYCLE_CODES:
@@ -127,11 +131,13 @@ class SchedulerService:
                 )
         return result
 
-    def launch(self, attempt: Attempt, job: Job) -> None:
+    def launch(self, attempt: Attempt, job: Job) -> bool:
+        """Start the attempt's workers; True when a reserved (CREATED) attempt was launched, for the
+        caller to mark LAUNCHING with the rest of its pass (store: `mark_launching`)."""
         with attempt_context(attempt.id, job.id):
-            self._launch(attempt, job)
+            return self._launch(attempt, job)
 
-    def _launch(self, attempt: Attempt, job: Job) -> None:
+    def _launch(self, attempt: Attempt, job: Job) -> bool:
         request = self.launch_request(attempt, job)
         nodes = ", ".join(s.node for s in request.placement.slices)
         log.info(
@@ -146,20 +152,19 @@ class SchedulerService:
                 request = self.bring_checkpoint(attempt, job, request)
             except TransferError as error:
                 self.not_started(attempt, f"checkpoint transfer failed: {error}")
-                return
+                return False
         try:
             self.launcher.launch(request)
         except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
             self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
             self.not_started(attempt, f"launch failed: {error}")
-            return
-        if attempt.state == AttemptState.CREATED:
-            attempt_store.mark_launching(self.engine, attempt.id, self.clock())
+            return False
+        return attempt.state == AttemptState.CREATED
 
     def not_started(self, attempt: Attempt, reason: str) -> None:
         """The attempt could not start. It counts as a failure, with the job's backoff: a cause that
         persists (a corrupt checkpoint, a refused pod) ends the job instead of retrying every pass."""
-        log.warning("attempt %s did not start: %s", attempt.id, reason)
+        log.warning("attempt %s did not start: %s", attempt.id, reason)  # in the attempt's context
         attempt_store.finish(self.engine, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
@@ -207,37 +212,61 @@ class SchedulerService:
         )
 
     def apply(self, reports: list[WorkerReport]) -> None:
-        """Record each report in the store, then acknowledge it to the launcher. A report the store
-        could not take is not acknowledged: the launcher repeats it next pass (at least once)."""
-        for report in reports:
-            with attempt_context(report.attempt_id):
-                self._apply(report)
+        """Record the reports in the store, a batch per transaction, then acknowledge to the launcher
+        those recorded. A report the store could not take is not acknowledged: the launcher repeats it
+        next pass (at least once)."""
+        for start in range(0, len(reports), REPORTS_PER_TRANSACTION):
+            self._apply_batch(reports[start : start + REPORTS_PER_TRANSACTION])
 
-    def _apply(self, report: WorkerReport) -> None:
+    def _apply_batch(self, reports: list[WorkerReport]) -> None:
+        # Each report in a savepoint of its own: one the store refuses is left out, not the batch.
+        recorded: list[tuple[WorkerReport, bool]] = []
         try:
-            if report.outcome == Outcome.RUNNING:
-                attempt_store.mark_running(self.engine, report.attempt_id, report.at)
-            elif attempt_store.finish(
-                self.engine,
-                report.attempt_id,
-                _OUTCOMES[report.outcome],
-                at=report.at,
-                exit_code=report.exit_code,
-                reason=report.reason,
-                disrupted=report.disrupted,
-            ):
-                log.info(
-                    "attempt %s ended %s: %s",
-                    report.attempt_id,
-                    report.outcome.value,
-                    report.reason or f"exit code {report.exit_code}",
-                    extra={"outcome": report.outcome.value, "exit_code": report.exit_code},
-                )
+            with attempt_store.batch(self.engine, [r.attempt_id for r in reports]) as conn:
+                for report in reports:
+                    with attempt_context(report.attempt_id):
+                        try:
+                            with conn.begin_nested():
+                                recorded.append((report, self._record(conn, report)))
+                        except Exception:
+                            log.exception(
+                                "attempt %s: report %s not recorded; it comes again",
+                                report.attempt_id,
+                                report,
+                            )
         except Exception:
-            log.exception("attempt %s: report %s not recorded; it comes again", report.attempt_id, report)
+            log.exception(
+                "%d report(s) not recorded: their transaction failed; they come again", len(reports)
+            )
             return
-        metrics.scheduler_reports.labels(report.outcome.value).inc()
-        self.launcher.acknowledge(report)
+        for report, ended in recorded:
+            with attempt_context(report.attempt_id):
+                if ended:
+                    log.info(
+                        "attempt %s ended %s: %s",
+                        report.attempt_id,
+                        report.outcome.value,
+                        report.reason or f"exit code {report.exit_code}",
+                        extra={"outcome": report.outcome.value, "exit_code": report.exit_code},
+                    )
+                metrics.scheduler_reports.labels(report.outcome.value).inc()
+                self.launcher.acknowledge(report)
+
+    @staticmethod
+    def _record(conn: Connection, report: WorkerReport) -> bool:
+        """One report in the batch's transaction; True when it ended the attempt."""
+        if report.outcome == Outcome.RUNNING:
+            attempt_store.mark_running_in(conn, report.attempt_id, report.at)
+            return False
+        return attempt_store.finish_in(
+            conn,
+            report.attempt_id,
+            _OUTCOMES[report.outcome],
+            at=report.at,
+            exit_code=report.exit_code,
+            reason=report.reason,
+            disrupted=report.disrupted,
+        )
 
     def renew(self) -> None:
         """Renew the leases of attempts whose workers the launcher sees alive, a third of a lease
@@ -315,9 +344,13 @@ class SchedulerService:
             live = attempt_store.live(conn)
         requests = {item.attempt.id: self.launch_request(item.attempt, item.job) for item in live}
         self.apply(self.launcher.reconcile(requests))
-        for item in live:
-            if item.attempt.state == AttemptState.CREATED:
-                self.launch(item.attempt, item.job)  # idempotent in the launcher: never a second set
+        launched = [
+            item.attempt.id
+            for item in live
+            # idempotent in the launcher: never a second set of workers
+            if item.attempt.state == AttemptState.CREATED and self.launch(item.attempt, item.job)
+        ]
+        attempt_store.mark_launching(self.engine, launched, self.clock())
 
     def hold_lead(self) -> bool:
         """Take or renew the lead; under each new epoch, recover before anything else."""

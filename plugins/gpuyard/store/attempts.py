@@ -13,7 +13,8 @@ written and reaped with one clock whatever the skew of the processes' own.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -210,11 +211,28 @@ def _extend_lease(conn: Connection, attempt_id: str, token: int, expires: dateti
     return bool(renewed.rowcount)
 
 
-def mark_launching(engine: Engine, attempt_id: str, at: datetime) -> None:
+@contextmanager
+def batch(engine: Engine, attempt_ids: Sequence[str]) -> Iterator[Connection]:
+    """One transaction for changes to many attempts, their jobs locked up front in id order: each
+    attempt's own change (which locks its job, then itself) may then follow in any order without
+    deadlocking a writer of one of them. One commit for a batch instead of one per attempt."""
     with engine.begin() as conn:
-        locked = _locked(conn, attempt_id)
-        if locked is not None and locked[1].state == AttemptState.CREATED:
-            move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+        job_ids = conn.execute(select(attempts.c.job_id).where(attempts.c.id.in_(attempt_ids))).scalars()
+        conn.execute(
+            select(jobs.c.id).where(jobs.c.id.in_(sorted(set(job_ids)))).order_by(jobs.c.id).with_for_update()
+        ).all()
+        yield conn
+
+
+def mark_launching(engine: Engine, attempt_ids: Sequence[str], at: datetime) -> None:
+    """The launcher took these attempts' workers (CREATED -> LAUNCHING; others are left as they are)."""
+    if not attempt_ids:
+        return
+    with batch(engine, attempt_ids) as conn:
+        for attempt_id in attempt_ids:
+            locked = _locked(conn, attempt_id)
+            if locked is not None and locked[1].state == AttemptState.CREATED:
+                move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
 
 
 def _mark_running(conn: Connection, job: Job, found: Attempt, at: datetime) -> None:
@@ -240,9 +258,14 @@ def _mark_running(conn: Connection, job: Job, found: Attempt, at: datetime) -> N
 def mark_running(engine: Engine, attempt_id: str, at: datetime) -> None:
     """The workers run (reported by the launcher or by a first heartbeat). Idempotent."""
     with engine.begin() as conn:
-        locked = _locked(conn, attempt_id)
-        if locked is not None and locked[1].state not in TERMINAL_ATTEMPT_STATES:
-            _mark_running(conn, *locked, at)
+        mark_running_in(conn, attempt_id, at)
+
+
+def mark_running_in(conn: Connection, attempt_id: str, at: datetime) -> None:
+    """`mark_running` in the caller's transaction (a `batch` of reports)."""
+    locked = _locked(conn, attempt_id)
+    if locked is not None and locked[1].state not in TERMINAL_ATTEMPT_STATES:
+        _mark_running(conn, *locked, at)
 
 
 def renew(engine: Engine, tokens: Mapping[str, int], *, at: datetime, lease_ttl_s: float) -> set[str]:
@@ -398,66 +421,82 @@ def finish(
     a node gone). With the attempt's `stop_requested`, it decides whether a preemption or loss is
     not the job's fault (domain/retry.attribute)."""
     with engine.begin() as conn:
-        locked = _locked(conn, attempt_id)
-        if locked is None or locked[1].state in TERMINAL_ATTEMPT_STATES:
-            return False
-        job, found = locked
-        stop = StopReason.read(found.stop_requested)
-        outcome, reason = attribute(outcome, exit_code, reason, stop=stop, disrupted=disrupted)
-        if outcome == AttemptState.SUCCEEDED and found.state != AttemptState.RUNNING:
-            # It ran and ended between two observations: record the RUNNING it went through.
-            _mark_running(conn, job, found, at)
-            job, found = get(conn, job.id), attempt(conn, attempt_id)  # type: ignore[assignment]
-            assert job is not None and found is not None
-        gpus = sum(len(n["gpus"]) for n in found.placement.get("nodes", []))
-        started = found.started_at
-        ran_s = (at - started).total_seconds() if started else 0.0
-        saved_until = max(filter(None, [started, found.checkpoint_at]), default=None)
-        lost_s = 0.0
-        if outcome in (AttemptState.LOST, AttemptState.PREEMPTED) and saved_until is not None:
-            lost_s = max(0.0, (at - saved_until).total_seconds())
-        move_attempt(
+        return finish_in(
+            conn, attempt_id, outcome, at=at, exit_code=exit_code, reason=reason, disrupted=disrupted
+        )
+
+
+def finish_in(
+    conn: Connection,
+    attempt_id: str,
+    outcome: AttemptState,
+    *,
+    at: datetime,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    disrupted: bool = False,
+) -> bool:
+    """`finish` in the caller's transaction (a `batch` of reports)."""
+    locked = _locked(conn, attempt_id)
+    if locked is None or locked[1].state in TERMINAL_ATTEMPT_STATES:
+        return False
+    job, found = locked
+    stop = StopReason.read(found.stop_requested)
+    outcome, reason = attribute(outcome, exit_code, reason, stop=stop, disrupted=disrupted)
+    if outcome == AttemptState.SUCCEEDED and found.state != AttemptState.RUNNING:
+        # It ran and ended between two observations: record the RUNNING it went through.
+        _mark_running(conn, job, found, at)
+        job, found = get(conn, job.id), attempt(conn, attempt_id)  # type: ignore[assignment]
+        assert job is not None and found is not None
+    gpus = sum(len(n["gpus"]) for n in found.placement.get("nodes", []))
+    started = found.started_at
+    ran_s = (at - started).total_seconds() if started else 0.0
+    saved_until = max(filter(None, [started, found.checkpoint_at]), default=None)
+    lost_s = 0.0
+    if outcome in (AttemptState.LOST, AttemptState.PREEMPTED) and saved_until is not None:
+        lost_s = max(0.0, (at - saved_until).total_seconds())
+    move_attempt(
+        conn,
+        attempt_id,
+        found.state,
+        outcome,
+        at=at,
+        reason=reason,
+        changes={
+            "exit_code": exit_code,
+            "ended_at": at,
+            "progress_lost_s": lost_s,
+        },
+    )
+    conn.execute(delete(leases).where(leases.c.attempt_id == attempt_id))
+    decision = after_attempt(
+        job.spec.retry,
+        outcome,
+        job.failures,
+        exit_code,
+        reason,
+        cancel_requested=job.cancel_requested or stop == StopReason.CANCEL,
+        stop=stop,
+    )
+    changes: dict[str, Any] = {
+        "failures": decision.failures,
+        "attained_gpu_s": jobs.c.attained_gpu_s + ran_s * gpus,
+        "progress_lost_gpu_s": jobs.c.progress_lost_gpu_s + lost_s * gpus,
+    }
+    if decision.backoff_s:
+        changes["not_before"] = at + timedelta(seconds=decision.backoff_s)
+    if job.state != decision.job_state:
+        move_job(
             conn,
-            attempt_id,
-            found.state,
-            outcome,
+            job.id,
+            job.state,
+            decision.job_state,
             at=at,
-            reason=reason,
-            changes={
-                "exit_code": exit_code,
-                "ended_at": at,
-                "progress_lost_s": lost_s,
-            },
+            attempt_id=attempt_id,
+            reason=decision.reason,
+            changes=changes,
         )
-        conn.execute(delete(leases).where(leases.c.attempt_id == attempt_id))
-        decision = after_attempt(
-            job.spec.retry,
-            outcome,
-            job.failures,
-            exit_code,
-            reason,
-            cancel_requested=job.cancel_requested or stop == StopReason.CANCEL,
-            stop=stop,
-        )
-        changes: dict[str, Any] = {
-            "failures": decision.failures,
-            "attained_gpu_s": jobs.c.attained_gpu_s + ran_s * gpus,
-            "progress_lost_gpu_s": jobs.c.progress_lost_gpu_s + lost_s * gpus,
-        }
-        if decision.backoff_s:
-            changes["not_before"] = at + timedelta(seconds=decision.backoff_s)
-        if job.state != decision.job_state:
-            move_job(
-                conn,
-                job.id,
-                job.state,
-                decision.job_state,
-                at=at,
-                attempt_id=attempt_id,
-                reason=decision.reason,
-                changes=changes,
-            )
-        return True
+    return True
 
 
 def pool_mtbi_s(conn: Connection, nodes: set[str], *, since: datetime, prior_s: float) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from gpuyard.domain.states import (
+    TERMINAL_ATTEMPT_STATES,
     AttemptState,
     JobState,
     StaleState,
@@ -125,18 +126,22 @@ def move_attempt(
         .values(
             state=target.value, updated_at=at, **({"reason": reason} if reason else {}), **(changes or {})
         )
-        .returning(attempts.c.job_id)
+        .returning(attempts.c.job_id, attempts.c.step, attempts.c.checkpoint_step)
     )
-    job_id = result.scalar()
-    if job_id is None:
+    row = result.one_or_none()
+    if row is None:
         actual = conn.execute(select(attempts.c.state).where(attempts.c.id == attempt_id)).scalar()
         raise StaleState("attempt", attempt_id, expected, actual)
+    # An ending says how far the attempt got and what it saved, so a follower can tell the progress
+    # lost without reading the attempt back.
+    ended = target in TERMINAL_ATTEMPT_STATES
+    progress = {"step": row.step, "checkpoint_step": row.checkpoint_step} if ended else {}
     append_event(
         conn,
         type=f"attempt.{target.value.lower()}",
-        job_id=job_id,
+        job_id=row.job_id,
         attempt_id=attempt_id,
         at=at,
-        data={"from": expected.value, "to": target.value, **({"reason": reason} if reason else {})},
+        data={"from": expected.value, "to": target.value} | ({"reason": reason} if reason else {}) | progress,
     )
-    return job_id
+    return str(row.job_id)
