@@ -68,14 +68,25 @@ def test_the_bound_grows_with_the_time_run_and_the_teams_share_over_its_quota() 
     assert GUARD.bound_s(gpus=1, attained_gpu_s=0.0, share=0.0) == pytest.approx(2400.0)  # the floor
     assert not GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.0)
     assert GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.5)
-    # Once it runs, its bound grows 4 times faster than its wait: 600 s past it, fed after 200 s.
+    # Once it runs, its bound grows 4 times faster than its wait: 600 s past it, held for 200 s.
     assert GUARD.overdue_s(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0) == pytest.approx(600.0)
-    assert GUARD.fed_in_s(600.0, 0.5) == pytest.approx(200.0)
+    assert GUARD.held(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0)
+    assert GUARD.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0) == pytest.approx(200.0)
     assert not GUARD.starving(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0)
+    assert not GUARD.held(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0)
+    assert GUARD.held_for_s(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0) == 0.0
+    # Hysteresis: with keep 1/2 a job let in at its bound (6,400 s) stays held until half its bound
+    # is back above its wait: 4 x (r + 600) / 2 = 6,400 + (r - 1,000), at r = 4,200 s, 3,200 s on.
+    sticky = StarvationGuard(factor=4.0, floor_s=600.0, keep=0.5)
+    assert sticky.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.0) == pytest.approx(3200.0)
+    assert sticky.held(0.0, 8, 8 * 4199.0, 0.5, now_s=9599.0)
+    assert not sticky.held(0.0, 8, 8 * 4201.0, 0.5, now_s=9601.0)
     with pytest.raises(ValueError, match="factor"):
         StarvationGuard(factor=1.0, floor_s=600.0)
     with pytest.raises(ValueError, match="floor_s"):
         StarvationGuard(factor=4.0, floor_s=0.0)
+    with pytest.raises(ValueError, match="keep"):
+        StarvationGuard(factor=4.0, floor_s=600.0, keep=0.25)  # held for ever: 1 x 4 x 1/4 = 1
 
 
 def test_a_starving_job_is_ordered_first_of_its_class_and_no_higher() -> None:
@@ -116,3 +127,19 @@ def test_a_starving_job_takes_gpus_of_less_served_work_that_would_not_starve() -
     assert [e.rule for e in run_cycle([newcomer], state_with(old), NOW, POLICIES["tiresias"]).evicted] == [
         "least attained service"
     ]
+
+
+def test_a_job_let_in_at_its_bound_is_held_against_less_served_work_until_its_keep() -> None:
+    # Let in at its bound (4 x (1,000 + 600) = 6,400 s) and run 300 s since: no longer starving, so
+    # without hysteresis (keep 1) a newcomer takes it by least attained service; with keep 1/2 it is
+    # held (its wait, 6,700 s, is past half its bound, 2 x 1,900 = 3,800 s) and only an older starving
+    # job may take it.
+    let_in = running("let-in", 8, submitted_s_ago=6700.0, ran_s=1300.0)
+    newcomer = pending("newcomer", 1, waited_s=10.0)
+    assert not GUARD.starving(0.0, 8, let_in.attained_gpu_s, 0.0, now_s=6700.0)
+    (eviction,) = run_cycle([newcomer], state_with(let_in), NOW, GPUYARD).evicted
+    assert eviction.rule == "least attained service"
+    sticky = replace(GPUYARD, starvation=replace(GUARD, keep=0.5))
+    assert run_cycle([newcomer], state_with(let_in), NOW, sticky).evicted == []
+    older = pending("older", 8, waited_s=30_000.0, attained_gpu_s=8 * 2000.0)  # starving, older
+    assert [e.rule for e in run_cycle([older], state_with(let_in), NOW, sticky).evicted] == ["starvation"]

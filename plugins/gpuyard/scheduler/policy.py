@@ -32,20 +32,26 @@ class StarvationGuard:
     knows it), and `share` its team's GPUs in use over its weighted nominal quota (`dominant_share`).
     A job is starving once the time since it was submitted exceeds its bound. Starving jobs are
     ordered first in their priority class, oldest first, and a starving job may take GPUs from any
-    settled attempt of no higher class that, requeued now, would be ordered after it: not starving,
-    or starving and submitted later (`preemption.RULES`, "starvation"); no rule lets a job that is not
-    starving take an attempt that would be. So, while its team stays within its quota and the
-    attempts around it are preemptible and of its class, the oldest starving job gets in at once,
-    and a job finishes within about `factor x (duration + floor_s)` of its submission (plus the
-    MIN_RUN_S a victim must have run and its stop checkpoint, and waits behind older starving jobs),
-    in proportion longer as its team is over its quota. As a job runs, its bound grows `factor x
-    share` times faster than its wait: a starving job that starts stops starving after `fed_in_s`,
-    and may then be preempted again by least attained service. Tiresias promotes a job after it
-    waited a multiple of its last run; Kueue and Slurm age priorities.
+    settled attempt of no higher class that is not held, or held and submitted later
+    (`preemption.RULES`, "starvation"); no rule lets a job that is not starving take a held attempt.
+    A running job is held while its wait exceeds `keep` x its bound (`held`): a job let in at its
+    bound is not given back to least attained service the moment its bound passes its wait again
+    (with keep 1 it was, after moments, and came back `factor x MIN_RUN_S` later, each round paying
+    its own and its victims' checkpoints: the whole Philly trace thrashed). So, while its team stays
+    within its quota and the attempts around it are preemptible and of its class, the oldest
+    starving job gets in at once, and a job finishes within about `factor x (duration + floor_s)` of
+    its submission (plus the MIN_RUN_S a victim must have run and its stop checkpoint, and waits
+    behind older starving jobs), in proportion longer as its team is over its quota. As a job runs,
+    `keep` x its bound grows `keep x factor x share` times faster than its wait: it is held for
+    `held_for_s`, then an ordinary job again. Tiresias promotes a job after it waited a multiple of
+    its last run; Kueue and Slurm age priorities.
     """
 
     factor: float
     floor_s: float
+    # Hysteresis: a running job stays held (taken only by older starving jobs) while its wait exceeds
+    # `keep` x its bound, so a job let in at its bound runs on until its bound is 1 / keep times its wait.
+    keep: float = 1.0
 
     def __post_init__(self) -> None:
         if self.factor <= 1:
@@ -54,6 +60,11 @@ class StarvationGuard:
             )
         if self.floor_s <= 0:
             raise ValueError(f"StarvationGuard floor_s must be positive, got {self.floor_s}")
+        if not 1 / self.factor < self.keep <= 1:
+            raise ValueError(
+                f"StarvationGuard keep must be in (1 / factor, 1] (a running job would be held for ever), "
+                f"got {self.keep}"
+            )
 
     def bound_s(self, gpus: int, attained_gpu_s: float, share: float) -> float:
         return self.factor * (attained_gpu_s / max(gpus, 1) + self.floor_s) * max(1.0, share)
@@ -69,10 +80,19 @@ class StarvationGuard:
     ) -> bool:
         return self.overdue_s(submitted_s, gpus, attained_gpu_s, share, now_s) > 0
 
-    def fed_in_s(self, overdue_s: float, share: float) -> float:
-        """For a running job `overdue_s` past its bound: how long it runs before its bound catches up
-        with its wait (at a constant share). A running job that is not starving never becomes so."""
-        return max(overdue_s, 0.0) / (self.factor * max(1.0, share) - 1)
+    def held(self, submitted_s: float, gpus: int, attained_gpu_s: float, share: float, now_s: float) -> bool:
+        """Does the guard hold a running job (its wait past `keep` x its bound)? Only an older starving
+        job may take it, and no job that is not starving."""
+        return now_s - submitted_s > self.keep * self.bound_s(gpus, attained_gpu_s, share)
+
+    def held_for_s(
+        self, submitted_s: float, gpus: int, attained_gpu_s: float, share: float, now_s: float
+    ) -> float:
+        """For a running job: how long it stays held, at a constant share (0: it is not). Its wait
+        grows by 1 per second run, `keep` x its bound by `keep x factor x share`, above 1. A running
+        job that is not held never becomes so."""
+        left = now_s - submitted_s - self.keep * self.bound_s(gpus, attained_gpu_s, share)
+        return max(left, 0.0) / (self.keep * self.factor * max(1.0, share) - 1)
 
     def starving_jobs(self, jobs: list[PendingJob], state: ClusterState, now: datetime) -> frozenset[str]:
         now_s = now.timestamp()
@@ -117,22 +137,24 @@ def gpuyard_order(
     jobs: list[PendingJob], state: ClusterState, now: datetime, starving: frozenset[str]
 ) -> list[PendingJob]:
     """Priority class; within it starving jobs first (`StarvationGuard`), oldest first; then least
-    attained service (2D-LAS), then within-quota before borrowing (as Kueue, so a reclaim is not undone
-    by its own victim), then weighted fair share, then age.
+    attained service (2D-LAS queue), then age: first come, first served within a queue, as Tiresias.
 
-    Attained service comes before quota: a team's nominal quota guarantees its work a place ahead of
-    borrowing work that has had as much service, not ahead of less-served work (see
-    `preemption.RULES`). Starving jobs are served by age, as Tiresias promotes a starving job to its
-    first queue, where the order is first come, first served: otherwise the less-served of them would
-    go first again, and a long run starve among them.
+    Quota does not order a queue. Within one 2D-LAS queue jobs have had about as much service, so
+    none is known to be shorter: ordering them by quota and fair share (as gpuyard did) put every
+    job of a team over its quota behind the same queue's work of all other teams whatever it had
+    waited, and reclaims swapped equally served runs at two checkpoints and a restore each (on
+    Philly 2017-10-22 at 40 nodes: average JCT 1.097 x tiresias, 2,549 reclaims; the worst slowdown
+    of a job of more than 8 GPUs 3,017 without the guard, against tiresias' 20). A team's quota acts
+    through admission, priority preemption and the guard, whose bound grows with the team's share
+    over its quota. Starving jobs are served by age, as Tiresias promotes a starving job to its
+    first queue, where the order is first come, first served: otherwise the less-served of them
+    would go first again, and a long run starve among them.
     """
-    room = headroom(jobs, state)
-    shares = {team: dominant_share(team, state) for team in room}
 
     def key(j: PendingJob) -> tuple[object, ...]:
         if j.id in starving:
-            return (-j.priority, 0, j.age)
-        return (-j.priority, 1, j.las, j.gpus > room[j.team], shares[j.team], j.age)  # borrows
+            return (-j.priority, 0, 0, j.age)
+        return (-j.priority, 1, j.las, j.age)
 
     return sorted(jobs, key=key)
 
@@ -151,7 +173,9 @@ class Policy:
 
 
 # gpuyard's guard: a job waits at most 10 times its run so far plus 10 minutes (x its team's share
-# over quota): slowdown at most about 10 for jobs of more than 10 minutes (docs/scheduler.md).
+# over quota): slowdown at most about 10 for jobs of more than 10 minutes (docs/scheduler.md). No
+# hysteresis (keep 1): holding a let-in job longer cost the contended weeks' short jobs more than
+# the preemptions it saved.
 GPUYARD_STARVATION = StarvationGuard(factor=10.0, floor_s=600.0)
 
 POLICIES: dict[str, Policy] = {
@@ -201,11 +225,16 @@ POLICIES: dict[str, Policy] = {
             "gpuyard",
             gpuyard_order,
             backfill=True,
-            reserve_head=True,
+            # The guard bounds a gang's wait; a head reservation also idled GPUs for the first gang
+            # that did not fit, however little it had waited (docs/scheduler.md, "Why gpuyard lost").
+            reserve_head=False,
             quota=True,
             preempt_priority=True,
             preempt_las=True,
-            reclaim=True,
+            # A reclaim under least attained service first could take only work of the reclaiming
+            # job's queue (more-served work is taken by that rule already): equally served work,
+            # which first come, first served orders before a younger job (see gpuyard_order).
+            reclaim=False,
             starvation=GPUYARD_STARVATION,
         ),
     )

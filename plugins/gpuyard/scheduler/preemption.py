@@ -63,7 +63,7 @@ class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
 
     attempt: RunningAttempt
     settled: bool  # ran at least MIN_RUN_S
-    starving: bool  # it would be starving if it were requeued now
+    held: bool  # held by the starvation guard (`policy.StarvationGuard.held`)
     unsaved_gpu_s: float
     ranks: tuple[float, ...] = ()  # per rule of RULES (`Preemption._ranks`)
 
@@ -100,8 +100,8 @@ def _never(policy: Policy, claim: Claim) -> bool:
 
 def _in_order(claim: Claim, candidate: Candidate) -> bool:
     """The starving come first in the order of their class: a job that is not starving may not take
-    an attempt that would be, once requeued."""
-    return claim.starving or not candidate.starving
+    an attempt the guard holds."""
+    return claim.starving or not candidate.held
 
 
 RULES: tuple[Rule, ...] = (
@@ -161,18 +161,18 @@ RULES: tuple[Rule, ...] = (
         ),
         keeps_quota=lambda p, claim: True,
     ),
-    # A starving job takes GPUs from any settled attempt of no higher class that, requeued, would be
-    # ordered after it (starving jobs go first, oldest first), whatever its 2D-LAS queue; borrowing,
-    # only as priority does (borrowWithinCohort).
+    # A starving job takes GPUs from any settled attempt of no higher class that the guard does not
+    # hold, or holds and was submitted later (starving jobs go first, oldest first), whatever its
+    # 2D-LAS queue; borrowing, only as priority does (borrowWithinCohort).
     Rule(
         "starvation",
         "starvation: {id} waited past its bound",
         enabled=lambda p: p.starvation is not None,
         settled=True,
-        victim_rank=lambda c: 0.5 if c.starving else 1.0,
+        victim_rank=lambda c: 0.5 if c.held else 1.0,
         job_rank=lambda claim: 0.0 if claim.starving else 1.0,
         allows=lambda claim, c, p, state: (
-            c.attempt.priority <= claim.job.priority and (not c.starving or c.attempt.age > claim.job.age)
+            c.attempt.priority <= claim.job.priority and (not c.held or c.attempt.age > claim.job.age)
         ),
         keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
     ),
@@ -215,14 +215,14 @@ class Preemption:
                     ranks[i] = rank
         return tuple(ranks)
 
-    def _would_starve(self, attempt: RunningAttempt, now_s: float, weighted: dict[str, float]) -> bool:
-        """Would the attempt's job be starving if it were requeued now (its GPUs given back)?
-        `weighted`: each team's weighted nominal quota, as `dominant_share` divides by it."""
+    def _held(self, attempt: RunningAttempt, now_s: float, weighted: dict[str, float]) -> bool:
+        """Does the starvation guard hold the attempt (at its team's share without it)? `weighted`:
+        each team's weighted nominal quota, as `dominant_share` divides by it."""
         guard = self.policy.starvation
         if guard is None:
             return False
         share = (self.state.usage.get(attempt.team, 0) - attempt.gpus) / weighted[attempt.team]
-        return guard.starving(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s)
+        return guard.held(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s)
 
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
         if self._by_domain is None:
@@ -238,21 +238,21 @@ class Preemption:
                 p = attempt.placement
                 settled = now_s - attempt.started_s >= MIN_RUN_S
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
-                starving = self._would_starve(attempt, now_s, weighted)
+                held = self._held(attempt, now_s, weighted)
                 alike = (
                     attempt.preemptible,
                     settled,
-                    starving,
+                    held,
                     attempt.priority,
                     attempt.las,
                     attempt.borrowed,
                 )
                 ranks = ranked.get(alike)
                 if ranks is None:
-                    ranks = ranked[alike] = self._ranks(Candidate(attempt, settled, starving, unsaved))
+                    ranks = ranked[alike] = self._ranks(Candidate(attempt, settled, held, unsaved))
                 domain = (p.site, p.cluster, p.domain)
                 self._by_domain.setdefault(domain, []).append(
-                    Candidate(attempt, settled, starving, unsaved, ranks)
+                    Candidate(attempt, settled, held, unsaved, ranks)
                 )
                 if attempt.stopping:
                     self._any_stopping = True

@@ -498,7 +498,7 @@ class Simulator:
         """When the snapshot of `attempt` next changes what a cycle can read of it.
 
         That is its next complete checkpoint (what a preemption would lose), its next 2D-LAS queue,
-        or (with a starvation guard) the instant it would no longer be starving if requeued;
+        or (with a starvation guard) the instant the guard stops holding it;
         attained service in between is as of the last rebuild, as the cycle reads it only through
         those. Rebuilding every running snapshot at every cycle would dominate.
         """
@@ -521,9 +521,9 @@ class Simulator:
         if guard is not None:
             share = self._share(job.trace.team, without=job.gpus)
             attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
-            overdue = guard.overdue_s(job.submitted_s, job.gpus, attained, share, t)
-            if overdue > 0:
-                nxt = min(nxt, t + guard.fed_in_s(overdue, share))
+            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t)
+            if held_s > 0:
+                nxt = min(nxt, t + held_s)
         return max(nxt, t + 1e-6)
 
     def _refresh(self, attempt: _Attempt, t: float) -> None:
