@@ -53,6 +53,9 @@ def build_session(
         # list date partitions on the driver: one Spark task per partition directory costs more
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
         .config("spark.ui.enabled", "false")
+        # cached blocks spilled to disk are read back into the heap, not memory-mapped: mapped files
+        # count as the process's resident memory, which a container's limit (or a benchmark's cap) sees
+        .config("spark.storage.memoryMapThreshold", "2047m")
         .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
     )

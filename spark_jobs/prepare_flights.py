@@ -62,14 +62,15 @@ def prepared_flights(
     lo = start - dt.timedelta(days=params.lookback_days)
     raw = common.read_dated(spark, f"{input_url}/flights", "flights", lo, end, required=dates)
     # one shuffle, by month: the de-duplication (its key holds the date) and the month files of
-    # labels and flight_schedule need no other
+    # labels and flight_schedule need no other. Hashed, not by range: a range needs a sampling pass
+    # over the whole input first, and a month in one partition is all the writes need
     months = len(layout.months(lo, end))
-    raw = raw.repartitionByRange(months, F.substring("date", 1, 7))
+    raw = raw.repartition(months, F.substring(F.col("date").cast("string"), 1, 7))
     airports = common.read_reference(spark, f"{input_url}/airports", "airports")
     # a few hundred airports: computed once and broadcast from the driver, not re-planned per join
     zones = transforms.timezone_table(spark, airports, params.timezone_overrides).collect()
     timezones = spark.createDataFrame(zones, "faa string, tzone string")
-    return transforms.add_flight_times(transforms.clean_flights(raw), timezones)
+    return transforms.add_flight_times(transforms.clean_flights(raw), timezones, [z.tzone for z in zones])
 
 
 def build_outputs(
@@ -88,6 +89,7 @@ def build_outputs(
             params.late_minutes,
             entity,
             params.home_timezone,
+            partitions=len(layout.months(start, end)),
         )
         for entity, hours, step in (
             ("carrier", params.carrier_window_hours, params.carrier_step_hours),
@@ -115,13 +117,9 @@ def run(
         outputs = build_outputs(spark, flights, start, end, params)
         for table, frame in outputs.items():
             with common.stage(f"prepare_flights {start}..{end}: write {table}"):
-                clustered = table in (
-                    "labels",
-                    "flight_schedule",
-                )  # straight from the month-clustered flights
-                if not clustered:
-                    frame = common.with_month(frame)
-                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table], clustered)
+                # every output is clustered by month: the flights by their shuffle, the statistics
+                # by their window's
+                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table], clustered=True)
     finally:
         flights.unpersist()
 

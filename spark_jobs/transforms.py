@@ -139,14 +139,19 @@ def clean_flights(raw: DataFrame) -> DataFrame:
     ).withColumn("route", F.concat_ws("-", "origin", "dest"))
 
 
-def add_flight_times(flights: DataFrame, timezones: DataFrame) -> DataFrame:
+def add_flight_times(
+    flights: DataFrame, timezones: DataFrame, zones: Sequence[str] | None = None
+) -> DataFrame:
     """Adds UTC times: ``sched_dep_ts``, ``sched_arr_ts``, ``arrival_ts`` (actual, null if it never arrived).
 
     The scheduled arrival is the destination's local clock time on the departure date, or the next day when
     that would not be after the departure (overnight flights). The actual arrival is the scheduled one plus
     ``arr_delay``. A flight whose destination has no known time zone gets null arrival times.
+    ``zones``: the distinct zones of ``timezones`` when the caller has them (else a job finds them).
     """
-    zones = sorted(r.tzone for r in timezones.select("tzone").distinct().collect())
+    if zones is None:
+        zones = [r.tzone for r in timezones.select("tzone").distinct().collect()]
+    zones = sorted(set(zones))
     tz = F.broadcast(timezones)
     with_tz = flights.join(
         tz.withColumnRenamed("faa", "origin").withColumnRenamed("tzone", "origin_tz"), "origin", "left"
@@ -232,6 +237,11 @@ def hourly_grid(
     return spark.range(first, last, step_hours).withColumnRenamed("id", "grid_h")
 
 
+def _local_month(hours: Column, home_timezone: str) -> Column:
+    """The first day of the local month (in ``home_timezone``) of ``hours`` since the epoch (UTC)."""
+    return F.trunc(F.to_date(F.from_utc_timestamp(F.timestamp_seconds(hours * 3600), home_timezone)), "month")
+
+
 def delay_window_stats(
     flights: DataFrame,
     grid: DataFrame,
@@ -240,6 +250,7 @@ def delay_window_stats(
     late_minutes: int,
     prefix: str,
     home_timezone: str,
+    partitions: int | None = None,
 ) -> DataFrame:
     """Trailing-window delay statistics per ``entity`` at every hour ``T`` of ``grid``.
 
@@ -247,7 +258,12 @@ def delay_window_stats(
     window (``arrival_ts > T - window``). Each flight is bucketed at the first full hour at or after its
     arrival, so a running sum over the ``window_hours`` buckets ending at ``T`` is exactly that set.
     Output: ``<entity>, event_timestamp (=T), <prefix>_flights, <prefix>_mean_arr_delay, <prefix>_late_share,
-    date`` (local date of ``T`` in ``home_timezone``).
+    date`` (local date of ``T`` in ``home_timezone``) and its ``date_month``.
+
+    One shuffle, by the local month of ``T``: each hourly bucket goes to every month whose points its
+    window reaches (its own and, for the last ``window_hours`` of a month, the next), so the range
+    window runs within (month, entity) and its output is clustered by month, as the month files are
+    written (``partitions``: how many shuffle partitions; default the session's).
     """
     arrived = flights.where(F.col("arrival_ts").isNotNull())
     buckets = (
@@ -259,33 +275,63 @@ def delay_window_stats(
         )
         .groupBy(entity, "grid_h")
         .agg(F.count("*").alias("n"), F.sum("arr_delay").alias("delay_sum"), F.sum("late").alias("late_sum"))
-        .withColumn("is_grid", F.lit(False))
+    )
+    # the months of the points a bucket counts for: T in [h, h + window - 1] (a few hours wider: a
+    # month more is harmless, a month less would lose the bucket there)
+    reach = F.sequence(
+        _local_month(F.col("grid_h") - 3, home_timezone),
+        _local_month(F.col("grid_h") + window_hours + 2, home_timezone),
+        F.expr("INTERVAL 1 MONTH"),
+    )
+    spread = buckets.select(
+        F.explode(reach).alias("_month"),
+        entity,
+        "grid_h",
+        "n",
+        "delay_sum",
+        "late_sum",
+        F.lit(False).alias("is_grid"),
+        F.lit(None).cast("string").alias("date"),
+    ).withColumn("date_month", F.date_format("_month", "yyyy-MM")).drop("_month")
+    ts = F.timestamp_seconds(F.col("grid_h") * 3600)
+    local_day = F.date_format(F.from_utc_timestamp(ts, home_timezone), "yyyy-MM-dd")
+    stamped = grid.select("grid_h", local_day.alias("date")).withColumn(
+        "date_month", F.substring("date", 1, 7)
     )
     entities = flights.select(entity).where(F.col(entity).isNotNull()).distinct()
-    points = (
-        entities.crossJoin(grid)
-        .withColumn("n", F.lit(0).cast("long"))
-        .withColumn("delay_sum", F.lit(0.0))
-        .withColumn("late_sum", F.lit(0).cast("long"))
-        .withColumn("is_grid", F.lit(True))
+    points = F.broadcast(entities).crossJoin(stamped).select(
+        "date_month",
+        entity,
+        "grid_h",
+        F.lit(0).cast("long").alias("n"),
+        F.lit(0.0).alias("delay_sum"),
+        F.lit(0).cast("long").alias("late_sum"),
+        F.lit(True).alias("is_grid"),
+        "date",
     )
-    window = Window.partitionBy(entity).orderBy("grid_h").rangeBetween(-(window_hours - 1), 0)
-    summed = buckets.unionByName(points).select(
+    months = (
+        points.sparkSession.conf.get("spark.sql.shuffle.partitions") if partitions is None else partitions
+    )
+    by_month = spread.unionByName(points).repartition(int(months), "date_month")
+    window = Window.partitionBy("date_month", entity).orderBy("grid_h").rangeBetween(-(window_hours - 1), 0)
+    summed = by_month.select(
+        "date_month",
         entity,
         "grid_h",
         "is_grid",
+        "date",
         F.sum("n").over(window).alias("n"),
         F.sum("delay_sum").over(window).alias("delay_sum"),
         F.sum("late_sum").over(window).alias("late_sum"),
     )
-    ts = F.timestamp_seconds(F.col("grid_h") * 3600)
     return summed.where("is_grid").select(
         entity,
         ts.alias("event_timestamp"),
         F.col("n").alias(f"{prefix}_flights"),
         F.when(F.col("n") > 0, F.col("delay_sum") / F.col("n")).alias(f"{prefix}_mean_arr_delay"),
         F.when(F.col("n") > 0, F.col("late_sum") / F.col("n")).alias(f"{prefix}_late_share"),
-        F.date_format(F.from_utc_timestamp(ts, home_timezone), "yyyy-MM-dd").alias("date"),
+        "date",
+        "date_month",
     )
 
 
