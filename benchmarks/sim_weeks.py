@@ -87,7 +87,11 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
         for start, nodes, policy, summary, wall in pool.map(run_one, tasks):
             results[(start, nodes, policy)] = summary
-            print(f"{start:%Y-%m-%d} {nodes} nodes {policy}: {summary.jobs} jobs, {wall:.1f} s", flush=True)
+            print(
+                f"{start:%Y-%m-%d} {nodes} nodes {policy}: {summary.jobs} jobs, "
+                f"avg JCT {summary.avg_jct_h:.3f} h, {summary.preemptions} preemptions, {wall:.1f} s",
+                flush=True,
+            )
     print()
     others = [p for p in ("fifo", "fifo-backfill", "kueue") if p in policies]
     head = ["week", "jobs", *(f"{n} nodes" for n in sizes)]
