@@ -1,4 +1,4 @@
-"""Shared fixtures: real PostgreSQL and Redis servers.
+"""Shared fixtures: real PostgreSQL and Redis servers, a directory local workers can reach.
 
 The machine's servers are used when they answer (127.0.0.1:5432 and :6379, or the URLs in
 GPUYARD_TEST_POSTGRES_URL / GPUYARD_TEST_REDIS_URL); otherwise throwaway ones are started from
@@ -11,6 +11,7 @@ import glob
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +111,14 @@ def redis_stream(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     client.delete(name)
     client.close()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user can enter and write (mode 1777, like /tmp), for what a test hands a job of
+    the local launcher: its workers may run as their team's user (worker_users), who cannot enter
+    pytest's tmp_path (under /tmp/pytest-of-<user>, mode 0700)."""
+    directory = Path(tempfile.mkdtemp(prefix="gpuyard-open-"))
+    directory.chmod(0o1777)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import wait_until
+from servers import GpuyardUp, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "flights-delay.yaml"
@@ -33,25 +33,11 @@ def gpuyard(home: Path, *args: str, check: bool = True) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    home = tmp_path_factory.mktemp("home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(home), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    wait_until(
-        lambda: (home / "server.json").exists() or server.poll() is not None, timeout_s=60, what="gpuyard up"
-    )
-    assert server.poll() is None, server.stdout.read() if server.stdout else ""
-    yield home
-    os.killpg(server.pid, signal.SIGTERM)
+    server = GpuyardUp(tmp_path_factory.mktemp("up") / "home").start()
+    yield server.home
     # uvicorn re-raises the signal after its graceful shutdown, which removed server.json
-    assert server.wait(timeout=30) in (0, -signal.SIGTERM)
-    assert not (home / "server.json").exists()
+    assert server.stop() in (0, -signal.SIGTERM)
+    assert not (server.home / "server.json").exists()
 
 
 def test_up_announces_url_and_admin_token(home: Path) -> None:

@@ -26,7 +26,7 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine
-from servers import wait_until
+from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -41,16 +41,9 @@ def test_a_plain_command_of_three_lease_periods_succeeds_in_one_attempt_through_
 ) -> None:
     """The review's user: `python -c "import time; time.sleep(35)"` under a 10 s lease was killed and
     started again every lease period, for ever. Now the launcher renews the lease while it runs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
-    env["GPUYARD_LEASE_SECONDS"] = "3"
+    env = without_gpuyard_settings(GPUYARD_LEASE_SECONDS="3")
     home = tmp_path / "home"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(home), "--port", "0"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    server = GpuyardUp(home, env)
 
     def cli(*args: str) -> Any:
         done = subprocess.run(
@@ -63,7 +56,7 @@ def test_a_plain_command_of_three_lease_periods_succeeds_in_one_attempt_through_
         return json.loads(done.stdout)
 
     try:
-        wait_until(lambda: (home / "server.json").exists(), timeout_s=60, what="gpuyard up")
+        server.start()
         spec = tmp_path / "plain.yaml"
         spec.write_text(
             json.dumps(
@@ -83,8 +76,7 @@ def test_a_plain_command_of_three_lease_periods_succeeds_in_one_attempt_through_
         detail = cli("show", job_id)
         assert [a["state"] for a in detail["attempts"]] == ["SUCCEEDED"], detail
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        server.stop()
 
 
 @pytest.fixture

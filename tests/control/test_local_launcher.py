@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
-from servers import wait_until
+from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 
 WORKER = Path(__file__).parent / "workers" / "checkpointing_worker.py"
@@ -240,13 +239,6 @@ WAIT_FOR = (
 )
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-
 def shims(attempt_id: str) -> list[int]:
     found = []
     for pid in _processes_of(attempt_id):
@@ -260,28 +252,20 @@ def shims(attempt_id: str) -> list[int]:
 
 @pytest.mark.slow
 def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
-    tmp_path: Path, request: pytest.FixtureRequest
+    tmp_path: Path, open_dir: Path, request: pytest.FixtureRequest
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")}
     home = tmp_path / "home"
+    release = open_dir / "release"  # where the job's worker, maybe its team's user, can see it
 
-    def start() -> subprocess.Popen[bytes]:
-        (home / "server.json").unlink(missing_ok=True)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard.cli", "up", "--home", str(home), "--port", "0"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        request.addfinalizer(lambda: _kill_group(process))  # never left running, whatever fails
-        wait_until(lambda: (home / "server.json").exists(), timeout_s=60, what="gpuyard up")
-        return process
+    def start() -> GpuyardUp:
+        server = GpuyardUp(home)
+        request.addfinalizer(server.kill)  # never left running, whatever fails
+        return server.start()
 
     def cli(*args: str) -> str:
         return subprocess.run(
             [sys.executable, "-m", "gpuyard.cli", *args, "--home", str(home)],
-            env=env,
+            env=without_gpuyard_settings(),
             check=True,
             capture_output=True,
             text=True,
@@ -296,7 +280,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
                 "team": "platform",
                 "image": "local",
                 # runs until the test releases it: adopted alive however long the restart takes
-                "command": ["python", "-c", WAIT_FOR.format(release=str(tmp_path / "release"))],
+                "command": ["python", "-c", WAIT_FOR.format(release=str(release))],
                 "resources": {"gpus": 2, "gpu_types": ["cpu"]},
             }
         )
@@ -306,13 +290,12 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
         lambda: json.loads(cli("show", job_id, "--json"))["state"] == "RUNNING", timeout_s=60, what="running"
     )
     attempt_id = json.loads(cli("show", job_id, "--json"))["attempts"][0]["id"]
-    os.killpg(server.pid, signal.SIGKILL)  # the whole control plane dies; the workers live on
-    server.wait()
+    server.kill()  # the whole control plane dies; the workers live on
     assert len(shims(attempt_id)) == 2
     server = start()
     try:
         assert len(shims(attempt_id)) == 2  # adopted after the restart, not started again
-        (tmp_path / "release").touch()
+        release.touch()
         wait_until(
             lambda: json.loads(cli("show", job_id, "--json"))["state"] == "SUCCEEDED",
             timeout_s=90,
@@ -322,8 +305,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
         assert len(detail["attempts"]) == 1  # never launched twice
         assert "done" in cli("logs", job_id)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        server.stop()
 
 
 def workers_of(attempt_id: str) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from gpuyard.observability import logs
-from servers import wait_until
+from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 
 from .test_relay import submit_jobs, unpublished
@@ -95,19 +95,19 @@ def info_lines(log: Path, logger: str, message: str) -> list[str]:
 
 
 def test_gpuyard_up_logs_the_relays_and_the_schedulers_info_lines(tmp_path: Path) -> None:
-    log = tmp_path / "up.log"
-    up = gpuyard(["up", "--home", str(tmp_path / "home"), "--port", "0"], log, GPUYARD_LOG_FORMAT="text")
+    up = GpuyardUp(tmp_path / "home", without_gpuyard_settings(GPUYARD_LOG_FORMAT="text"))
     try:
+        up.start(timeout_s=90)
         wait_until(
             lambda: (
-                info_lines(log, "gpuyard.relay", 'msg="relay started')
-                and info_lines(log, "gpuyard.scheduler.service", " leads (epoch")
+                info_lines(up.log, "gpuyard.relay", 'msg="relay started')
+                and info_lines(up.log, "gpuyard.scheduler.service", " leads (epoch")
             ),
             timeout_s=90,
-            what=f"the relay's and the scheduler's INFO lines in {log}",
+            what=f"the relay's and the scheduler's INFO lines in {up.log}",
         )
     finally:
-        stop(up)
+        up.stop()
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)

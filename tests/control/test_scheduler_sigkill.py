@@ -134,9 +134,10 @@ def opening_a_fifo(process: subprocess.Popen[bytes]) -> bool:
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_after_restart(
-    database_url: str, engine: Engine, scheduler_env: dict[str, str], tmp_path: Path
+    database_url: str, engine: Engine, scheduler_env: dict[str, str], tmp_path: Path, open_dir: Path
 ) -> None:
-    marks, log = tmp_path / "launched.txt", tmp_path / "scheduler.log"
+    # the worker, maybe its team's user (worker_users), writes its marks where it can
+    marks, log = open_dir / "launched.txt", tmp_path / "scheduler.log"
     job_id, fifo = job_with_a_checkpoint_in_the_east(engine, tmp_path, marks)
 
     first = start_scheduler(scheduler_env, log)

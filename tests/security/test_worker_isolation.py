@@ -8,7 +8,7 @@ reach this environment (`worker_env.python_job_needs`: built from /usr/bin/pytho
 directory, as `make install` does where it can); where they cannot (an environment under /root,
 mode 0700), `on` must refuse it naming the closed directory rather than run it as root. The server
 gets credentials of its own in its environment; the control plane's home is where the jobs are told
-it is. One shared, world-writable directory stands for what both teams can reach.
+it is. One world-writable directory (`open_dir`) stands for what both teams can reach.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,15 +62,6 @@ mkdir -p "$1" && echo "team a's weights" > "$1/weights.bin"
 echo "uid $(id -u) written"
 sleep 60
 """
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory both teams can reach and write (like /tmp), outside pytest's private tmp_path."""
-    directory = Path(tempfile.mkdtemp(prefix="gpuyard-shared-"))
-    directory.chmod(0o1777)
-    yield directory
-    subprocess.run(["rm", "-rf", str(directory)], check=False)
 
 
 @pytest.fixture
@@ -121,7 +111,7 @@ def job(name: str, team: str, command: list[str], **fields: Any) -> dict[str, An
 
 
 def test_hostile_jobs_read_nothing_of_the_control_plane_or_each_other_and_the_secret_stays_put(
-    server: GpuyardUp, shared: Path
+    server: GpuyardUp, open_dir: Path
 ) -> None:
     home, admin, url = server.home, server.admin_token, server.url
     tokens = {team: cli(home, "token", "create", "--team", team).strip() for team in ("a", "b")}
@@ -142,13 +132,14 @@ def test_hostile_jobs_read_nothing_of_the_control_plane_or_each_other_and_the_se
     def state(job_id: str) -> str:
         return str(http.get(f"/v1/jobs/{job_id}", headers=headers).json()["state"])
 
-    checkpoint = shared / "team-a"
+    checkpoint = open_dir / "team-a"
     victim = submit(
         job(
             "victim", "a", ["sh", "-c", VICTIM, "sh", str(checkpoint)], env_from_secret={"API_KEY": "api-key"}
         ),
         "a",
     )
+
     def written() -> str | None:
         shown = logs(victim)
         return shown if "written" in shown else None
@@ -246,7 +237,7 @@ def training_config(path: Path, data: Path, workdir: Path) -> Path:
 
 @pytest.mark.slow  # torch and MLflow start in the worker: about 25 s idle, a minute on a loaded machine
 def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_control_plane(
-    server: GpuyardUp, shared: Path
+    server: GpuyardUp, open_dir: Path
 ) -> None:
     home = server.home
     http = httpx.Client(base_url=server.url, timeout=30)
@@ -266,14 +257,14 @@ def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_
         found["logs"] = http.get(f"/v1/jobs/{job_id}/logs", headers=headers).text
         return found
 
-    weights = shared / "team-a" / "weights.bin"
+    weights = open_dir / "team-a" / "weights.bin"
     write = f"import os; os.makedirs({str(weights.parent)!r}); open({str(weights)!r}, 'w').write('a')"
-    data = shared / "flights.parquet"
+    data = open_dir / "flights.parquet"
     write_synthetic(str(data), rows=200, features=4, seed=3)
-    config = training_config(shared / "train.json", data, shared / "team-b")
+    config = training_config(open_dir / "train.json", data, open_dir / "team-b")
     targets = [str(home / "admin.token"), str(home / "gpuyard.db"), str(weights)]
     command = ["python", "-c", TRAIN, *targets, str(config)]
-    spec = job("train", "b", command, checkpoint={"url": (shared / "team-b" / "ckpt").as_uri()})
+    spec = job("train", "b", command, checkpoint={"url": (open_dir / "team-b" / "ckpt").as_uri()})
     closed = next(filter(None, map(worker_env._closed_to_others, worker_env.python_job_needs(ROOT))), None)
     if closed is not None:  # this environment lives where worker users cannot reach it
         refused = run(spec, "b")
@@ -290,8 +281,8 @@ def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_
     identities = json.loads((home / "attempts" / worker_env.IDENTITIES_FILE).read_text())
     assert uid == gid == identities["b"] != identities["a"] >= worker_env.WORKER_UID_BASE
     # What it wrote is its team's alone: its checkpoints, its events and its own MLflow store.
-    written = [p for p in (shared / "team-b").rglob("*") if p.is_file()]
+    written = [p for p in (open_dir / "team-b").rglob("*") if p.is_file()]
     assert {"events.jsonl", "mlflow.db", "manifest.json"} <= {p.name for p in written}, written
     assert all(p.stat().st_uid == uid and stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)
-    assert trained["attempts"][0]["checkpoint_url"].startswith((shared / "team-b" / "ckpt").as_uri())
+    assert trained["attempts"][0]["checkpoint_url"].startswith((open_dir / "team-b" / "ckpt").as_uri())
     http.close()
