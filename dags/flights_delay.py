@@ -32,6 +32,7 @@ with DAG(
     run = step.start(PIPELINE)
     landed = step.ingest(PIPELINE, run)
     raw_checked = step.validate_raw(PIPELINE, run)
+    corrected = step.reprepare_corrections(PIPELINE, run)  # what corrected raw days reach
     prepared = step.prepare(PIPELINE)  # the Spark jobs, or pandas below spark.spark_from_rows
     features_checked = step.validate_features(PIPELINE, run)
     applied = step.feast_apply(PIPELINE, run)
@@ -46,7 +47,7 @@ with DAG(
     published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
     done = step.finish(PIPELINE, run)
 
-    chain(landed, raw_checked, prepared, features_checked, applied, materialized, sets)
+    chain(landed, raw_checked, corrected, prepared, features_checked, applied, materialized, sets)
     chain(sets_checked, candidates)
     chain(verdict, *([gate] if gate else []), published, done)
     chain(materialized, parity, published)

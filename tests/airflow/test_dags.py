@@ -53,7 +53,8 @@ def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
     order = [
         ("start", "ingest"),
         ("ingest", "validate_raw"),
-        ("validate_raw", "choose_engine"),  # spark.engine: auto
+        ("validate_raw", "reprepare_corrections"),  # what corrected raw days reach
+        ("reprepare_corrections", "choose_engine"),  # spark.engine: auto
         ("choose_engine", "prepare_flights"),
         ("choose_engine", "prepare_weather"),
         ("choose_engine", "prepare_planes"),

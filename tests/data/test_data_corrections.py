@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from pipelines import corrections, features, prepare, storage, training_set
+from pipelines.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,7 @@ def corrected(landed_config, tmp_path_factory):
     built = training_set.build_training_set(config)
     set_after = (pd.read_parquet(storage.local_path(built.data_url)), built.manifest)
     flights = raw[fixed].assign(route=raw["origin"] + "-" + raw["dest"])
-    return rerun, before, after, set_before, set_after, flights
+    return rerun, before, after, set_before, set_after, flights, config
 
 
 def test_only_the_days_the_windows_reach_are_prepared_again(corrected) -> None:
@@ -80,7 +81,7 @@ def test_only_the_days_the_windows_reach_are_prepared_again(corrected) -> None:
 
 
 def test_the_correction_reaches_its_flights_and_the_windows_after_them(corrected) -> None:
-    _, before, after, _, _, flights = corrected
+    _, before, after, _, _, flights, _ = corrected
     labels = _changed(before["labels"], after["labels"], ["flight_id"])
     assert len(labels) == len(flights) > 100 and set(labels["carrier"]) == {"UA"}
     assert set(labels["date"]) == {DAY.isoformat()}
@@ -99,7 +100,7 @@ def test_the_correction_reaches_its_flights_and_the_windows_after_them(corrected
 
 
 def test_the_training_set_differs_exactly_where_the_correction_reaches(corrected) -> None:
-    _, _, after, built_before, built_after, flights = corrected
+    _, _, after, built_before, built_after, flights, _ = corrected
     sets = [built_before[0], built_after[0]]
     fills = [built_before[1]["fill_values"], built_after[1]["fill_values"]]
     changed = _changed(*sets, ["flight_id"])
@@ -124,3 +125,35 @@ def test_the_training_set_differs_exactly_where_the_correction_reaches(corrected
     moved = changed.loc[reached, ["flight_id", "carrier_mean_arr_delay", "carrier_mean_arr_delay_after"]]
     moved = moved[moved["carrier_mean_arr_delay"] != moved["carrier_mean_arr_delay_after"]]
     assert len(ua) > 0 and set(ua["flight_id"]) <= set(moved["flight_id"])
+
+
+def test_spans_merge_the_reaches_and_leave_out_the_days_a_run_prepares_anyway() -> None:
+    day = dt.date
+    prepared = [day(2013, 1, d) for d in range(1, 25)]
+    assert corrections.spans([day(2013, 1, 3)], 9, prepared) == [(day(2013, 1, 3), day(2013, 1, 12))]
+    # two corrected days: overlapping reaches merge; the run's own days (13..24) are left out
+    two = [day(2013, 1, 8), day(2013, 1, 2)]
+    assert corrections.spans(two, 9, prepared, skip=(day(2013, 1, 13), day(2013, 1, 24))) == [
+        (day(2013, 1, 2), day(2013, 1, 12))
+    ]
+    assert corrections.spans([day(2013, 1, 3)], 2, prepared, skip=(day(2013, 1, 4), day(2013, 1, 4))) == [
+        (day(2013, 1, 3), day(2013, 1, 3)),
+        (day(2013, 1, 5), day(2013, 1, 5)),
+    ]
+    assert corrections.spans([day(2013, 2, 1)], 9, prepared) == []  # nothing prepared in its reach
+
+
+def test_raw_asset_events_name_landed_and_corrected_days() -> None:
+    extras = [{"date": "2013-01-21"}, {"date": "2013-01-09", "correction": True}, None, {"other": 1}]
+    landed, corrected = corrections.event_days(extras)
+    assert landed == [dt.date(2013, 1, 21)] and corrected == [dt.date(2013, 1, 9)]
+    with pytest.raises(ConfigError, match="'date' must be YYYY-MM-DD, got '2013-13-01'"):
+        corrections.event_days([{"date": "2013-13-01", "correction": True}])
+
+
+def test_a_run_re_prepares_only_the_reach_outside_its_own_days(corrected) -> None:
+    # the DAG's reprepare_corrections: a run preparing Jan 11..12 itself leaves those to its prepare
+    config = corrected[-1]
+    own = (dt.date(2013, 1, 11), PREPARED[1])
+    assert corrections.reprepare_days(config, [DAY], skip=own) == [(DAY, dt.date(2013, 1, 10))]
+    assert corrections.reprepare_days(config, [], skip=own) == []

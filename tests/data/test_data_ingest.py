@@ -44,3 +44,16 @@ def test_memory_filesystem_root() -> None:
     storage.write_partition(frame.head(1), storage.join(root, "t"), dt.date(2013, 1, 1))
     back = storage.read_partitions(storage.join(root, "t"), [dt.date(2013, 1, 1)], "t")
     assert back["x"].tolist() == [1]
+
+
+def test_a_corrected_day_is_kept_as_its_producer_relanded_it(tmp_path) -> None:
+    root = storage.normalize_url(str(tmp_path))
+    tables = {name: sources.load_table(name) for name in (*ingest.DATED_TABLES, *ingest.REFERENCE_TABLES)}
+    first, day = dt.date(2013, 1, 2), dt.date(2013, 1, 3)
+    ingest.land_tables(tables, root, first, day)
+    flights_url = ingest.raw_url(root, "flights")
+    corrected = storage.read_partitions(flights_url, [day], "flights").head(7)
+    storage.write_partition(corrected, flights_url, day)
+    ingest.land_tables(tables, root, first, day, keep=[day])
+    assert len(storage.read_partitions(flights_url, [day], "flights")) == 7
+    assert len(storage.read_partitions(flights_url, [first], "flights")) > 500  # landed again as usual
