@@ -338,6 +338,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=90.0, help="how long the jobs keep changing state")
+    parser.add_argument("--idle-seconds", type=float, default=20.0, help="CPU measured before any change")
+    parser.add_argument(
+        "--pace", type=float, default=None, help="the followers' pace, [gpuyard] follow_pace_s (default 0.5)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
     parser.add_argument(
         "--postgres",
@@ -373,6 +377,8 @@ def main() -> int:
         home.mkdir()
         (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(dag_id=DAG_ID))
         env = airflow_env(home, dags, plane.url, token)
+        if args.pace is not None:
+            env["AIRFLOW__GPUYARD__FOLLOW_PACE_S"] = str(args.pace)
         if airflow_db:  # psycopg 3 for both of Airflow's engines (its async default wants asyncpg)
             url = airflow_db.replace("postgresql://", "postgresql+psycopg://")
             env |= {
@@ -397,15 +403,25 @@ def main() -> int:
         logs = home / "logs"
         deadline = time.monotonic() + 600
         while True:
-            following = sum(
-                1 for p in logs.rglob("*.log.trigger.*") if "following its events" in p.read_text()
-            )
+            # Following, and done with its backlog (the job's submission, told from it).
+            following = sum(1 for p in logs.rglob("*.log.trigger.*") if ": submitted: " in p.read_text())
             print(f"  {following}/{args.tasks} triggers following", flush=True)
             if following >= args.tasks:
                 break
             if time.monotonic() > deadline or triggerer.poll() is not None:
                 raise SystemExit(f"the triggerer did not start every trigger; see {work / 'triggerer.log'}")
             time.sleep(5)
+
+        # What following costs while nothing changes: Airflow's own loop over its 1,000 triggers.
+        idle_before, idle_start = triggerer_cpu(process), time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle_after, idle_wall = triggerer_cpu(process), time.monotonic() - idle_start
+        idle = {k: idle_after[k] - idle_before[k] for k in idle_after}
+        print(
+            f"triggerer while no job changes: {sum(idle.values()):.1f}s CPU over {idle_wall:.1f}s "
+            f"(supervisor {idle['supervisor']:.1f}s, trigger runner {idle['children']:.1f}s)",
+            flush=True,
+        )
 
         observer = Observer(plane.url, plane.admin)
         observer.start()

@@ -33,7 +33,18 @@ SAVES_PER_S = 1.0  # cursor writes through Airflow's supervisor, each a database
 # page, so followers tell in bursts (a job's quick run of changes in one record), and Airflow's
 # triggerer supervisor, which reads its database each time the trigger runner writes to it, wakes
 # a few times a second however many jobs change. The price: up to this much more latency.
+# Airflow setting `[gpuyard] follow_pace_s` (AIRFLOW__GPUYARD__FOLLOW_PACE_S).
 PACE_S = 0.5
+
+
+def follow_pace_s() -> float:
+    """The pace from Airflow's configuration; a bad value is refused, naming the setting."""
+    from airflow.sdk.configuration import conf
+
+    pace = conf.getfloat("gpuyard", "follow_pace_s", fallback=PACE_S)
+    if not 0 <= pace <= 60:
+        raise ValueError(f"[gpuyard] follow_pace_s: expected seconds from 0 to 60, got {pace}")
+    return pace
 
 
 class Followers:
@@ -52,6 +63,7 @@ class Followers:
         self._unsaved: dict[str, tuple[int, Callable[[int], Awaitable[None]]]] = {}
         self._wake_saver = asyncio.Event()
         self._saver: asyncio.Task[None] | None = None
+        self.pace_s = follow_pace_s()
 
     @classmethod
     def of(cls, endpoint: Endpoint) -> Followers:
@@ -164,4 +176,4 @@ class Followers:
                     queue.put_nowait(batch)
             self.cursor = page["cursor"]
             if len(page["events"]) < PAGE:
-                await asyncio.sleep(PACE_S)
+                await asyncio.sleep(self.pace_s)
