@@ -1,7 +1,8 @@
 """One Airflow triggerer following 1,000 deferred training tasks whose gpuyard jobs change state.
 
-The control plane runs in this process: the real API (uvicorn), store (SQLite) and scheduler, with
-a fast fake launcher in place of processes: an attempt runs as soon as it is launched and ends
+The control plane is the real API (uvicorn, in this process) and the real scheduler (a process of
+its own, as in production: in one process the two would share one interpreter lock), on PostgreSQL,
+with a fast fake launcher in place of processes: an attempt runs as soon as it is launched and ends
 after a few seconds, and every third job is preempted once on the way (it goes back to the queue
 and runs again), so each job changes state 7 to 13 times. The triggerer is Airflow's own
 (`airflow triggerer`, a process of its own) with 1,000 task instances deferred to GpuJobTrigger (one
@@ -22,6 +23,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
+import multiprocessing.process
 import os
 import random
 import shutil
@@ -176,17 +179,17 @@ class FakeLauncher:
 
 
 class ControlPlane:
-    """The API and, once `start_scheduling` is called, the scheduler with the fake launcher."""
+    """The API in this process and, once `start_scheduling` is called, the scheduler with the fake
+    launcher in a process of its own."""
 
     def __init__(self, home: Path, slots: int, run_s: tuple[float, float], database_url: str | None) -> None:
         from gpuyard.api.app import create_app
-        from gpuyard.scheduler.service import SchedulerService
         from gpuyard.services import ensure_admin_token, open_store
         from gpuyard.settings import load_settings
 
-        self.settings = load_settings(
-            home=home, local_slots=slots, profile="embedded", database_url=database_url
-        )
+        self.settings_args = {"home": home, "local_slots": slots, "database_url": database_url}
+        self.run_s = run_s
+        self.settings = load_settings(profile="embedded", **self.settings_args)
         self.engine = open_store(self.settings)
         self.admin = ensure_admin_token(self.engine, self.settings).read_text().strip()
         self.port = _free_port()
@@ -199,11 +202,9 @@ class ControlPlane:
         self.serving.start()
         while not self.server.started:
             time.sleep(0.05)
-        self.scheduler = SchedulerService(
-            self.engine, FakeLauncher(run_s), self.settings.fleet(), api_url=lambda: self.url, lease_ttl_s=600
-        )
-        self.stop = threading.Event()
-        self.loop: threading.Thread | None = None
+        spawn = multiprocessing.get_context("spawn")
+        self.stop = spawn.Event()
+        self.scheduler: multiprocessing.process.BaseProcess | None = None
 
     def token(self, team: str) -> str:
         from gpuyard.clock import utcnow
@@ -216,16 +217,40 @@ class ControlPlane:
             return teams.create_token(conn, team, teams.Role.MEMBER, utcnow())
 
     def start_scheduling(self) -> None:
-        self.loop = threading.Thread(target=self.scheduler.run, args=(self.stop,), kwargs={"interval_s": 0.5})
-        self.loop.start()
+        spawn = multiprocessing.get_context("spawn")
+        self.scheduler = spawn.Process(
+            target=schedule, args=(self.settings_args, self.run_s, self.url, self.stop), name="scheduler"
+        )
+        self.scheduler.start()
 
     def close(self) -> None:
         self.stop.set()
-        if self.loop is not None:
-            self.loop.join(timeout=30)
+        if self.scheduler is not None:
+            self.scheduler.join(timeout=30)
+            if self.scheduler.is_alive():
+                self.scheduler.kill()
         self.server.should_exit = True
         self.serving.join(timeout=30)
         self.engine.dispose()
+
+
+def schedule(
+    settings_args: dict[str, Any], run_s: tuple[float, float], url: str, stop: threading.Event
+) -> None:
+    """The scheduler process: passes every 0.5 s over the store, launching into the fake launcher."""
+    from gpuyard.scheduler.service import SchedulerService
+    from gpuyard.services import open_store
+    from gpuyard.settings import load_settings
+
+    settings = load_settings(profile="embedded", **settings_args)
+    engine = open_store(settings)
+    scheduler = SchedulerService(
+        engine, FakeLauncher(run_s), settings.fleet(), api_url=lambda: url, lease_ttl_s=600
+    )
+    try:
+        scheduler.run(stop, interval_s=0.5)
+    finally:
+        engine.dispose()
 
 
 class Observer(threading.Thread):
@@ -236,6 +261,7 @@ class Observer(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.token = url, token
         self.seen: dict[int, float] = {}
+        self.succeeded: set[str] = set()  # jobs whose job.succeeded event it saw
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -248,6 +274,8 @@ class Observer(threading.Thread):
                 now = time.time()
                 for event in page["events"]:
                     self.seen.setdefault(event["seq"], now)
+                    if event["type"] == "job.succeeded":
+                        self.succeeded.add(event["job_id"])
                 cursor = page["cursor"]
 
 
@@ -332,6 +360,18 @@ def told_lines(logs: Path) -> Iterator[tuple[str, int, float]]:
             at = dt.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
             for match in narrated.finditer(record.get("event", "")):  # a record tells a batch
                 yield match.group(1), int(match.group(2)), at
+
+
+def log_traffic(logs: Path, since: float, until: float) -> tuple[int, int]:
+    """(records, bytes) the triggers' logs received between two moments: Airflow's triggerer
+    supervisor reads its log socket 4 KiB at a time, and reads its database on every such read."""
+    records = size = 0
+    for path in logs.rglob("*.log.trigger.*"):
+        for line in path.read_bytes().splitlines():
+            stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
+            if since <= dt.datetime.fromisoformat(stamp).timestamp() <= until:
+                records, size = records + 1, size + len(line) + 1
+    return records, size
 
 
 def main() -> int:
@@ -425,7 +465,7 @@ def main() -> int:
 
         observer = Observer(plane.url, plane.admin)
         observer.start()
-        cpu_before, wall_before = triggerer_cpu(process), time.monotonic()
+        cpu_before, wall_before, started_at = triggerer_cpu(process), time.monotonic(), time.time()
         plane.start_scheduling()
         print(
             f"scheduling: every job runs {run_s[0]:.0f}-{run_s[1]:.0f}s, a third preempted once", flush=True
@@ -433,16 +473,14 @@ def main() -> int:
         with httpx.Client(
             base_url=plane.url, headers={"Authorization": f"Bearer {plane.admin}"}, timeout=30
         ) as api:
-            while True:
-                done = api.get("/v1/jobs", params={"state": "SUCCEEDED", "limit": 500}).json()
-                left = args.tasks - sum(1 for _ in _pages(api, "SUCCEEDED"))
-                print(f"  {args.tasks - left}/{args.tasks} jobs succeeded", flush=True)
-                if left == 0 or time.monotonic() - wall_before > args.seconds * 3:
+            while True:  # counted from the event log as the observer reads it: no listing in between
+                succeeded = len(observer.succeeded)
+                print(f"  {succeeded}/{args.tasks} jobs succeeded", flush=True)
+                if succeeded >= args.tasks or time.monotonic() - wall_before > args.seconds * 3:
                     break
                 time.sleep(5)
-            _ = done
             time.sleep(3)  # the last changes reach the log files
-            after = triggerer_cpu(process)
+            after, ended_at = triggerer_cpu(process), time.time()
             split = {k: after[k] - cpu_before[k] for k in after}
             cpu, wall = sum(split.values()), time.monotonic() - wall_before
             events = {}
@@ -487,6 +525,11 @@ def main() -> int:
             f"triggerer: {cpu:.1f}s CPU over {wall:.1f}s (supervisor {split['supervisor']:.1f}s, "
             f"trigger runner {split['children']:.1f}s)"
         )
+        records, size = log_traffic(logs, started_at, ended_at)
+        print(
+            f"the triggers' logs meanwhile: {records} records, {size / 1024:.0f} KiB "
+            f"({size / 1024 / wall:.1f} KiB/s; {size / max(records, 1):.0f} bytes a record)"
+        )
         print(f"the event log: {len(events)} events, {holes} seqs never committed (rolled-back writes)")
         print(f"RESULT follow_p99_s={p99:.3f} triggerer_cpu_share={cpu / wall:.3f}")
         return 0
@@ -505,16 +548,6 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
         database.close()
         metadata.close()
-
-
-def _pages(api: httpx.Client, state: str) -> Iterator[dict[str, Any]]:
-    params: dict[str, Any] = {"state": state, "limit": 500}
-    while True:
-        page = api.get("/v1/jobs", params=params).json()
-        yield from page["items"]
-        if not page["next_cursor"]:
-            return
-        params["cursor"] = page["next_cursor"]
 
 
 if __name__ == "__main__":
