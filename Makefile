@@ -1,8 +1,11 @@
 # gpuyard: `make demo` runs the main job end to end on the embedded defaults; `make test` runs everything.
 # Both build .venv themselves: torch (CPU build, from local disk) first, then the pinned rest.
 
-PYTHON ?= python3
-VENV := .venv
+# Debian's interpreter where there is one: every user may run it, so the local launcher's workers
+# can run Python jobs as their teams' users (pyenv's under /root, mode 0700, keeps them root:
+# docs/security.md). VENV=/elsewhere builds and uses another environment.
+PYTHON ?= $(or $(wildcard /usr/bin/python3.11),python3)
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := requirements/constraints.txt

@@ -156,7 +156,9 @@ class Promotion(_Section):
 
 class Mlflow(_Section):
     tracking_uri: str | None = Field(
-        None, description="MLFLOW_TRACKING_URI wins; else sqlite:///<root>/mlflow.db"
+        None,
+        description="MLFLOW_TRACKING_URI wins (make demo's: pipelines/tracking_server.py on this store); "
+        "else sqlite:///<root>/mlflow.db",
     )
     experiment: str | None = Field(None, description="default: the pipeline's name")
 
@@ -195,6 +197,14 @@ class PipelineDefinition(_Section):
         from pipelines.storage import local_path
 
         return f"sqlite:///{local_path(self.data.root)}/mlflow.db"
+
+    @property
+    def artifact_location(self) -> str | None:
+        """Where a new experiment keeps its artifacts: `<root>/mlartifacts` for a file store; None for a
+        tracking server, which places them itself (pipelines/tracking_server.py serves them)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        return join(self.data.root, "mlartifacts")
 
     @property
     def experiment(self) -> str:

@@ -1,7 +1,9 @@
 """`make demo`: the flights_delay retraining DAG, run through Airflow on an embedded gpuyard.
 
 1. `gpuyard up`: SQLite store, in-process bus, scheduler, local launcher on 2 CPU slots (no GPU
-   here, and every output says so), and a token of team `a`;
+   here, and every output says so; run as root, its workers run as team a's own user), a token of
+   team `a`, and the pipeline's MLflow tracking server (pipelines/tracking_server.py), which the
+   tasks and the training jobs log to over HTTP;
 2. `airflow dags test flights_delay` (Airflow's state in .gpuyard/demo/airflow, the `gpuyard_default`
    connection from the environment) on the real 2013 New York flights of the definition's 21 days:
    ingest, Great Expectations, Spark, Feast, the training sets, a grid of GPU jobs, evaluation,
@@ -34,7 +36,9 @@ from pathlib import Path
 from gpuyard.client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
 from rich.console import Console
 
+from pipelines import storage
 from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition
+from pipelines.tracking_server import TrackingServer
 
 PIPELINE = "flights_delay"
 DEMO = REPOSITORY / ".gpuyard" / "demo"
@@ -59,8 +63,9 @@ def environment() -> dict[str, str]:
     }
 
 
-def airflow_environment(connection: dict[str, str]) -> dict[str, str]:
+def airflow_environment(connection: dict[str, str], tracking_uri: str) -> dict[str, str]:
     return environment() | {
+        "MLFLOW_TRACKING_URI": tracking_uri,
         "AIRFLOW_HOME": str(DEMO / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPOSITORY / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
@@ -203,7 +208,8 @@ def summary(admin: GpuyardClient, airflow_db: Path) -> None:
                 markup=False,
             )
     console.print(
-        f"lineage: MLflow run of the DAG run and its training children in {definition.tracking_uri}\n"
+        f"lineage: MLflow run of the DAG run and its training children in "
+        f"{storage.join(definition.data.root, 'mlflow.db')}\n"
         "open the Airflow, gpuyard and MLflow UIs on this data: [bold]make ui[/]"
     )
 
@@ -219,12 +225,16 @@ def main() -> int:
         "1. gpuyard up: SQLite store, in-process bus, scheduler, local launcher on 2 CPU slots (no GPU)"
     )
     server, home = start_gpuyard(env)
+    tracking = TrackingServer(Path(storage.local_path(definition.data.root)), DEMO / "mlflow.log", env)
     try:
         url = json.loads((home / SERVER_FILE).read_text())["url"]
         token = team_token(home, env)
         admin = GpuyardClient(resolve_endpoint(url=url, home=home))
         console.print(f"gpuyard at {url}; team a token in the `gpuyard_default` Airflow connection")
-        airflow_env = airflow_environment({"conn_type": "gpuyard", "host": url, "password": token})
+        os.environ["MLFLOW_TRACKING_URI"] = tracking.start().url  # the definition's, for this process too
+        console.print(f"MLflow tracking server at {tracking.url} on {definition.data.root}")
+        connection = {"conn_type": "gpuyard", "host": url, "password": token}
+        airflow_env = airflow_environment(connection, tracking.url)
         subprocess.run(
             [str(BIN / "airflow"), "db", "migrate"], env=airflow_env, capture_output=True, check=True
         )
@@ -255,6 +265,7 @@ def main() -> int:
         console.print(f"[dim]make demo took {time.monotonic() - started:.0f}s; state in {DEMO}[/]")
         return 0
     finally:
+        tracking.stop()
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pipelines import storage
 from pipelines.definition import REPOSITORY, PipelineDefinition
+from pipelines.errors import ConfigError
 
 PARENT_TAG = "mlflow.parentRunId"
 
@@ -29,13 +30,21 @@ def client(definition: PipelineDefinition) -> Any:
 
 
 def experiment_id(definition: PipelineDefinition) -> str:
-    """The pipeline's experiment, created with its artifacts under the data root (never ./mlruns)."""
+    """The pipeline's experiment, created with its artifacts under the data root (never ./mlruns), or
+    where its tracking server places them."""
     mlflow = client(definition)
     found = mlflow.get_experiment_by_name(definition.experiment)
-    if found is not None:
-        return str(found.experiment_id)
-    location = storage.join(definition.data.root, "mlartifacts")
-    return str(mlflow.create_experiment(definition.experiment, artifact_location=location))
+    if found is None:
+        location = definition.artifact_location
+        return str(mlflow.create_experiment(definition.experiment, artifact_location=location))
+    if definition.artifact_location is None and storage.is_local(found.artifact_location):
+        # made on a file store: the training jobs would write these files themselves, as their users
+        raise ConfigError(
+            f"experiment {definition.experiment!r} at {definition.tracking_uri} keeps its artifacts in "
+            f"{found.artifact_location}, which only a file store's clients write; remove it (or the store, "
+            f"made before the tracking server) or name another experiment in the definition's mlflow section"
+        )
+    return str(found.experiment_id)
 
 
 def git_commit() -> str:

@@ -75,6 +75,24 @@ def local_path(url: str) -> str:
     return urlparse(url).path if url.startswith("file:") else url
 
 
+def shared_root(url: str) -> None:
+    """Create a local `url` as a directory every worker user may make folders of its own in: mode
+    1777, like /tmp (sticky: each removes only what it owns; a team's workers write with umask 077,
+    so what they make is their team's alone). The pipeline runs as the platform's user and its
+    training jobs' workers may run as their teams' users (docs/security.md): this is where they
+    checkpoint and keep their work directories. An existing directory is left as it is (the platform
+    opens no path it did not make); other URLs are the object store's to grant."""
+    if not is_local(url):
+        return
+    path = local_path(url)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o1777)
+
+
 def spark_path(url: str) -> str:
     """The same location as Spark/Hadoop names it (``s3://`` becomes ``s3a://``)."""
     return "s3a://" + url[len("s3://") :] if url.startswith("s3://") else url

@@ -321,15 +321,24 @@ def validate_training_set(definition: PipelineDefinition, sets: Any) -> Any:
     return _validate_training_set(sets)
 
 
+def _work_root(definition: PipelineDefinition) -> str:
+    """Where the training jobs keep their work directories (events, a store of their own)."""
+    return storage.join(definition.data.root, "train")
+
+
 @task(task_id="grid")
 def _grid(path: str, sets: dict[str, Any]) -> list[dict[str, Any]]:
+    """The jobs' overrides; first the roots they write under, open to their teams' users."""
     definition = _definition(path)
+    storage.shared_root(definition.checkpoint_root)
+    storage.shared_root(_work_root(definition))
     fixed = {
         "data.path": sets["train"]["data_url"],
         "mlflow.experiment": definition.experiment,
         "mlflow.register_model": definition.promotion.model,
-        "mlflow.artifact_location": storage.join(definition.data.root, "mlartifacts"),
     }
+    if definition.artifact_location is not None:
+        fixed["mlflow.artifact_location"] = definition.artifact_location
     return [fixed | dict(entry) for entry in definition.job.grid]
 
 
@@ -346,7 +355,7 @@ def train(definition: PipelineDefinition, sets: Any) -> Any:
         image=job.image,
         nodes=job.nodes,
         max_failures=job.max_failures,
-        workdir_root=storage.local_path(storage.join(definition.data.root, "train"))
+        workdir_root=storage.local_path(_work_root(definition))
         if storage.is_local(definition.data.root)
         else None,
         mlflow_tracking_uri=definition.tracking_uri,

@@ -2,8 +2,9 @@
 
 Airflow (standalone: api-server, scheduler, dag-processor, triggerer) on its demo home, with the
 gpuyard page in its navigation (the plugin's app; queue, fleet, jobs' timelines, figures), gpuyard up
-on its demo home (the API and its interactive docs), and the MLflow UI on the pipeline's tracking
-store. Local only (127.0.0.1), no login (every Airflow user is an admin here). Ctrl-C stops them.
+on its demo home (the API and its interactive docs), and the pipeline's MLflow tracking server
+(pipelines/tracking_server.py, its UI and the artifacts it serves) on its store. Local only
+(127.0.0.1), no login (every Airflow user is an admin here). Ctrl-C stops them.
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
 """
 
@@ -15,7 +16,9 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
+from pipelines import storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
 from pipelines.demo import BIN, DEMO, PIPELINE, airflow_environment, environment
 
@@ -46,7 +49,8 @@ def main() -> int:
                             "mlflow_ui_url": f"http://127.0.0.1:{ports['mlflow']}",
                         }
                     ),
-                }
+                },
+                f"http://127.0.0.1:{ports['mlflow']}",
             )
             | {
                 "AIRFLOW__API__PORT": ports["airflow"],
@@ -59,16 +63,7 @@ def main() -> int:
             base | {"GPUYARD_HOME": str(DEMO / "gpuyard"), "GPUYARD_WORKER_DIR": str(DEMO.parents[1])},
         ),
         "mlflow": (
-            [
-                str(BIN / "mlflow"),
-                "ui",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                ports["mlflow"],
-                "--backend-store-uri",
-                definition.tracking_uri,
-            ],
+            tracking_server.command(Path(storage.local_path(definition.data.root)), int(ports["mlflow"])),
             base,
         ),
     }

@@ -11,7 +11,6 @@ import glob
 import os
 import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from servers import RedisServer, answers, free_port
+from servers import RedisServer, answers, free_port, open_directory
 
 
 def _start_postgres(directory: Path) -> str:
@@ -115,10 +114,6 @@ def redis_stream(redis_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
-    """A directory every user can enter and write (mode 1777, like /tmp), for what a test hands a job of
-    the local launcher: its workers may run as their team's user (worker_users), who cannot enter
-    pytest's tmp_path (under /tmp/pytest-of-<user>, mode 0700)."""
-    directory = Path(tempfile.mkdtemp(prefix="gpuyard-open-"))
-    directory.chmod(0o1777)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
+    """servers.open_directory for one test."""
+    with open_directory() as directory:
+        yield directory

@@ -11,9 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,19 @@ class RedisServer:
             self.process.kill()
             self.process.wait()
             self.process = None
+
+
+@contextlib.contextmanager
+def open_directory(prefix: str = "gpuyard-open-") -> Iterator[Path]:
+    """A directory every user can enter and write (mode 1777, like /tmp), for what a test hands a job of
+    the local launcher: its workers may run as their team's user (worker_users), who cannot enter
+    pytest's tmp_path (under /tmp/pytest-of-<user>, mode 0700). Removed afterwards."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    directory.chmod(0o1777)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def without_gpuyard_settings(**extra: str) -> dict[str, str]:

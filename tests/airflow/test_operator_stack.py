@@ -3,7 +3,9 @@ triggerer, LocalExecutor) against a real embedded gpuyard running real training 
 
 Each crash is forced at a chosen point, never timed: the gate in front of the gpuyard API holds
 one answer (the request reached the API and committed), the test SIGKILLs the process that asked,
-then lets the answer go to nobody. The DAGs are tests/airflow/dags/gpuyard_cases.py.
+then lets the answer go to nobody. The DAGs are tests/airflow/dags/gpuyard_cases.py. What the jobs
+read and write lives in a directory every user may enter, and MLflow is a tracking server: the
+training jobs run as team a's user where `gpuyard up` runs as root.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import pytest
 import yaml
 from airflow_harness import ROOT
 from gpuyard.airflow.narration import Story, attempt_of
-from servers import wait_until
+from servers import open_directory, wait_until
 from stack import AirflowStack, Gate, Gpuyard
 
 from pipelines.definition import load_definition
+from pipelines.tracking_server import TrackingServer
 
 pytestmark = pytest.mark.slow
 
@@ -71,8 +74,15 @@ def tiny_training_set(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root = tmp_path_factory.mktemp("stack")
+def world() -> Iterator[World]:
+    with (
+        open_directory("gpuyard-stack-") as root,
+        TrackingServer(root / "mlflow", root / "mlflow.log") as mlflow,
+    ):
+        yield from _world(root, mlflow.url)
+
+
+def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
     config = root / "train.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -89,10 +99,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             }
         )
     )
-    mlflow_uri = f"sqlite:///{root / 'mlflow.db'}"
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(mlflow_uri).search_experiments()  # creates the schema once, before jobs race to
     definition = yaml.safe_load(load_definition("flights_delay").path.read_text())
     definition["data"]["root"] = str(root / "pipeline")
     definition["promotion"] |= {"model": "cases-model", "require_approval": True}

@@ -3,7 +3,9 @@ gpuyard on a small slice of real 2013 flights, with one injected preemption; the
 second pipeline (docs/airflow.md), added from scratch beside it.
 
 The slice is the definition with fewer days, fewer steps and one CPU slot per job; the DAG file
-is the repository's own, pointed at that copy of its definition. The tutorial's pipeline shares
+is the repository's own, pointed at that copy of its definition. Everything lives in a directory
+every user may enter, and MLflow is the pipeline's tracking server, as in `make demo`: `gpuyard up`
+runs as root, so the training jobs run as team a's user. The tutorial's pipeline shares
 flights_delay's data root by design, so its data steps (the shared steps this module ran for
 flights_delay just before) are marked done and its own steps run: training set, GPU job,
 evaluation, publication.
@@ -12,8 +14,10 @@ evaluation, publication.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,9 +28,13 @@ import pytest
 import yaml
 from airflow_harness import ROOT, airflow_environment
 from gpuyard.client import GpuyardClient, resolve_endpoint
+from gpuyard.launchers import worker_env
+from servers import open_directory
 from stack import AIRFLOW, Gpuyard
 
+from pipelines import storage
 from pipelines.definition import HOME_VARIABLE, load_definition
+from pipelines.tracking_server import TrackingServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a DAG run and a second pipeline
 
@@ -111,40 +119,43 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
-) -> Iterator[World]:
+def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
     from pipelines.demo import Preemption
 
-    root = tmp_path_factory.mktemp("e2e")
-    monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
-    gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
-    dags = root / "dags"
-    dags.mkdir()
-    definition = sliced(
-        load_definition("flights_delay").path.read_text(), root / "definitions", "flights_delay"
-    )
-    dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
-    (root / "airflow").mkdir()
-    connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
-    env = airflow_environment(
-        root / "airflow",
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
-        **{HOME_VARIABLE: str(root)},
-    )
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
-    admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
-    preemption = Preemption(admin)
-    preemption.start()
-    try:
-        flights = dags_test(env, "flights_delay")
-        preemption.stop.set()
-        yield World(root, gpuyard, env, dags, flights, preemption.attempt)
-    finally:
-        preemption.stop.set()
-        admin.close()
-        gpuyard.stop()
+    with open_directory("gpuyard-e2e-") as root:
+        monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
+        gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
+        dags = root / "dags"
+        dags.mkdir()
+        definition = sliced(
+            load_definition("flights_delay").path.read_text(), root / "definitions", "flights_delay"
+        )
+        dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
+        data = Path(storage.local_path(load_definition(definition).data.root))  # the tutorial's too
+        tracking = TrackingServer(data, root / "mlflow.log").start()
+        monkeypatch_module.setenv("MLFLOW_TRACKING_URI", tracking.url)  # the definitions' store
+        (root / "airflow").mkdir()
+        connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
+        env = airflow_environment(
+            root / "airflow",
+            AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+            AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
+            MLFLOW_TRACKING_URI=tracking.url,
+            **{HOME_VARIABLE: str(root)},
+        )
+        subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
+        admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+        preemption = Preemption(admin)
+        preemption.start()
+        try:
+            flights = dags_test(env, "flights_delay")
+            preemption.stop.set()
+            yield World(root, gpuyard, env, dags, flights, preemption.attempt)
+        finally:
+            preemption.stop.set()
+            admin.close()
+            gpuyard.stop()
+            tracking.stop()
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +234,23 @@ def test_the_training_job_record_shows_the_injected_preemption_and_the_resume(wo
         filter_string=f"tags.`gpuyard.job_id` = '{job_id}'",
     )
     assert (run.data.tags["gpuyard.attempts"], run.data.tags["gpuyard.preemptions"]) == ("2", "1")
+
+
+def test_the_training_jobs_ran_as_team_a_s_user_and_mlflow_s_files_are_the_server_s(world: World) -> None:
+    identities = json.loads((world.gpuyard.home / "attempts" / worker_env.IDENTITIES_FILE).read_text())
+    data = Path(
+        storage.local_path(
+            load_definition(world.root / "definitions" / "flights_delay" / "pipeline.yaml").data.root
+        )
+    )
+    for shared in (data / "checkpoints", data / "train"):  # made by the pipeline, open to every team
+        assert (shared.stat().st_uid, stat.S_IMODE(shared.stat().st_mode)) == (os.getuid(), 0o1777)
+        jobs = list(shared.iterdir())  # one folder per training job, made by its worker
+        assert len(jobs) == 2 and {p.stat().st_uid for p in jobs} == {identities["a"]}, jobs
+        assert {stat.S_IMODE(p.stat().st_mode) for p in jobs} == {0o700}
+    stored = [p for p in (data / "mlartifacts").rglob("*") if p.is_file()]
+    assert any(p.name == "MLmodel" for p in stored), stored  # the models the jobs logged, over HTTP
+    assert {p.stat().st_uid for p in [data / "mlflow.db", *stored]} == {os.getuid()}
 
 
 TUTORIAL_FILE = re.compile(r"<!-- tutorial: (\S+) -->\n```\w+\n(.*?)```", re.DOTALL)

@@ -3,10 +3,10 @@ control plane's home nor another team's files, processes or environment, and a p
 found nowhere it should not be.
 
 The hostile jobs are shell commands, runnable by a worker user wherever this suite's Python
-environment lives. The training job is Python: it runs as its team's user where every user may
-reach this environment (`worker_env.python_job_needs`: built from /usr/bin/python3.11 in an open
-directory, as `make install` does where it can); where they cannot (an environment under /root,
-mode 0700), `on` must refuse it naming the closed directory rather than run it as root. The server
+environment lives. The training job is Python: it needs an environment every user may reach
+(`worker_env.python_job_needs`), as `make install` builds it (from /usr/bin/python3.11, in an open
+clone); one under /root (pyenv's, mode 0700) fails the test naming the closed directory, and an
+interpreter under a closed directory is refused (`on`) naming it, rather than run as root. The server
 gets credentials of its own in its environment; the control plane's home is where the jobs are told
 it is. One world-writable directory (`open_dir`) stands for what both teams can reach.
 """
@@ -237,7 +237,7 @@ def training_config(path: Path, data: Path, workdir: Path) -> Path:
 
 @pytest.mark.slow  # torch and MLflow start in the worker: about 25 s idle, a minute on a loaded machine
 def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_control_plane(
-    server: GpuyardUp, open_dir: Path
+    server: GpuyardUp, open_dir: Path, tmp_path: Path
 ) -> None:
     home = server.home
     http = httpx.Client(base_url=server.url, timeout=30)
@@ -266,11 +266,15 @@ def test_a_python_training_job_runs_as_its_team_s_user_and_reads_nothing_of_the_
     command = ["python", "-c", TRAIN, *targets, str(config)]
     spec = job("train", "b", command, checkpoint={"url": (open_dir / "team-b" / "ckpt").as_uri()})
     closed = next(filter(None, map(worker_env._closed_to_others, worker_env.python_job_needs(ROOT))), None)
-    if closed is not None:  # this environment lives where worker users cannot reach it
-        refused = run(spec, "b")
-        assert refused["state"] == "FAILED" and "closed to other users" in refused["reason"], refused
-        return
-
+    if closed is not None:
+        pytest.fail(
+            f"worker users cannot run this environment's Python ({closed}): build it as make install does"
+        )
+    hidden = tmp_path / "python"  # under pytest's tmp_path, mode 0700
+    hidden.symlink_to(sys.executable)
+    refused = run(job("hidden", "b", [str(hidden), "-c", "pass"]), "b")
+    assert refused["state"] == "FAILED" and "is closed to other users" in refused["reason"], refused
+    assert str(hidden) in refused["reason"]
     assert run(job("weights", "a", ["python", "-c", write]), "a")["state"] == "SUCCEEDED"
     trained = run(spec, "b")
     assert trained["state"] == "SUCCEEDED", trained
