@@ -366,6 +366,7 @@ def main() -> int:
         submit_s = time.monotonic() - started
         placed_s = wait_for(url, "burst", UNPLACED, 1800)
         ended_s = placed_s + wait_for(url, "burst", UNFINISHED, 600)  # the sustained phase starts quiet
+        drained = {name: rss_mb(pid) for name, pid in pids.items()}
         log(
             f"      {spike.summary()}; {len(spike.job_ids) / submit_s:.0f} submits/s; the backlog was placed "
             f"{placed_s:.0f}s and ended {ended_s:.0f}s after the last submit"
@@ -389,7 +390,8 @@ def main() -> int:
     growth = {name: (after[name] - before[name]) / max(1, counted) * 10_000 for name in pids}
     for name in pids:
         log(
-            f"      RSS {name}: {before[name]:.0f} -> {after[name]:.0f} MB "
+            f"      RSS {name}: {before[name]:.0f} -> {drained[name]:.0f} (burst ended) "
+            f"-> {after[name]:.0f} MB "
             f"({growth[name]:+.1f} MB per 10,000 jobs)"
         )
     p50, p99 = percentile(delays, 50) or 0.0, percentile(delays, 99) or 0.0

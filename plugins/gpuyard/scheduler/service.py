@@ -37,6 +37,7 @@ from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, StopReason
 from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
+from gpuyard.memory import release_free_memory
 from gpuyard.observability import logs
 from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 GROUP = "scheduler"
 RESUME_URL = "GPUYARD_RESUME_URL"  # where a retry resumes: the checkpoint the store recorded
 REPORTS_PER_TRANSACTION = 100  # one commit per batch; the batch's jobs stay locked until it commits
+RELEASE_MEMORY_EVERY_S = 30.0  # after a backlog's passes, the freed heap goes back (gpuyard/memory.py)
 _OUTCOMES = {
     Outcome.SUCCEEDED: AttemptState.SUCCEEDED,
     Outcome.FAILED: AttemptState.FAILED,
@@ -388,7 +390,7 @@ class SchedulerService:
                 bus.ensure_group(GROUP)
             except BusUnavailable:  # Redis away at start: the store is the truth; a read recreates it
                 log.warning("bus unavailable at start; scheduling from the store until it is back")
-        next_pass = 0.0
+        next_pass = next_release = 0.0
         while not stop.is_set():
             metrics.scheduler_loop.set_to_current_time()
             try:
@@ -403,6 +405,9 @@ class SchedulerService:
                     with metrics.scheduler_pass.time():
                         self.step()
                     next_pass = monotonic + interval_s
+                    if monotonic >= next_release:
+                        release_free_memory()
+                        next_release = monotonic + RELEASE_MEMORY_EVERY_S
                 else:
                     self.apply(self.launcher.observe())
                     self.renew()
