@@ -117,3 +117,26 @@ def open_dir() -> Iterator[Path]:
     """servers.open_directory for one test."""
     with open_directory() as directory:
         yield directory
+
+
+# Feast's metrics module, when imported, points these at a temporary folder of its own in os.environ
+# (feast/metrics.py). Every process a later test started would inherit them: prometheus_client then
+# keeps its values in files there, and `gpuyard api` would share its workers' counters through that
+# folder instead of its home's. Each test starts and ends with them as they were before any import.
+PROMETHEUS_DIRS = ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR")
+PROMETHEUS_BASELINE = {name: os.environ.get(name) for name in PROMETHEUS_DIRS}  # before the tests' imports
+
+
+def _restore_prometheus_dirs() -> None:
+    for name, value in PROMETHEUS_BASELINE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_prometheus_dirs() -> Iterator[None]:
+    _restore_prometheus_dirs()
+    yield
+    _restore_prometheus_dirs()

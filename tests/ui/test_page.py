@@ -37,7 +37,7 @@ def _sign_in(browser: Any, page_url: str, token: str) -> Any:
 
 
 def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
-    gpuyard: Gpuyard, page_url: str, browser: Any, artifacts: Path, tmp_path: Path
+    gpuyard: Gpuyard, page_url: str, browser: Any, artifacts: Path, open_dir: Path
 ) -> None:
     _quota(gpuyard, "a", 0)
     member = GpuyardClient(Endpoint(gpuyard.url, gpuyard.token))
@@ -50,7 +50,8 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
             "command": [sys.executable, WORKER, "600", "0.1"],
             "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
             "preemptible": True,
-            "checkpoint": {"url": (tmp_path / "checkpoints").as_uri(), "interval": "auto"},
+            # its workers may run as team a's user, who cannot enter pytest's tmp_path
+            "checkpoint": {"url": (open_dir / "checkpoints").as_uri(), "interval": "auto"},
         }
     )["id"]
     page = _sign_in(browser, page_url, gpuyard.token)
