@@ -231,7 +231,10 @@ def main() -> int:
         token = team_token(home, env)
         admin = GpuyardClient(resolve_endpoint(url=url, home=home))
         console.print(f"gpuyard at {url}; team a token in the `gpuyard_default` Airflow connection")
-        os.environ["MLFLOW_TRACKING_URI"] = tracking.start().url  # the definition's, for this process too
+        with console.status(
+            f"starting the MLflow tracking server on {definition.data.root} (a first start creates its store)"
+        ):
+            os.environ["MLFLOW_TRACKING_URI"] = tracking.start().url  # the definition's, for this process too
         console.print(f"MLflow tracking server at {tracking.url} on {definition.data.root}")
         connection = {"conn_type": "gpuyard", "host": url, "password": token}
         airflow_env = airflow_environment(connection, tracking.url)
