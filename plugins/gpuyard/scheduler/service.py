@@ -307,8 +307,7 @@ class SchedulerService:
         workers get SIGTERM and `grace_s` to checkpoint. Once per attempt per process; a new leader
         delivers again, as a level-triggered controller would."""
         with self.engine.connect() as conn:
-            live = attempt_store.live(conn)
-        asked = {item.attempt.id for item in live if item.attempt.stop_requested is not None}
+            asked = attempt_store.asked_to_stop(conn)
         for attempt_id in asked - self._signalled:
             with attempt_context(attempt_id):
                 self.launcher.cancel(attempt_id, grace_s=self.grace_s)

@@ -157,19 +157,28 @@ def reserve(
         return None
 
 
+_JOB = "job__"  # the prefix of the job's columns where attempts are read joined with their jobs
+_JOB_COLUMNS = [column.label(f"{_JOB}{column.name}") for column in jobs.c]
+
+
 def live(conn: Connection) -> list[LiveAttempt]:
+    """Every live attempt with its job, oldest first, in one query."""
     rows = conn.execute(
-        select(attempts, jobs.c.spec.label("job_spec"))
+        select(attempts, *_JOB_COLUMNS)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.state.in_(LIVE))
         .order_by(attempts.c.created_at)
     ).all()
-    found = []
-    for row in rows:
-        job = get(conn, row.job_id)
-        assert job is not None
-        found.append(LiveAttempt(attempt=attempt_from_row(row), job=job))
-    return found
+    return [LiveAttempt(attempt=attempt_from_row(row), job=job_from_row(row, prefix=_JOB)) for row in rows]
+
+
+def asked_to_stop(conn: Connection) -> set[str]:
+    """The live attempts asked to stop (by the cycle, a cancel, a limit or an admin)."""
+    return set(
+        conn.execute(
+            select(attempts.c.id).where(attempts.c.state.in_(LIVE), attempts.c.stop_requested.is_not(None))
+        ).scalars()
+    )
 
 
 def attempt(conn: Connection, attempt_id: str, *, lock: bool = False) -> Attempt | None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cachetools import LRUCache, cached
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -229,9 +231,21 @@ def job_from_mapping(row: dict[str, Any], spec: JobSpec) -> Job:
     )
 
 
-def job_from_row(row: Any) -> Job:
-    mapping = row._mapping
-    return job_from_mapping(dict(mapping), JobSpec.model_validate(mapping["spec"]))
+@cached(
+    LRUCache(maxsize=20_000),
+    key=lambda job_id, spec_hash, spec: (job_id, spec_hash),
+    lock=threading.Lock(),
+)
+def _parsed_spec(job_id: str, spec_hash: str, spec: dict[str, Any]) -> JobSpec:
+    """A job's spec is written once, at submit, and JobSpec is frozen: it is validated once per
+    process, not on every read (the scheduler reads every live job's row three times a pass)."""
+    return JobSpec.model_validate(spec)
+
+
+def job_from_row(row: Any, *, prefix: str = "") -> Job:
+    """The Job of a `jobs` row; with `prefix`, of the columns labelled `<prefix><name>` in a join."""
+    mapping = {name[len(prefix) :]: value for name, value in row._mapping.items() if name.startswith(prefix)}
+    return job_from_mapping(mapping, _parsed_spec(mapping["id"], mapping["spec_hash"], mapping["spec"]))
 
 
 def attempt_from_row(row: Any) -> Attempt:
