@@ -34,6 +34,9 @@ CURSOR_XCOM = "gpuyard_cursor"
 
 
 class GpuJobTrigger(BaseTrigger):
+    # Its records' logger name: every record's bytes cost Airflow's triggerer supervisor (followers.py)
+    _logger_name = "gpuyard"
+
     def __init__(
         self,
         *,
