@@ -214,13 +214,16 @@ def write_months(
     end: dt.date,
     sort: Sequence[str] = (),
     clustered: bool = False,
+    plain: Sequence[str] = (),
 ) -> None:
     """Replace the dates ``start..end`` of a prepared table laid out by month (spark_jobs/layout.py).
 
     ``frame`` holds the new rows of those dates (with ``date`` and ``date_month`` columns).
     ``clustered``: each month of ``frame`` is already in one Spark partition, so a table that holds
     none of those months yet is written without a shuffle. Months the range only partly covers keep
-    their other dates' rows. Each month is one file sorted by ``date`` (then ``sort``), written to a
+    their other dates' rows. ``plain``: columns of (nearly) unique values, written without parquet's
+    dictionary encoding (it would hash every value only to give up). Each month is one file sorted by
+    ``date`` (then ``sort``), written to a
     staging folder first; the finished months then replace the old ones, so a failed job leaves the
     table as it was.
     """
@@ -248,6 +251,7 @@ def write_months(
     (
         fresh.sortWithinPartitions(layout.MONTH_KEY, "date", *sort)
         .write.mode("overwrite")
+        .options(**{f"parquet.enable.dictionary#{c}": "false" for c in plain})
         .partitionBy(layout.MONTH_KEY)
         .parquet(staging)
     )

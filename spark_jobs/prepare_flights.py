@@ -34,6 +34,8 @@ SORT = {
     "carrier_delay_stats": ("carrier", "event_timestamp"),
     "route_delay_stats": ("route", "event_timestamp"),
 }
+# columns whose values are unique per row: no parquet dictionary
+PLAIN = {"labels": ("flight_id",), "flight_schedule": ("flight_id",)}
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,9 @@ def run(
             with common.stage(f"prepare_flights {start}..{end}: write {table}"):
                 # every output is clustered by month: the flights by their shuffle, the statistics
                 # by their window's
-                common.write_months(frame, f"{output_url}/{table}", start, end, SORT[table], clustered=True)
+                common.write_months(
+                    frame, f"{output_url}/{table}", start, end, SORT[table], True, PLAIN.get(table, ())
+                )
     finally:
         flights.unpersist()
 

@@ -146,15 +146,20 @@ def add_flight_times(
 
     The scheduled arrival is the destination's local clock time on the departure date, or the next day when
     that would not be after the departure (overnight flights). The actual arrival is the scheduled one plus
-    ``arr_delay``. A flight whose destination has no known time zone gets null arrival times.
-    ``zones``: the distinct zones of ``timezones`` when the caller has them (else a job finds them).
+    ``arr_delay``. A flight whose destination has no known time zone gets null arrival times; one whose
+    origin has none is dropped. ``flights`` are clean (valid dates and clock times). ``zones``: the
+    distinct zones of ``timezones`` when the caller has them (else a job finds them).
     """
     if zones is None:
         zones = [r.tzone for r in timezones.select("tzone").distinct().collect()]
     zones = sorted(set(zones))
     tz = F.broadcast(timezones)
+    # an inner join on the origin's zone keeps exactly the flights whose departure converts (every
+    # zone of the table does, and the clean flights' wall clocks are valid): filtering on a null
+    # ``sched_dep_ts`` after a left join had Spark push that filter below the destination's join
+    # with the whole conversion inlined in it, computed twice per row
     with_tz = flights.join(
-        tz.withColumnRenamed("faa", "origin").withColumnRenamed("tzone", "origin_tz"), "origin", "left"
+        tz.withColumnRenamed("faa", "origin").withColumnRenamed("tzone", "origin_tz"), "origin", "inner"
     ).join(tz.withColumnRenamed("faa", "dest").withColumnRenamed("tzone", "dest_tz"), "dest", "left")
     walls = with_tz.withColumns(
         {
@@ -186,7 +191,7 @@ def add_flight_times(
             F.col("arr_delay").isNotNull(),
             F.timestamp_seconds(F.unix_timestamp("sched_arr_ts") + (F.col("arr_delay") * 60).cast("long")),
         ),
-    ).where(F.col("sched_dep_ts").isNotNull())
+    )
 
 
 def labels(flights: DataFrame, late_minutes: int) -> DataFrame:
@@ -283,46 +288,64 @@ def delay_window_stats(
         _local_month(F.col("grid_h") + window_hours + 2, home_timezone),
         F.expr("INTERVAL 1 MONTH"),
     )
-    spread = buckets.select(
-        F.explode(reach).alias("_month"),
-        entity,
-        "grid_h",
-        "n",
-        "delay_sum",
-        "late_sum",
-        F.lit(False).alias("is_grid"),
-        F.lit(None).cast("string").alias("date"),
-    ).withColumn("date_month", F.date_format("_month", "yyyy-MM")).drop("_month")
+    spread = (
+        buckets.select(
+            F.explode(reach).alias("_month"),
+            entity,
+            "grid_h",
+            "n",
+            "delay_sum",
+            "late_sum",
+            F.lit(False).alias("is_grid"),
+            F.lit(None).cast("string").alias("date"),
+        )
+        .withColumn("date_month", F.date_format("_month", "yyyy-MM"))
+        .drop("_month")
+    )
     ts = F.timestamp_seconds(F.col("grid_h") * 3600)
     local_day = F.date_format(F.from_utc_timestamp(ts, home_timezone), "yyyy-MM-dd")
     stamped = grid.select("grid_h", local_day.alias("date")).withColumn(
         "date_month", F.substring("date", 1, 7)
     )
     entities = flights.select(entity).where(F.col(entity).isNotNull()).distinct()
-    points = F.broadcast(entities).crossJoin(stamped).select(
-        "date_month",
-        entity,
-        "grid_h",
-        F.lit(0).cast("long").alias("n"),
-        F.lit(0.0).alias("delay_sum"),
-        F.lit(0).cast("long").alias("late_sum"),
-        F.lit(True).alias("is_grid"),
-        "date",
+    points = (
+        F.broadcast(entities)
+        .crossJoin(stamped)
+        .select(
+            "date_month",
+            entity,
+            "grid_h",
+            F.lit(0).cast("long").alias("n"),
+            F.lit(0.0).alias("delay_sum"),
+            F.lit(0).cast("long").alias("late_sum"),
+            F.lit(True).alias("is_grid"),
+            "date",
+        )
     )
     months = (
         points.sparkSession.conf.get("spark.sql.shuffle.partitions") if partitions is None else partitions
     )
     by_month = spread.unionByName(points).repartition(int(months), "date_month")
-    window = Window.partitionBy("date_month", entity).orderBy("grid_h").rangeBetween(-(window_hours - 1), 0)
+    # the window's sums as two running sums, up to T and up to T - window (as pandas computes them):
+    # a running frame adds each row once, where a sliding range frame re-adds its whole window on
+    # every row (the route table's 168 hours: most of its CPU). The sums are of whole minutes and
+    # counts, exact in a double, so the difference is the window's sum to the last bit
+    by_hour = Window.partitionBy("date_month", entity).orderBy("grid_h")
+    upto = by_hour.rangeBetween(Window.unboundedPreceding, 0)
+    before = by_hour.rangeBetween(Window.unboundedPreceding, -window_hours)
+
+    def _window_sum(column: str) -> Column:
+        return F.sum(column).over(upto) - F.coalesce(F.sum(column).over(before), F.lit(0).cast("long"))
+
     summed = by_month.select(
         "date_month",
         entity,
         "grid_h",
         "is_grid",
         "date",
-        F.sum("n").over(window).alias("n"),
-        F.sum("delay_sum").over(window).alias("delay_sum"),
-        F.sum("late_sum").over(window).alias("late_sum"),
+        _window_sum("n").alias("n"),
+        _window_sum("delay_sum").alias("delay_sum"),
+        _window_sum("late_sum").alias("late_sum"),
     )
     return summed.where("is_grid").select(
         entity,
