@@ -11,7 +11,7 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import POLICIES, StarvationGuard, gpuyard_order
+from gpuyard.scheduler.policy import POLICIES, StarvationGuard, fleet_demand, gpuyard_order
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -143,3 +143,51 @@ def test_a_job_let_in_at_its_bound_is_held_against_less_served_work_until_its_ke
     assert run_cycle([newcomer], state_with(let_in), NOW, sticky).evicted == []
     older = pending("older", 8, waited_s=30_000.0, attained_gpu_s=8 * 2000.0)  # starving, older
     assert [e.rule for e in run_cycle([older], state_with(let_in), NOW, sticky).evicted] == ["starvation"]
+
+
+def test_under_overload_the_bound_stretches_by_the_fleets_demand() -> None:
+    # bound = factor x (run + floor) x max(1, share) x max(1, demand), demand = GPUs asked by the queued
+    # and the running jobs over the fleet's GPUs: under overload some jobs wait whatever the order.
+    stretched = replace(GUARD, overload=True)
+    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=0.5) == pytest.approx(
+        6400.0
+    )
+    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=2.0) == pytest.approx(
+        12800.0
+    )
+    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=2.0, demand=3.0) == pytest.approx(
+        38400.0
+    )
+    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=3.0) == pytest.approx(6400.0)
+    # held for: its wait grows by 1 per second run, its bound by factor x stretch = 4 x 2 = 8
+    assert stretched.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=14_200.0, demand=2.0) == pytest.approx(200.0)
+    served = pending("served", 8, waited_s=7000.0, attained_gpu_s=8 * 1000.0)  # past 6,400 s
+    short = running("short", 8, submitted_s_ago=300.0, ran_s=200.0)
+    alone = state_with(short)
+    assert fleet_demand([served], alone) == pytest.approx(2.0)  # 8 queued + 8 running over 8
+    assert GUARD.starving_jobs([served], alone, NOW) == {"served"}
+    assert stretched.starving_jobs([served], alone, NOW, demand=fleet_demand([served], alone)) == frozenset()
+    overloaded = replace(GPUYARD, starvation=stretched)
+    assert run_cycle([served], state_with(short), NOW, overloaded).evicted == []
+    (eviction,) = run_cycle([served], state_with(short), NOW, GPUYARD).evicted
+    assert eviction.rule == "starvation"
+    # Past the stretched bound (12,800 s at demand 2) it is starving again and takes the short run.
+    later = replace(served, submitted_at=NOW - timedelta(seconds=13_000.0))
+    assert [e.rule for e in run_cycle([later], state_with(short), NOW, overloaded).evicted] == ["starvation"]
+
+
+def test_a_starving_job_that_takes_younger_jobs_only_spares_an_older_one() -> None:
+    served = pending("served", 8, waited_s=20_000.0, attained_gpu_s=8 * 2000.0)  # starving
+    older = running("older", 8, submitted_s_ago=30_000.0, ran_s=25_000.0)  # not held: 4 x (25,000 + 600)
+    younger = running("younger", 8, submitted_s_ago=15_000.0, ran_s=14_000.0)
+    assert not GUARD.held(NOW.timestamp() - 30_000.0, 8, older.attained_gpu_s, 0.0, NOW.timestamp())
+    assert [e.rule for e in run_cycle([served], state_with(older), NOW, GPUYARD).evicted] == ["starvation"]
+    fcfs = replace(GPUYARD, starvation=replace(GUARD, takes_younger_only=True))
+    assert run_cycle([served], state_with(older), NOW, fcfs).evicted == []
+    (eviction,) = run_cycle([served], state_with(younger), NOW, fcfs).evicted
+    assert eviction.attempt.attempt_id == "younger" and eviction.rule == "starvation"
+
+
+def test_gpuyards_guard_is_the_stated_one() -> None:
+    guard = POLICIES["gpuyard"].starvation
+    assert guard == StarvationGuard(factor=15.0, floor_s=600.0, overload=True, takes_younger_only=True)

@@ -172,7 +172,8 @@ RULES: tuple[Rule, ...] = (
         victim_rank=lambda c: 0.5 if c.held else 1.0,
         job_rank=lambda claim: 0.0 if claim.starving else 1.0,
         allows=lambda claim, c, p, state: (
-            c.attempt.priority <= claim.job.priority and (not c.held or c.attempt.age > claim.job.age)
+            c.attempt.priority <= claim.job.priority
+            and (not (c.held or p.starvation.takes_younger_only) or c.attempt.age > claim.job.age)
         ),
         keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
     ),
@@ -185,9 +186,17 @@ class Preemption:
     cycle nodes are only held and GPUs only taken, so a job like one that found no victims finds none.
     """
 
-    def __init__(self, state: ClusterState, now: datetime, policy: Policy, starving: frozenset[str]):
+    def __init__(
+        self,
+        state: ClusterState,
+        now: datetime,
+        policy: Policy,
+        starving: frozenset[str],
+        demand: float = 1.0,
+    ):
         self.state, self.now, self.policy = state, now, policy
         self.starving = starving  # ids of the pending jobs past their starvation bound
+        self.demand = demand  # the fleet's demand over its GPUs (policy.fleet_demand), for the guard
         self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
         # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
         # costs a lookup per attempt (cleared per search: the floors are the job's).
@@ -222,7 +231,7 @@ class Preemption:
         if guard is None:
             return False
         share = (self.state.usage.get(attempt.team, 0) - attempt.gpus) / weighted[attempt.team]
-        return guard.held(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s)
+        return guard.held(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s, self.demand)
 
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
         if self._by_domain is None:

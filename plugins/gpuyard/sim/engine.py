@@ -417,6 +417,15 @@ class Simulator:
         quota = self.quotas.get(team) or TeamQuota(gpu_quota=0)
         return (self.usage.get(team, 0) - without) / (max(quota.gpu_quota, 1) * quota.weight)
 
+    def _demand(self) -> float:
+        """The fleet's demand over its GPUs, as `policy.fleet_demand` reads it from a cycle's queue
+        and snapshot (1 when the guard does not read it)."""
+        guard = self.policy.starvation
+        if guard is None or not guard.overload:
+            return 1.0
+        queued = sum(gpus * n for gpus, n in self.queued_sizes.items())
+        return (queued + sum(self.usage.values())) / max(self.capacity, 1)
+
     def _wake_when_starving(self, job: _Job, t: float) -> None:
         """Queue a cycle for when the queued `job` passes its starvation bound, at today's share of
         its team (a cycle at that instant that finds it not starving yet, the share having grown,
@@ -424,7 +433,7 @@ class Simulator:
         guard = self.policy.starvation
         if guard is not None:
             share = self._share(job.trace.team)
-            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t)
+            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t, self._demand())
             if overdue <= 0:  # else it starves already: this cycle sees it
                 self.seq += 1
                 heapq.heappush(self.wakes, (t - overdue + 1e-6, self.seq, job.trace.id, job.pending_since_s))
@@ -521,7 +530,7 @@ class Simulator:
         if guard is not None:
             share = self._share(job.trace.team, without=job.gpus)
             attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
-            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t)
+            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t, self._demand())
             if held_s > 0:
                 nxt = min(nxt, t + held_s)
         return max(nxt, t + 1e-6)
