@@ -66,7 +66,8 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState, TaskInstanceState
 from airflow.utils.types import DagRunTriggeredByType, DagRunType
 from airflow._shared.timezones import timezone
-from gpuyard.airflow.triggers.job import GpuJobTrigger
+from airflow.models.xcom import XComModel
+from gpuyard.airflow.triggers.job import CURSOR_XCOM, GpuJobTrigger
 
 # What a task's defer() leaves in the metadata database: a trigger row, the task instance DEFERRED on it.
 jobs = json.loads(open(sys.argv[1]).read())
@@ -89,6 +90,8 @@ with create_session() as session:
         ti.trigger_id = row.id
         ti.next_method = "execute_complete"
         ti.next_kwargs = {{}}
+        XComModel.set(CURSOR_XCOM, 0, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
+                      map_index=ti.map_index, session=session)
     session.commit()
 print(json.dumps({{"deferred": len(jobs)}}))
 """

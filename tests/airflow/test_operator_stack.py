@@ -46,7 +46,8 @@ class World:
     mlflow_uri: str
 
     def saved_cursor(self, dag_id: str) -> int:
-        """The cursor a trigger of the DAG saved in its task's XCom (-1: none yet)."""
+        """The cursor in the DAG's task's XCom: 0 as the operator defers, then what its trigger saved
+        (-1: none yet)."""
         with sqlite3.connect(self.airflow.home / "airflow.db") as conn:
             row = conn.execute(
                 "SELECT value FROM xcom WHERE dag_id = ? AND key = 'gpuyard_cursor'", (dag_id,)
@@ -239,6 +240,9 @@ def test_the_trigger_survives_a_triggerer_restart_without_missing_or_repeating(w
     expected = [e["seq"] for e in detail["events"] if story.tell(e, attempt_of(detail, e["attempt_id"]))]
     assert sorted(told) == expected  # every change told, none twice, across the two triggerers
     assert len(set(told)) == len(told)
+    # Each trigger found its cursor, which the operator wrote as it deferred (a missing XCom is an
+    # error line in the triggerer's log).
+    assert "XCom not found" not in (world.airflow.home / "triggerer.log").read_text()
 
 
 def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
@@ -246,9 +250,14 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
     run = world.airflow.trigger(dag)
     world.airflow.wait_ti(dag, run, "train", {"deferred"})
     [job] = wait_until(lambda: [j for j in world.gpuyard.jobs(name) if j["state"] == "RUNNING"], 240, 0.5)
-    # A triggerer runs the task's trigger (it saved a cursor): Airflow calls on_kill only on a running
+    # A triggerer runs the task's trigger (its log says so): Airflow calls on_kill only on a running
     # trigger (docs/airflow.md), and the test before this one restarted the triggerer.
-    wait_until(lambda: world.saved_cursor(dag) >= 0, 120, 0.5, what="a triggerer to run the trigger")
+    wait_until(
+        lambda: "following its events" in "\n".join(world.airflow.logs(dag, run, "train").values()),
+        120,
+        0.5,
+        what="a triggerer to run the trigger",
+    )
     response = world.airflow.api.patch(
         f"/dags/{dag}/dagRuns/{run}/taskInstances/train", json={"new_state": "failed"}
     )

@@ -36,7 +36,7 @@ from airflow.sdk.exceptions import AirflowException
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
 from gpuyard.airflow.links import JOB_ID_XCOM, GpuyardJobLink
 from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, lost_steps, tell_batch
-from gpuyard.airflow.triggers.job import GpuJobTrigger
+from gpuyard.airflow.triggers.job import CURSOR_XCOM, GpuJobTrigger
 from gpuyard.client import TERMINAL_STATES, ApiError, GpuyardClient
 
 if TYPE_CHECKING:
@@ -268,6 +268,10 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         job_id = external_id["job_id"]
         if self.deferrable:
             ti = context["ti"]
+            # The trigger resumes from this XCom after a triggerer restart: written now, this try
+            # starts from 0 whatever an earlier try saved, and a first start finds it (Airflow logs a
+            # missing XCom as an error).
+            ti.xcom_push(key=CURSOR_XCOM, value=0)
             self.defer(
                 trigger=GpuJobTrigger(
                     job_id=job_id,
