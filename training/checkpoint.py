@@ -70,8 +70,12 @@ class CheckpointRecord:
     cost_s: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "step": self.step, "saved_at": self.saved_at.isoformat(),
-                "cost_s": round(self.cost_s, 6)}
+        return {
+            "url": self.url,
+            "step": self.step,
+            "saved_at": self.saved_at.isoformat(),
+            "cost_s": round(self.cost_s, 6),
+        }
 
 
 @dataclass(frozen=True)
@@ -217,8 +221,11 @@ class CheckpointStore:
         except (CheckpointError, ValueError, TypeError):
             return None
         if manifest is None or (problem := self.verify(manifest, verify_checksums)) is not None:
-            log.warning("recorded checkpoint %s is not usable (%s)", url, "no manifest" if manifest is None
-                        else problem)
+            log.warning(
+                "recorded checkpoint %s is not usable (%s)",
+                url,
+                "no manifest" if manifest is None else problem,
+            )
             return None
         return manifest
 
@@ -234,7 +241,7 @@ class CheckpointStore:
         base = self.step_path(step)
         rels = []
         for path in sorted(self.fs.find(base)):
-            rel = path[len(base) + 1:] if path.startswith(base + "/") else path.rsplit("/step-", 1)[-1]
+            rel = path[len(base) + 1 :] if path.startswith(base + "/") else path.rsplit("/step-", 1)[-1]
             if rel not in (MANIFEST, MANIFEST + ".tmp"):
                 rels.append(rel)
         return rels
@@ -244,21 +251,40 @@ class CheckpointStore:
         base = self.step_path(step, token)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
             digests = list(pool.map(lambda rel: _sha256(self.fs, f"{base}/{rel}"), rels))
-        return {rel: {"size": self.fs.size(f"{base}/{rel}"), "sha256": digest}
-                for rel, digest in zip(rels, digests, strict=True)}
+        return {
+            rel: {"size": self.fs.size(f"{base}/{rel}"), "sha256": digest}
+            for rel, digest in zip(rels, digests, strict=True)
+        }
 
-    def finalize(self, step: int, world_size: int, metrics: dict[str, float], run: dict[str, str | None],
-                 cost_s: float, known: dict[str, dict[str, Any]] | None = None) -> Manifest:
+    def finalize(
+        self,
+        step: int,
+        world_size: int,
+        metrics: dict[str, float],
+        run: dict[str, str | None],
+        cost_s: float,
+        known: dict[str, dict[str, Any]] | None = None,
+    ) -> Manifest:
         """Checksum every file of the step's folder (but those in `known`, hashed by the ranks that wrote
         them), then write the manifest (atomically, last)."""
         base = self.step_path(step)
         known = known or {}
         rels = self.relative_files(step)
-        files = {**self.describe(step, [r for r in rels if r not in known]),
-                 **{r: known[r] for r in rels if r in known}}
+        files = {
+            **self.describe(step, [r for r in rels if r not in known]),
+            **{r: known[r] for r in rels if r in known},
+        }
         files = dict(sorted(files.items()))
-        manifest = Manifest(step=step, world_size=world_size, saved_at=datetime.now(UTC).isoformat(),
-                            files=files, metrics=metrics, run=run, cost_s=cost_s, writer_token=self.token)
+        manifest = Manifest(
+            step=step,
+            world_size=world_size,
+            saved_at=datetime.now(UTC).isoformat(),
+            files=files,
+            metrics=metrics,
+            run=run,
+            cost_s=cost_s,
+            writer_token=self.token,
+        )
         folders = sorted({f"{base}/{rel}".rsplit("/", 1)[0] for rel in files} | {base})
         _fsync(self.fs, [f"{base}/{rel}" for rel in files] + folders)
         tmp = f"{base}/{MANIFEST}.tmp"
@@ -270,8 +296,9 @@ class CheckpointStore:
         _fsync(self.fs, [base, self.root])
         return manifest
 
-    def apply_retention(self, keep_last: int, best_metric: str | None, best_mode: str,
-                        newest: int) -> list[int]:
+    def apply_retention(
+        self, keep_last: int, best_metric: str | None, best_mode: str, newest: int
+    ) -> list[int]:
         """Delete complete checkpoints beyond the newest `keep_last` and the best by `best_metric`, and
         abandoned incomplete ones older than `newest`, among this writer's folders and older writers'
         (never a newer token's: a successor's steps, complete or being written). Returns the steps deleted."""
@@ -283,8 +310,13 @@ class CheckpointStore:
             best = pick(scored, key=lambda m: m.metrics[best_metric])
             keep.add((best.step, best.writer_token))
         complete = {(m.step, m.writer_token) for m in ours}
-        doomed = [(step, token) for step, token in self.entries() if self._may_delete(token)
-                  and (step, token) not in keep and ((step, token) in complete or step < newest)]
+        doomed = [
+            (step, token)
+            for step, token in self.entries()
+            if self._may_delete(token)
+            and (step, token) not in keep
+            and ((step, token) in complete or step < newest)
+        ]
         for step, token in doomed:
             # Remove the manifest first so a concurrent reader never sees a complete-looking partial folder.
             with contextlib.suppress(FileNotFoundError):
@@ -294,8 +326,11 @@ class CheckpointStore:
 
 
 def capture_rng() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                             "python": random.getstate()}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -364,9 +399,19 @@ class Checkpointer:
     and, on rank 0, writes the manifest. At most one save is in flight: the next one waits for it.
     """
 
-    def __init__(self, store: CheckpointStore, rank: int, world_size: int, group: dist.ProcessGroup | None,
-                 *, async_save: bool = False, keep_last: int = 2, best_metric: str | None = None,
-                 best_mode: str = "min", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None,
+        *,
+        async_save: bool = False,
+        keep_last: int = 2,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
@@ -390,8 +435,17 @@ class Checkpointer:
         with self._lock:
             return self._latest
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, trainer: dict[str, Any],
-             metrics: dict[str, float], run: dict[str, str | None], *, force_sync: bool = False) -> None:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer: dict[str, Any],
+        metrics: dict[str, float],
+        run: dict[str, str | None],
+        *,
+        force_sync: bool = False,
+    ) -> None:
         """Checkpoint `step` on every rank (a collective). Returns once the state is safe to mutate: at
         once for an asynchronous save, after the manifest is written for a synchronous one."""
         started = self.clock()
@@ -408,8 +462,12 @@ class Checkpointer:
         state = {"model": msd, "optim": osd}
         trainer = {**trainer, "step": step, "metrics": dict(metrics)}
         if self.async_save and not force_sync:
-            response = dcp.async_save(state, storage_writer=FsspecWriter(f"{step_url}/state"),
-                                      process_group=self.group, async_stager=self._stager)
+            response = dcp.async_save(
+                state,
+                storage_writer=FsspecWriter(f"{step_url}/state"),
+                process_group=self.group,
+                async_stager=self._stager,
+            )
             upload = response.upload_completion if hasattr(response, "upload_completion") else response
             self.stalls_s.append(self.clock() - started)
             self._pending = self._pool.submit(self._complete, upload, step, trainer, metrics, run, started)
@@ -420,13 +478,23 @@ class Checkpointer:
                 dist.barrier(group=self.group)
             self.stalls_s.append(self.clock() - started)
 
-    def _complete(self, upload: concurrent.futures.Future[Any] | None, step: int, trainer: dict[str, Any],
-                  metrics: dict[str, float], run: dict[str, str | None], started: float) -> None:
+    def _complete(
+        self,
+        upload: concurrent.futures.Future[Any] | None,
+        step: int,
+        trainer: dict[str, Any],
+        metrics: dict[str, float],
+        run: dict[str, str | None],
+        started: float,
+    ) -> None:
         if upload is not None:
             upload.result()
         # Each rank hashes the files it wrote; rank 0 gathers the digests and hashes the rest.
-        mine = [r for r in self.store.relative_files(step)
-                if r == f"rng/rank-{self.rank}.pt" or re.fullmatch(rf"state/__{self.rank}_\d+\.distcp", r)]
+        mine = [
+            r
+            for r in self.store.relative_files(step)
+            if r == f"rng/rank-{self.rank}.pt" or re.fullmatch(rf"state/__{self.rank}_\d+\.distcp", r)
+        ]
         digests = self.store.describe(step, mine)
         gathered: list[Any] = [None] * self.world_size
         if self.group is not None and self.world_size > 1:
@@ -440,8 +508,9 @@ class Checkpointer:
         cost = self.clock() - started
         manifest = self.store.finalize(step, self.world_size, metrics, run, cost, known)
         with self._lock:
-            self._latest = CheckpointRecord(self.store.step_url(step), step,
-                                            datetime.fromisoformat(manifest.saved_at), cost)
+            self._latest = CheckpointRecord(
+                self.store.step_url(step), step, datetime.fromisoformat(manifest.saved_at), cost
+            )
         deleted = self.store.apply_retention(self.keep_last, self.best_metric, self.best_mode, step)
         if deleted:
             log.info("retention removed checkpoints at steps %s", deleted)

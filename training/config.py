@@ -144,7 +144,8 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     for name, value in raw.items():
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
     missing = [
-        n for n, f in fields.items()
+        n
+        for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:

@@ -74,9 +74,10 @@ def read_parquet(cfg: DataConfig) -> Dataset:
         names = tuple(listed)
     else:
         names = tuple(
-            f.name for f in schema
-            if f.name != cfg.label_column and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                                               or pa.types.is_boolean(f.type))
+            f.name
+            for f in schema
+            if f.name != cfg.label_column
+            and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))
         )
     if not names:
         raise DataError(f"data: no numeric feature columns besides the label in {schema.names}")
@@ -148,7 +149,7 @@ class StepSampler:
                 f"{world_size}"
             )
         per_rank = self.global_batch_size // world_size
-        return self.global_batch(step)[rank * per_rank:(rank + 1) * per_rank]
+        return self.global_batch(step)[rank * per_rank : (rank + 1) * per_rank]
 
 
 def feature_stats(train: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,8 +159,9 @@ def feature_stats(train: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, torch.where(std > 0, std, torch.ones_like(std))
 
 
-def write_synthetic(path: str, rows: int, features: int = 6, seed: int = 0,
-                    label: str = "is_delayed") -> None:
+def write_synthetic(
+    path: str, rows: int, features: int = 6, seed: int = 0, label: str = "is_delayed"
+) -> None:
     """Write a synthetic flights-like parquet file (tests, benchmarks, demos): numeric features, a label."""
     import pyarrow.parquet as pq
 

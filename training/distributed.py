@@ -49,11 +49,13 @@ def init(backend: str = "auto", env: Mapping[str, str] = os.environ, timeout_s: 
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         if "RANK" in env and "WORLD_SIZE" in env:
-            dist.init_process_group(backend, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                                    timeout=timeout)
+            dist.init_process_group(
+                backend, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), timeout=timeout
+            )
         else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                                    world_size=1, timeout=timeout)
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timeout
+            )
     group = dist.new_group(backend="gloo", timeout=timeout)
     return World(dist.get_rank(), dist.get_world_size(), local_rank, device, group)
 
@@ -63,8 +65,9 @@ def wrap(model: nn.Module, strategy: str, world: World) -> nn.Module:
     state and gathers weights only for compute."""
     model = model.to(world.device)
     if strategy == "ddp":
-        return DistributedDataParallel(model, device_ids=[world.device.index] if world.device.type == "cuda"
-                                       else None)
+        return DistributedDataParallel(
+            model, device_ids=[world.device.index] if world.device.type == "cuda" else None
+        )
     if strategy == "fsdp":
         for block in getattr(model, "blocks", []):
             fully_shard(block)

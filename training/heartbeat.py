@@ -63,9 +63,14 @@ class LauncherEnv:
 
     @classmethod
     def read(cls, env: Mapping[str, str] = os.environ) -> LauncherEnv:
-        return cls(env.get("GPUYARD_API_URL") or None, env.get("GPUYARD_ATTEMPT_ID") or None,
-                   env.get("GPUYARD_FENCING_TOKEN") or None, env.get("GPUYARD_CHECKPOINT_URL") or None,
-                   env.get("GPUYARD_JOB_ID") or None, env.get("GPUYARD_RESUME_URL") or None)
+        return cls(
+            env.get("GPUYARD_API_URL") or None,
+            env.get("GPUYARD_ATTEMPT_ID") or None,
+            env.get("GPUYARD_FENCING_TOKEN") or None,
+            env.get("GPUYARD_CHECKPOINT_URL") or None,
+            env.get("GPUYARD_JOB_ID") or None,
+            env.get("GPUYARD_RESUME_URL") or None,
+        )
 
     @property
     def managed(self) -> bool:
@@ -85,9 +90,18 @@ class HeartbeatError(RuntimeError):
 class HeartbeatClient:
     """One heartbeat = one POST, retried with exponential backoff on network errors and 5xx."""
 
-    def __init__(self, api_url: str, attempt_id: str, fencing_token: str, *, timeout_s: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.5, transport: httpx.BaseTransport | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        attempt_id: str,
+        fencing_token: str,
+        *,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.url = f"{api_url.rstrip('/')}/v1/attempts/{attempt_id}/heartbeat"
         self.fencing_token = fencing_token
         self.timeout_s = timeout_s
@@ -99,8 +113,9 @@ class HeartbeatClient:
     def close(self) -> None:
         self._http.close()
 
-    def beat(self, step: int, checkpoint: CheckpointRecord | None,
-             metrics: Mapping[str, float] | None = None) -> HeartbeatAnswer | None:
+    def beat(
+        self, step: int, checkpoint: CheckpointRecord | None, metrics: Mapping[str, float] | None = None
+    ) -> HeartbeatAnswer | None:
         """Send one heartbeat. None when the control plane could not be reached after the retries."""
         body: dict[str, Any] = {
             "fencing_token": self.fencing_token,
@@ -121,8 +136,9 @@ class HeartbeatClient:
                 if response.status_code == 200:
                     return parse_answer(response.json())
                 if response.status_code < 500:
-                    raise HeartbeatError(f"heartbeat: expected 200 or 409, got {response.status_code}: "
-                                         f"{response.text[:200]}")
+                    raise HeartbeatError(
+                        f"heartbeat: expected 200 or 409, got {response.status_code}: {response.text[:200]}"
+                    )
                 log.warning("heartbeat %d/%d: HTTP %d", attempt + 1, self.retries + 1, response.status_code)
             if attempt < self.retries:
                 self.sleep(delay)
@@ -154,9 +170,13 @@ class HeartbeatAgent:
     """Rank 0's background thread: beats every `interval_s` with the newest progress, remembers the most
     severe action heard and the latest checkpoint interval. The training loop polls it between steps."""
 
-    def __init__(self, client: HeartbeatClient, interval_s: float,
-                 progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: HeartbeatClient,
+        interval_s: float,
+        progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.monotonic = monotonic
         self._lease_until: float | None = None  # monotonic time the last answered beat's lease lasts to

@@ -32,7 +32,9 @@ PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
 
 
 def tracking_uri(cfg: MlflowConfig, workdir: str, env: Mapping[str, str] = os.environ) -> str:
-    return env.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
+    return (
+        env.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri or f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
+    )
 
 
 class Tracker:
@@ -87,8 +89,10 @@ class MlflowTracker(Tracker):
         if not self.job_id:
             return None
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'",
-            order_by=["attributes.start_time ASC"], max_results=1,
+            [self.experiment_id],
+            filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1,
         )
         return runs[0].info.run_id if runs else None
 
@@ -107,8 +111,11 @@ class MlflowTracker(Tracker):
             set_system_metrics_sampling_interval(self.cfg.system_metrics_interval_s)
             set_system_metrics_samples_before_logging(1)
         if run_id is None:
-            active = self.mlflow.start_run(experiment_id=self.experiment_id, run_name=self.cfg.run_name,
-                                           log_system_metrics=self.cfg.system_metrics)
+            active = self.mlflow.start_run(
+                experiment_id=self.experiment_id,
+                run_name=self.cfg.run_name,
+                log_system_metrics=self.cfg.system_metrics,
+            )
             tags = {ATTEMPTS_TAG: "1", LOST_TAG: "0", ATTEMPT_IDS_TAG: self.attempt_id or ""}
             if self.job_id:
                 tags[JOB_TAG] = self.job_id
@@ -160,7 +167,10 @@ class MlflowTracker(Tracker):
             output = model(example).numpy()
         signature = infer_signature(example.numpy(), output)
         mlflow.pytorch.log_model(
-            model, name="model", signature=signature, input_example=example.numpy(),
+            model,
+            name="model",
+            signature=signature,
+            input_example=example.numpy(),
             registered_model_name=self.cfg.register_model,
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
@@ -169,8 +179,9 @@ class MlflowTracker(Tracker):
         self.mlflow.end_run(status=status)
 
 
-def make_tracker(cfg: MlflowConfig, workdir: str, rank: int, job_id: str | None,
-                 attempt_id: str | None) -> Tracker:
+def make_tracker(
+    cfg: MlflowConfig, workdir: str, rank: int, job_id: str | None, attempt_id: str | None
+) -> Tracker:
     if rank != 0 or not cfg.enabled:
         return Tracker()
     return MlflowTracker(cfg, workdir, job_id, attempt_id)

@@ -37,8 +37,14 @@ class Block(nn.Module):
 class MLPClassifier(nn.Module):
     """Returns one logit per row; the probability of the positive class is sigmoid(logit)."""
 
-    def __init__(self, n_features: int, hidden: tuple[int, ...], dropout: float = 0.0,
-                 mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        n_features: int,
+        hidden: tuple[int, ...],
+        dropout: float = 0.0,
+        mean: torch.Tensor | None = None,
+        std: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.standardize = Standardize(
             mean if mean is not None else torch.zeros(n_features),

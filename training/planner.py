@@ -113,6 +113,7 @@ class Plan:
 
 # --- model states -----------------------------------------------------------------------------------------
 
+
 def bytes_per_param(optimizer: Optimizer, precision: Precision) -> dict[str, float]:
     """Weights, gradients and optimizer state per parameter. Mixed precision keeps 16-bit weights and
     gradients plus an fp32 master copy in the optimizer state (ZeRO's 2 + 2 + 12 for Adam)."""
@@ -124,8 +125,9 @@ def bytes_per_param(optimizer: Optimizer, precision: Precision) -> dict[str, flo
     return {"parameters": weight, "gradients": grad, "optimizer_state": moments + master}
 
 
-def model_state_bytes(params: float, optimizer: Optimizer, precision: Precision, shards: int = 1,
-                      zero_stage: int = 0) -> dict[str, float]:
+def model_state_bytes(
+    params: float, optimizer: Optimizer, precision: Precision, shards: int = 1, zero_stage: int = 0
+) -> dict[str, float]:
     """Per-GPU bytes of weights, gradients and optimizer state for ZeRO stage 0-3 over `shards` ranks
     (stage 3 = FSDP full sharding)."""
     per = bytes_per_param(optimizer, precision)
@@ -137,6 +139,7 @@ def model_state_bytes(params: float, optimizer: Optimizer, precision: Precision,
 
 
 # --- shapes and activations ---------------------------------------------------------------------------------
+
 
 def infer_shape(params: float, seq_len: int, vocab: int = 32000) -> ModelShape:
     """A GPT-like shape for a parameter count: 12*L*h^2 + 2*V*h parameters with L ~ h/128 (Llama-style
@@ -151,8 +154,9 @@ def shape_params(layers: int, hidden: int, vocab: int) -> float:
     return 12.0 * layers * hidden * hidden + 2.0 * vocab * hidden
 
 
-def activation_bytes_per_layer(shape: ModelShape, micro_batch: int, tp: int, flash_attention: bool,
-                               precision: Precision) -> float:
+def activation_bytes_per_layer(
+    shape: ModelShape, micro_batch: int, tp: int, flash_attention: bool, precision: Precision
+) -> float:
     """Korthikanti et al. 2022, eq. with sequence parallelism: s*b*h*(34 + 5*a*s/h)/tp bytes in 16-bit."""
     s, b, h, a = shape.seq_len, micro_batch, shape.hidden, shape.heads
     per_token = 34.0 + (0.0 if flash_attention else 5.0 * a * s / h)
@@ -166,14 +170,17 @@ def _divisors(n: int) -> list[int]:
 
 # --- evaluation of one layout -------------------------------------------------------------------------------
 
+
 def memory(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout) -> dict[str, float]:
     """Per-GPU memory breakdown in GB for one layout."""
     local_params = shape.params / (lay.tp * lay.pp)
-    states = model_state_bytes(local_params, train.optimizer, train.precision,
-                               shards=lay.dp, zero_stage=3 if lay.fsdp else 0)
+    states = model_state_bytes(
+        local_params, train.optimizer, train.precision, shards=lay.dp, zero_stage=3 if lay.fsdp else 0
+    )
     layers_per_stage = math.ceil(shape.layers / lay.pp)
-    per_layer = activation_bytes_per_layer(shape, train.micro_batch, lay.tp, train.flash_attention,
-                                           train.precision)
+    per_layer = activation_bytes_per_layer(
+        shape, train.micro_batch, lay.tp, train.flash_attention, train.precision
+    )
     in_flight = min(lay.pp, lay.microbatches)
     if lay.activation_checkpointing:
         width = 4.0 if train.precision == "fp32" else 2.0
@@ -273,52 +280,92 @@ def plan(shape: ModelShape, train: Training, fleet: Fleet) -> Plan:
     near = [x for x in fitting if x[2] <= best_time * 1.02]
     lay, mem, t = min(near, key=lambda x: (x[0].pp, x[0].tp, x[0].fsdp, x[0].activation_checkpointing))
     bubble = (lay.pp - 1) / (lay.microbatches + lay.pp - 1)
-    return Plan(lay.strategy, lay.activation_checkpointing, lay.microbatches, round(bubble, 4), mem,
-                round(t, 4),
-                {"params": shape.params, "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
-                 "vocab": shape.vocab, "seq_len": shape.seq_len, "shape_assumed": shape.assumed},
-                explain(shape, train, fleet, lay, mem, scored))
+    return Plan(
+        lay.strategy,
+        lay.activation_checkpointing,
+        lay.microbatches,
+        round(bubble, 4),
+        mem,
+        round(t, 4),
+        {
+            "params": shape.params,
+            "layers": shape.layers,
+            "hidden": shape.hidden,
+            "heads": shape.heads,
+            "vocab": shape.vocab,
+            "seq_len": shape.seq_len,
+            "shape_assumed": shape.assumed,
+        },
+        explain(shape, train, fleet, lay, mem, scored),
+    )
 
 
-def explain(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, mem: dict[str, float],
-            scored: list[tuple[Layout, dict[str, float], float]]) -> list[str]:
+def explain(
+    shape: ModelShape,
+    train: Training,
+    fleet: Fleet,
+    lay: Layout,
+    mem: dict[str, float],
+    scored: list[tuple[Layout, dict[str, float], float]],
+) -> list[str]:
     reasons = []
     if shape.assumed:
-        reasons.append(f"shape assumed from {shape.params:.3g} parameters: {shape.layers} layers, hidden "
-                       f"{shape.hidden}, {shape.heads} heads (pass --layers/--hidden/--heads to set it)")
+        reasons.append(
+            f"shape assumed from {shape.params:.3g} parameters: {shape.layers} layers, hidden "
+            f"{shape.hidden}, {shape.heads} heads (pass --layers/--hidden/--heads to set it)"
+        )
     full = sum(model_state_bytes(shape.params, train.optimizer, train.precision).values()) / GB
     per = sum(bytes_per_param(train.optimizer, train.precision).values())
     fits_whole = full + fleet.reserve_gb <= fleet.gpu_memory_gb
-    reasons.append(f"weights, gradients and {train.optimizer} state take {per:g} bytes/parameter = "
-                   f"{full:.1f} GB unsharded; a GPU has {fleet.gpu_memory_gb:g} GB")
+    reasons.append(
+        f"weights, gradients and {train.optimizer} state take {per:g} bytes/parameter = "
+        f"{full:.1f} GB unsharded; a GPU has {fleet.gpu_memory_gb:g} GB"
+    )
     if not lay.fsdp and lay.tp == 1 and lay.pp == 1:
         reasons.append("DDP: the whole model state fits on each GPU: replicate it, all-reduce gradients only")
     if lay.fsdp:
         why = "needed: they do not fit one GPU" if not fits_whole else "cheaper than replicas here"
-        reasons.append(f"FSDP over {lay.dp} data-parallel ranks shards weights, gradients and optimizer "
-                       f"state ({why})")
+        reasons.append(
+            f"FSDP over {lay.dp} data-parallel ranks shards weights, gradients and optimizer state ({why})"
+        )
     if lay.tp > 1:
-        reasons.append(f"tensor parallel {lay.tp} inside a node (fast {fleet.intra_node_gbps:g} GB/s links) "
-                       f"splits each layer's matrices and activations {lay.tp} ways; it never crosses nodes")
+        reasons.append(
+            f"tensor parallel {lay.tp} inside a node (fast {fleet.intra_node_gbps:g} GB/s links) "
+            f"splits each layer's matrices and activations {lay.tp} ways; it never crosses nodes"
+        )
     if lay.pp > 1:
         bubble = (lay.pp - 1) / (lay.microbatches + lay.pp - 1)
-        reasons.append(f"pipeline parallel {lay.pp} splits the {shape.layers} layers into stages; "
-                       f"{lay.microbatches} micro-batches per step leave a {bubble:.1%} bubble")
+        reasons.append(
+            f"pipeline parallel {lay.pp} splits the {shape.layers} layers into stages; "
+            f"{lay.microbatches} micro-batches per step leave a {bubble:.1%} bubble"
+        )
     no_ckpt = [x for x in scored if x[0].strategy == lay.strategy and not x[0].activation_checkpointing]
     if lay.activation_checkpointing:
-        reasons.append("activation checkpointing on: without it activations do not fit "
-                       f"({no_ckpt[0][1]['total']:.1f} GB needed), recomputation costs ~33% more compute"
-                       if no_ckpt else "activation checkpointing on")
+        reasons.append(
+            "activation checkpointing on: without it activations do not fit "
+            f"({no_ckpt[0][1]['total']:.1f} GB needed), recomputation costs ~33% more compute"
+            if no_ckpt
+            else "activation checkpointing on"
+        )
     else:
-        reasons.append(f"activation checkpointing off: activations ({mem['activations']:.1f} GB) fit, "
-                       "so no recomputation is spent")
-    reasons.append(f"estimated {mem['total']:.1f} of {fleet.gpu_memory_gb:g} GB per GPU; chosen as the "
-                   "fastest fitting layout by the step-time model")
+        reasons.append(
+            f"activation checkpointing off: activations ({mem['activations']:.1f} GB) fit, "
+            "so no recomputation is spent"
+        )
+    reasons.append(
+        f"estimated {mem['total']:.1f} of {fleet.gpu_memory_gb:g} GB per GPU; chosen as the "
+        "fastest fitting layout by the step-time model"
+    )
     return reasons
 
 
-def runtime_strategy(n_params: int, gpu_memory_gb: float, world_size: int,
-                     optimizer: Optimizer = "adamw", precision: Precision = "fp32") -> tuple[str, str]:
+def runtime_strategy(
+    n_params: int,
+    gpu_memory_gb: float,
+    world_size: int,
+    optimizer: Optimizer = "adamw",
+    precision: Precision = "fp32",
+) -> tuple[str, str]:
     """DDP or FSDP for the training runtime's own (small, non-transformer) models: FSDP when the replicated
     model state would take more than 60% of a device, which leaves room for activations."""
     full = sum(model_state_bytes(n_params, optimizer, precision).values()) / GB

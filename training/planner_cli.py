@@ -20,22 +20,31 @@ def plan(
     vocab: Annotated[int, typer.Option(help="Vocabulary size")] = 32000,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length")] = 2048,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per forward")] = 1,
-    global_batch: Annotated[int | None, typer.Option(
-        "--global-batch", help="Sequences per step (default: one per GPU)")] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Sequences per step (default: one per GPU)")
+    ] = None,
     optimizer: Annotated[str, typer.Option(help="adamw, adam, sgd or adafactor")] = "adamw",
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
-    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help=f"One of {', '.join(GPU_TYPES)}: sets "
-                                                 "memory and TFLOPS unless given")] = None,
-    gpu_memory_gb: Annotated[float | None, typer.Option("--gpu-memory-gb",
-                                                        help="Memory per GPU, GB (default 80)")] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type", help=f"One of {', '.join(GPU_TYPES)}: sets memory and TFLOPS unless given"
+        ),
+    ] = None,
+    gpu_memory_gb: Annotated[
+        float | None, typer.Option("--gpu-memory-gb", help="Memory per GPU, GB (default 80)")
+    ] = None,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node")] = 8,
     nodes: Annotated[int, typer.Option(help="Nodes in the fast domain")] = 1,
-    intra_node_gbps: Annotated[float, typer.Option("--intra-node-gbps",
-                                                   help="GB/s per GPU inside a node (NVLink)")] = 450.0,
-    inter_node_gbps: Annotated[float, typer.Option("--inter-node-gbps",
-                                                   help="GB/s per GPU between nodes (IB 400G: 50)")] = 50.0,
-    gpu_tflops: Annotated[float | None, typer.Option(
-        "--gpu-tflops", help="Dense 16-bit TFLOPS per GPU (default 989)")] = None,
+    intra_node_gbps: Annotated[
+        float, typer.Option("--intra-node-gbps", help="GB/s per GPU inside a node (NVLink)")
+    ] = 450.0,
+    inter_node_gbps: Annotated[
+        float, typer.Option("--inter-node-gbps", help="GB/s per GPU between nodes (IB 400G: 50)")
+    ] = 50.0,
+    gpu_tflops: Annotated[
+        float | None, typer.Option("--gpu-tflops", help="Dense 16-bit TFLOPS per GPU (default 989)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Recommend DDP / FSDP / tensor / pipeline parallelism with a per-GPU memory breakdown and reasons."""
@@ -50,8 +59,14 @@ def plan(
         if precision not in ("bf16", "fp16", "fp32"):
             raise PlanError(f"--precision: expected bf16, fp16 or fp32, got {precision!r}")
         if layers and hidden:
-            shape = ModelShape(params or shape_params(layers, hidden, vocab), layers, hidden,
-                               heads or max(1, hidden // 128), vocab, seq_len)
+            shape = ModelShape(
+                params or shape_params(layers, hidden, vocab),
+                layers,
+                hidden,
+                heads or max(1, hidden // 128),
+                vocab,
+                seq_len,
+            )
         elif params:
             shape = infer_shape(params, seq_len, vocab)
         else:
@@ -70,10 +85,12 @@ def plan(
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     s = result.strategy
-    typer.echo(f"strategy: dp={s['dp']} fsdp={s['fsdp']} tp={s['tp']} pp={s['pp']} "
-               f"activation_checkpointing={result.activation_checkpointing} "
-               f"microbatches={result.microbatches} "
-               f"bubble={result.bubble_fraction:.1%}")
+    typer.echo(
+        f"strategy: dp={s['dp']} fsdp={s['fsdp']} tp={s['tp']} pp={s['pp']} "
+        f"activation_checkpointing={result.activation_checkpointing} "
+        f"microbatches={result.microbatches} "
+        f"bubble={result.bubble_fraction:.1%}"
+    )
     typer.echo("per-GPU memory (GB):")
     for name, value in result.per_gpu_memory_gb.items():
         typer.echo(f"  {name:<16} {value:9.2f}")

@@ -117,9 +117,16 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
 
     # Fenced like the leases: this attempt writes only folders named with its own token (checkpoint.py).
     store = CheckpointStore(cfg.checkpoint_url(), int(env.fencing_token) if env.fencing_token else None)
-    ckpt = Checkpointer(store, world.rank, world.world_size, world.checkpoint_group,
-                        async_save=cfg.checkpoint.async_save, keep_last=cfg.checkpoint.keep_last,
-                        best_metric=cfg.checkpoint.keep_best_metric, best_mode=cfg.checkpoint.best_mode)
+    ckpt = Checkpointer(
+        store,
+        world.rank,
+        world.world_size,
+        world.checkpoint_group,
+        async_save=cfg.checkpoint.async_save,
+        keep_last=cfg.checkpoint.keep_last,
+        best_metric=cfg.checkpoint.keep_best_metric,
+        best_mode=cfg.checkpoint.best_mode,
+    )
     step, run_id = 0, None
     manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums, recorded=env.resume_url)
     if manifest is not None:
@@ -130,8 +137,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
         if not restored.rng_restored:
             torch.manual_seed(cfg.seed + 7919 * (world.rank + 1) + step)
         events.write("resume", step=step, world_size=world.world_size, saved_world_size=manifest.world_size)
-        log.info("resumed from %s (saved by %d ranks)", store.step_url(step, manifest.writer_token),
-                 manifest.world_size)
+        log.info(
+            "resumed from %s (saved by %d ranks)",
+            store.step_url(step, manifest.writer_token),
+            manifest.world_size,
+        )
     else:
         torch.manual_seed(cfg.seed + 7919 * (world.rank + 1))  # per-rank stream (dropout)
 
@@ -145,10 +155,15 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
     progress: dict[str, Any] = {"step": step, "metrics": {}}
     agent = None
     if leader and env.managed:
-        client = HeartbeatClient(env.api_url or "", env.attempt_id or "", env.fencing_token or "",
-                                 timeout_s=cfg.heartbeat.timeout_s)
-        agent = HeartbeatAgent(client, cfg.heartbeat.interval_s,
-                               lambda: (progress["step"], ckpt.latest, progress["metrics"])).start()
+        client = HeartbeatClient(
+            env.api_url or "",
+            env.attempt_id or "",
+            env.fencing_token or "",
+            timeout_s=cfg.heartbeat.timeout_s,
+        )
+        agent = HeartbeatAgent(
+            client, cfg.heartbeat.interval_s, lambda: (progress["step"], ckpt.latest, progress["metrics"])
+        ).start()
     preemption = Preemption().install()
     schedule = CheckpointSchedule(cfg.checkpoint, agent)
     events.write("start", step=step, world_size=world.world_size, strategy=strategy, n_parameters=n_params)
@@ -157,8 +172,15 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
         metrics = evaluate(model, data.val, world.device)
         if train_loss is not None:
             metrics["train_loss_window"] = train_loss
-        ckpt.save(current, model, optimizer, {"scheduler": scheduler.state_dict(), "samples_seen":
-                  current * cfg.train.global_batch_size}, metrics, run_ids, force_sync=force_sync)
+        ckpt.save(
+            current,
+            model,
+            optimizer,
+            {"scheduler": scheduler.state_dict(), "samples_seen": current * cfg.train.global_batch_size},
+            metrics,
+            run_ids,
+            force_sync=force_sync,
+        )
         schedule.saved()
         tracker.log_metrics({**metrics, "checkpoint_stall_s": ckpt.stalls_s[-1]}, current)
         events.write("checkpoint", step=current, stall_s=ckpt.stalls_s[-1], metrics=metrics)
@@ -187,19 +209,24 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
                 log.warning("step %d: no heartbeat answered within the lease: checkpoint skipped", step)
                 due = False
             action = local_action(preemption, agent)
-            decision = decide(distributed.all_sum(
-                [loss.item() * len(idx), float(len(idx)), *votes(action), float(due)], world.device))
+            decision = decide(
+                distributed.all_sum(
+                    [loss.item() * len(idx), float(len(idx)), *votes(action), float(due)], world.device
+                )
+            )
             window.append(decision.loss)
             progress["step"] = step
             progress["metrics"] = {"train_loss": decision.loss}
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 now = time.perf_counter()
                 rate = cfg.train.log_every / max(now - t_last, 1e-9)
-                tracker.log_metrics({"train_loss": decision.loss, "lr": scheduler.get_last_lr()[0],
-                                     "steps_per_s": rate}, step)
+                tracker.log_metrics(
+                    {"train_loss": decision.loss, "lr": scheduler.get_last_lr()[0], "steps_per_s": rate}, step
+                )
                 if world.rank == 0:  # progress in the worker's log (`gpuyard logs`), not only in MLflow
-                    log.info("step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps,
-                             decision.loss, rate)
+                    log.info(
+                        "step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps, decision.loss, rate
+                    )
                 t_last = now
             events.write("step", step=step, loss=decision.loss)
             if decision.action == Action.STOP:
@@ -235,8 +262,9 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
     return code
 
 
-def export_model(model: nn.Module, cfg: Config, data: Any, tracker: Tracker, world: distributed.World,
-                 template: nn.Module) -> None:
+def export_model(
+    model: nn.Module, cfg: Config, data: Any, tracker: Tracker, world: distributed.World, template: nn.Module
+) -> None:
     """Gather the full weights (a collective) and log the final model on rank 0."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not world.is_leader or not cfg.mlflow.enabled or not cfg.mlflow.log_model:
@@ -249,12 +277,19 @@ def export_model(model: nn.Module, cfg: Config, data: Any, tracker: Tracker, wor
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML training config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set train.max_steps=50 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.max_steps=50 (repeatable)",
+    )
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s"
+    )
     try:
         cfg = load(args.config, args.overrides)
         env = LauncherEnv.read()

@@ -37,7 +37,8 @@ def private(feast_config, tmp_path_factory):
     mlflow.set_tracking_uri(tracking)
     try:
         experiment = mlflow.MlflowClient(tracking).create_experiment(
-            "parity", artifact_location=(root / "artifacts").as_uri()  # not ./mlruns of the cwd
+            "parity",
+            artifact_location=(root / "artifacts").as_uri(),  # not ./mlruns of the cwd
         )
         with mlflow.start_run(experiment_id=experiment):
             model = LinearRegression().fit(data[columns].to_numpy(dtype="float32"), data["is_late"])
