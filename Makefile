@@ -42,7 +42,7 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow" -x -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check plugins
+	$(BIN)/ruff check . && $(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/submit_throughput.py
