@@ -358,7 +358,9 @@ def test_a_worker_outliving_its_killed_shim_is_stopped_before_the_job_is_placed_
 
     scheduler.launcher.launch = probe  # type: ignore[method-assign]
     os.kill(shims(first.id)[0], signal.SIGKILL)
-    wait_until(lambda: len(job(engine, job_id).attempts) == 2, timeout_s=30, what="the next attempt")
+    # The next attempt is reserved (in the store) before it is launched: wait for its launch.
+    wait_until(lambda: overlaps, timeout_s=30, what="the next attempt launched")
+    assert len(job(engine, job_id).attempts) == 2
     assert job(engine, job_id).attempts[0].state.value == "LOST"
     assert overlaps == [[]], f"workers of the lost attempt still ran when the next one started: {overlaps}"
     assert not _processes_of(first.id)
