@@ -122,7 +122,13 @@ def run(
                 # every output is clustered by month: the flights by their shuffle, the statistics
                 # by their window's
                 common.write_months(
-                    frame, f"{output_url}/{table}", start, end, SORT[table], True, PLAIN.get(table, ())
+                    frame,
+                    f"{output_url}/{table}",
+                    start,
+                    end,
+                    SORT[table],
+                    clustered=True,
+                    plain=PLAIN.get(table, ()),
                 )
     finally:
         flights.unpersist()

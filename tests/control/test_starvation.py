@@ -11,7 +11,7 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import POLICIES, StarvationGuard, fleet_demand, gpuyard_order
+from gpuyard.scheduler.policy import POLICIES, StarvationGuard, gpuyard_order
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -164,9 +164,11 @@ def test_under_overload_the_bound_stretches_by_the_fleets_demand() -> None:
     served = pending("served", 8, waited_s=7000.0, attained_gpu_s=8 * 1000.0)  # past 6,400 s
     short = running("short", 8, submitted_s_ago=300.0, ran_s=200.0)
     alone = state_with(short)
-    assert fleet_demand([served], alone) == pytest.approx(2.0)  # 8 queued + 8 running over 8
+    demand = stretched.demand(served.gpus, sum(alone.usage.values()), 8)
+    assert demand == pytest.approx(2.0)  # 8 queued + 8 running over 8
+    assert GUARD.demand(served.gpus, sum(alone.usage.values()), 8) == 1.0  # without `overload`
     assert GUARD.starving_jobs([served], alone, NOW) == {"served"}
-    assert stretched.starving_jobs([served], alone, NOW, demand=fleet_demand([served], alone)) == frozenset()
+    assert stretched.starving_jobs([served], alone, NOW, demand=demand) == frozenset()
     overloaded = replace(GPUYARD, starvation=stretched)
     assert run_cycle([served], state_with(short), NOW, overloaded).evicted == []
     (eviction,) = run_cycle([served], state_with(short), NOW, GPUYARD).evicted

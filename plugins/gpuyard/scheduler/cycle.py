@@ -13,7 +13,7 @@ from datetime import datetime
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.plugins import SCORES, STATIC_FILTERS, free_gpus
-from gpuyard.scheduler.policy import Policy, fleet_demand
+from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.preemption import DomainKey, Preemption
 from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt, cohorts_of
 
@@ -197,7 +197,13 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     result = CycleResult()
     eligibility = _Eligibility(state)
     guard = policy.starvation
-    demand = fleet_demand(pending, state) if guard is not None and guard.overload else 1.0
+    demand = (
+        guard.demand(
+            sum(j.gpus for j in pending), sum(state.usage.values()), sum(n.gpus for n in state.fleet.nodes)
+        )
+        if guard is not None
+        else 1.0
+    )
     starving = guard.starving_jobs(pending, state, now, demand) if guard is not None else frozenset()
     preemption = Preemption(state, now, policy, starving, demand)
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there

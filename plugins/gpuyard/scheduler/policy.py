@@ -31,7 +31,7 @@ class StarvationGuard:
     time it has held GPUs so far (attained GPU-seconds over its GPUs: its size, as far as a
     non-clairvoyant scheduler knows it), `share` its team's GPUs in use over its weighted nominal
     quota (`dominant_share`), and, with `overload`, `demand` the GPUs asked by the queued and running
-    jobs over the fleet's (`fleet_demand`). A job is starving once the time since it was submitted
+    jobs over the fleet's (`demand`). A job is starving once the time since it was submitted
     exceeds its bound. Starving jobs are ordered first in their priority class, oldest first, and a
     starving job may take GPUs from any settled attempt of no higher class that is not held, or held
     and submitted later (with `takes_younger_only`, only from jobs submitted later) (`preemption.RULES`,
@@ -55,7 +55,7 @@ class StarvationGuard:
     # Hysteresis: a running job stays held (taken only by older starving jobs) while its wait exceeds
     # `keep` x its bound, so a job let in at its bound runs on until its bound is 1 / keep times its wait.
     keep: float = 1.0
-    # Stretch every bound by the fleet's overload (`fleet_demand`, when above 1): GPUs asked by the
+    # Stretch every bound by the fleet's overload (`demand`, when above 1): GPUs asked by the
     # queued and the running jobs over the fleet's GPUs. Under overload some jobs wait whatever the
     # order; a bound that ignores it has the guard reorder what tiresias' order already serves well.
     overload: bool = False
@@ -76,6 +76,12 @@ class StarvationGuard:
                 f"StarvationGuard keep must be in (1 / factor, 1] (a running job would be held for ever), "
                 f"got {self.keep}"
             )
+
+    def demand(self, queued_gpus: float, used_gpus: float, capacity: int) -> float:
+        """The fleet's demand that stretches the bounds (with `overload`; else 1): GPUs asked by the
+        queued jobs and held by the running ones over the fleet's GPUs. Above 1 the fleet is
+        overloaded and some jobs wait whatever the order."""
+        return (queued_gpus + used_gpus) / max(capacity, 1) if self.overload else 1.0
 
     def stretch(self, share: float, demand: float) -> float:
         """How many times `factor` the bound is: the team's share over its quota, and (with
@@ -146,13 +152,6 @@ class StarvationGuard:
             for j in jobs
             if self.starving(j.age[0], j.gpus, j.attained_gpu_s, shares[j.team], now_s, demand)
         )
-
-
-def fleet_demand(jobs: list[PendingJob], state: ClusterState) -> float:
-    """GPUs asked by the queued `jobs` and held by the running attempts, over the fleet's GPUs: above
-    1, the fleet is overloaded and some jobs wait whatever the order."""
-    capacity = sum(node.gpus for node in state.fleet.nodes)
-    return (sum(j.gpus for j in jobs) + sum(state.usage.values())) / max(capacity, 1)
 
 
 def headroom(jobs: list[PendingJob], state: ClusterState) -> dict[str, int]:

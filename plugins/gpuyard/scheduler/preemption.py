@@ -196,7 +196,7 @@ class Preemption:
     ):
         self.state, self.now, self.policy = state, now, policy
         self.starving = starving  # ids of the pending jobs past their starvation bound
-        self.demand = demand  # the fleet's demand over its GPUs (policy.fleet_demand), for the guard
+        self.demand = demand  # the fleet's demand over its GPUs (StarvationGuard.demand), for the guard
         self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
         # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
         # costs a lookup per attempt (cleared per search: the floors are the job's).

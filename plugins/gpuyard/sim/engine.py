@@ -28,7 +28,7 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.policy import Policy, StarvationGuard
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, PendingJob, RunningAttempt
 from gpuyard.sim.trace import TraceJob
 
@@ -417,14 +417,10 @@ class Simulator:
         quota = self.quotas.get(team) or TeamQuota(gpu_quota=0)
         return (self.usage.get(team, 0) - without) / (max(quota.gpu_quota, 1) * quota.weight)
 
-    def _demand(self) -> float:
-        """The fleet's demand over its GPUs, as `policy.fleet_demand` reads it from a cycle's queue
-        and snapshot (1 when the guard does not read it)."""
-        guard = self.policy.starvation
-        if guard is None or not guard.overload:
-            return 1.0
+    def _demand(self, guard: StarvationGuard) -> float:
+        """The fleet's demand as the guard reads it from a cycle's queue and snapshot."""
         queued = sum(gpus * n for gpus, n in self.queued_sizes.items())
-        return (queued + sum(self.usage.values())) / max(self.capacity, 1)
+        return guard.demand(queued, sum(self.usage.values()), self.capacity)
 
     def _wake_when_starving(self, job: _Job, t: float) -> None:
         """Queue a cycle for when the queued `job` passes its starvation bound, at today's share of
@@ -433,7 +429,8 @@ class Simulator:
         guard = self.policy.starvation
         if guard is not None:
             share = self._share(job.trace.team)
-            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t, self._demand())
+            demand = self._demand(guard)
+            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t, demand)
             if overdue <= 0:  # else it starves already: this cycle sees it
                 self.seq += 1
                 heapq.heappush(self.wakes, (t - overdue + 1e-6, self.seq, job.trace.id, job.pending_since_s))
@@ -530,7 +527,7 @@ class Simulator:
         if guard is not None:
             share = self._share(job.trace.team, without=job.gpus)
             attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
-            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t, self._demand())
+            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t, self._demand(guard))
             if held_s > 0:
                 nxt = min(nxt, t + held_s)
         return max(nxt, t + 1e-6)
