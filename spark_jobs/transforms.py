@@ -117,15 +117,23 @@ def clean_flights(raw: DataFrame) -> DataFrame:
         & _hhmm_minutes(F.col("sched_arr_time")).isNotNull()
         & F.make_date("year", "month", "day").isNotNull()
     )
-    # date_month leads the key (it is a function of date): input clustered by month, as
-    # prepare_flights reads it, needs no shuffle for this window, and the output stays clustered
-    order = Window.partitionBy("date_month", *FLIGHT_KEY).orderBy(
+    # The window sorts by its partition columns first. A number made of the date, the departure
+    # time and the flight number leads them: Spark compares sort keys by an 8-byte prefix of the
+    # first one, and the month and date strings are equal across a whole partition, so every
+    # comparison fell through to the strings. It need not be unique: rows of one flight key share
+    # it, and the columns after it still separate the keys. date_month (a function of date) stays
+    # in the key: input clustered by month, as prepare_flights reads it, needs no other shuffle.
+    slot = (F.unix_date(F.to_date("date")).cast("long") * 2401 + F.col("sched_dep_time")) * 100_000 + F.pmod(
+        F.col("flight"), F.lit(100_000)
+    )
+    usable = usable.withColumn("_slot", slot)
+    order = Window.partitionBy("_slot", "date_month", *FLIGHT_KEY).orderBy(
         F.col("arr_delay").isNull(),
         F.col("dep_delay").isNull(),
         F.col("dep_time").desc_nulls_last(),
         F.col("tailnum").asc_nulls_last(),
     )
-    deduped = usable.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+    deduped = usable.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank", "_slot")
     return deduped.withColumn(
         "flight_id",
         F.concat_ws(
