@@ -377,6 +377,35 @@ def log_traffic(logs: Path, since: float, until: float) -> tuple[int, int]:
     return records, size
 
 
+def read_probe(path: Path) -> dict[str, float]:
+    """The supervisor's running totals (benchmarks/triggerer_probe), written once a second."""
+    deadline = time.monotonic() + 5
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"--attribute: the triggerer wrote no probe file at {path}")
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def print_attribution(before: Mapping[str, float], after: Mapping[str, float], wall: float) -> None:
+    """The supervisor's CPU between two probe readings, step by step (each within a second)."""
+    spent = {k: after[k] - before[k] for k in after}
+    passes = max(spent["passes"], 1)
+    print(
+        f"  supervisor, by the probe: {spent['cpu_s']:.1f}s CPU, {spent['passes']:.0f} passes of its loop "
+        f"({spent['passes'] / wall:.1f}/s, {1000 * spent['pass_cpu_s'] / passes:.1f} ms of CPU a pass)"
+    )
+    steps = {
+        "resuming the tasks whose triggers fired (handle_events)": "handle_events_cpu_s",
+        "assigning and listing its triggers (load_triggers)": "load_triggers_cpu_s",
+        "deleting unused triggers (clean_unused)": "clean_unused_cpu_s",
+        "reading the runner's sockets and answering it (_service_subprocess)": "_service_subprocess_cpu_s",
+        "heartbeat": "heartbeat_cpu_s",
+    }
+    for what, key in steps.items():
+        print(f"    {spent[key]:5.1f}s ({spent[key] / wall:.3f} of a core) {what}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=1000)
@@ -386,6 +415,11 @@ def main() -> int:
         "--pace", type=float, default=None, help="the followers' pace, [gpuyard] follow_pace_s (default 0.5)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the working folder")
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="split the supervisor's CPU among the steps of its loop (benchmarks/triggerer_probe)",
+    )
     parser.add_argument(
         "--postgres",
         default="postgresql://postgres@127.0.0.1:5432/postgres",
@@ -435,6 +469,10 @@ def main() -> int:
         run([sys.executable, "-c", DEFER.format(dag_id=DAG_ID), str(work / "jobs.json")], env)
         print(f"{args.tasks} task instances deferred to GpuJobTrigger; starting the triggerer", flush=True)
 
+        probe = work / "probe.json"
+        if args.attribute:  # the triggerer alone
+            path = [str(Path(__file__).resolve().parent / "triggerer_probe"), env.get("PYTHONPATH", "")]
+            env |= {"PYTHONPATH": os.pathsep.join(filter(None, path)), "GPUYARD_TRIGGERER_PROBE": str(probe)}
         triggerer = subprocess.Popen(
             [airflow, "triggerer"],
             env=env,
@@ -469,6 +507,7 @@ def main() -> int:
         observer = Observer(plane.url, plane.admin)
         observer.start()
         cpu_before, wall_before, started_at = triggerer_cpu(process), time.monotonic(), time.time()
+        probed_before = read_probe(probe) if args.attribute else {}
         plane.start_scheduling()
         print(
             f"scheduling: every job runs {run_s[0]:.0f}-{run_s[1]:.0f}s, a third preempted once", flush=True
@@ -484,6 +523,7 @@ def main() -> int:
                 time.sleep(5)
             time.sleep(3)  # the last changes reach the log files
             after, ended_at = triggerer_cpu(process), time.time()
+            probed_after = read_probe(probe) if args.attribute else {}
             split = {k: after[k] - cpu_before[k] for k in after}
             cpu, wall = sum(split.values()), time.monotonic() - wall_before
             events = {}
@@ -528,6 +568,8 @@ def main() -> int:
             f"triggerer: {cpu:.1f}s CPU over {wall:.1f}s (supervisor {split['supervisor']:.1f}s, "
             f"trigger runner {split['children']:.1f}s)"
         )
+        if args.attribute:
+            print_attribution(probed_before, probed_after, wall)
         records, size = log_traffic(logs, started_at, ended_at)
         print(
             f"the triggers' logs meanwhile: {records} records, {size / 1024:.0f} KiB "
