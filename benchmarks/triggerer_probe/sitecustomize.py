@@ -43,10 +43,10 @@ def _instrument(module: Any, path: str) -> None:
     for step in STEPS:
         setattr(supervisor, step, timed(getattr(supervisor, step), f"{step}_cpu_s"))
     supervisor.run_once = timed(supervisor.run_once, "pass_cpu_s", count=True)
-    owner = os.getpid()  # the supervisor; its forked trigger runner has no writer thread
 
+    # the supervisor's thread only: the trigger runner it forks inherits no threads
     def write() -> None:
-        while os.getpid() == owner:
+        while True:
             with open(f"{path}.tmp", "w") as sink:
                 json.dump(totals | {"cpu_s": time.process_time()}, sink)
             os.replace(f"{path}.tmp", path)
