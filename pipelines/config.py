@@ -17,10 +17,11 @@ from pipelines.storage import normalize_url
 
 DEFAULT_PIPELINE = "flights_delay"
 FEAST_VARIANTS = ("embedded", "production")
-# Raw flight rows from which `engine: auto` prepares with Spark: where pandas stops fitting a 12 GiB
-# process (9.0 GB resident at 5.05M rows, out of memory at 20.2M; benchmarks/spark_prepare.py,
-# docs/data.md). Below it pandas was the faster engine on local[2].
-SPARK_FROM_ROWS = 7_000_000
+# Raw flight rows from which `engine: auto` prepares with Spark: the crossover
+# benchmarks/spark_prepare.py measured on local[2] (2.46M rows; docs/data.md). Below it pandas is
+# faster (Spark's start-up and JIT are a fixed cost); above it Spark is faster and holds far less
+# (4.6 GiB at 5.05M rows against pandas' 8.4; pandas cannot finish 20.2M in 12 GiB).
+SPARK_FROM_ROWS = 2_500_000
 
 
 def parse_date(value: object, what: str = "date") -> dt.date:
