@@ -18,7 +18,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from gpuyard.store.db import make_engine, migrate
 from servers import RedisServer, answers, free_port, open_directory
+from sqlalchemy import Engine
+from stores import empty_store, migrated_sqlite
 
 
 def _start_postgres(directory: Path) -> str:
@@ -92,6 +95,40 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated to head once per test process (Alembic costs a second a run), which
+    `sqlite_url` copies for each test."""
+    return migrated_sqlite(tmp_path_factory.mktemp("sqlite-template") / "gpuyard.db")
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A migrated SQLite store of the test's own."""
+    path = tmp_path / "gpuyard.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def _postgres_engine(postgres_url: str) -> Iterator[Engine]:
+    engine = make_engine(postgres_url, pool_size=8)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """A store at head, empty: a copy of the migrated SQLite template, or the session's PostgreSQL
+    database truncated."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    url: str = request.getfixturevalue("postgres_url")
+    empty_store(request.getfixturevalue("_postgres_engine"))
+    return url
 
 
 @pytest.fixture

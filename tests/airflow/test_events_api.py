@@ -14,12 +14,11 @@ from gpuyard.api.app import create_app
 from gpuyard.clock import utcnow
 from gpuyard.settings import load_settings
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.db import make_engine
 from gpuyard.store.events import Head
 from gpuyard.store.outbox import append_event
-from gpuyard.store.tables import metadata
 from servers import wait_until
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 SPEC: dict[str, Any] = {
     "name": "follow-me",
@@ -30,21 +29,9 @@ SPEC: dict[str, Any] = {
 }
 
 
-def _empty(engine: Engine) -> None:
-    names = ", ".join(t.name for t in metadata.sorted_tables)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path / 'gpuyard.db'}"
-    if request.param == "postgres":
-        url = request.getfixturevalue("postgres_url")
-    engine = make_engine(url, pool_size=8)
-    migrate(engine)
-    if request.param == "postgres":
-        _empty(engine)
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url, pool_size=8)
     yield engine
     engine.dispose()
 
@@ -140,7 +127,7 @@ def test_a_long_poll_answers_as_soon_as_its_event_arrives(api: TestClient, engin
     assert answer["seconds"] < 10
 
 
-@pytest.mark.parametrize("engine", ["postgres"], indirect=True)  # SQLite's one writer commits in order
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # SQLite's one writer commits in order
 def test_the_head_waits_for_a_seq_still_in_flight(api: TestClient, engine: Engine) -> None:
     """PostgreSQL hands out seqs at insert and commits in any order: a reader must not pass a hole
     that may still fill, or it would never see that event."""

@@ -14,9 +14,8 @@ from gpuyard.api.app import create_app
 from gpuyard.clock import utcnow
 from gpuyard.settings import Settings, load_settings
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine, migrate
-from gpuyard.store.tables import metadata
-from sqlalchemy import Engine, text
+from gpuyard.store.db import make_engine
+from sqlalchemy import Engine
 
 EXAMPLE_SPEC: dict[str, Any] = {
     "name": "flights-delay",
@@ -31,33 +30,6 @@ EXAMPLE_SPEC: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="session")
-def _postgres_engine(postgres_url: str) -> Iterator[Engine]:
-    engine = make_engine(postgres_url, pool_size=8)
-    migrate(engine)
-    yield engine
-    engine.dispose()
-
-
-def _empty(engine: Engine) -> None:
-    names = ", ".join(t.name for t in metadata.sorted_tables)
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
-        else:
-            for table in reversed(metadata.sorted_tables):
-                conn.execute(table.delete())
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'gpuyard.db'}"
-    url: str = request.getfixturevalue("postgres_url")
-    _empty(request.getfixturevalue("_postgres_engine"))
-    return url
-
-
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     return load_settings(home=tmp_path / "home", database_url=database_url, profile="embedded")
@@ -65,8 +37,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def engine(settings: Settings) -> Iterator[Engine]:
-    engine = make_engine(str(settings.database_url), pool_size=8)
-    migrate(engine)
+    engine = make_engine(str(settings.database_url), pool_size=8)  # at head already (database_url)
     yield engine
     engine.dispose()
 

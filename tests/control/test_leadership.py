@@ -21,8 +21,9 @@ from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, leaders
 from servers import wait_until
 from sqlalchemy import Engine, func, select, text, update
+from stores import empty_store
 
-from .conftest import EXAMPLE_SPEC, _empty
+from .conftest import EXAMPLE_SPEC
 from .test_scheduler_service import FLEET, Clock, RecordingLauncher
 from .test_store_races import interleave
 
@@ -146,7 +147,7 @@ def test_a_callers_skewed_clock_neither_takes_a_live_lease_nor_writes_a_past_exp
 
 @pg
 def test_reservations_under_a_lead_that_passed_raise_and_write_nothing(engine: Engine) -> None:
-    _empty(engine)
+    empty_store(engine)
     with engine.begin() as conn:
         team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
     old = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30)
@@ -168,7 +169,7 @@ def test_the_lead_cannot_change_hands_while_a_reservation_under_it_commits(engin
     """The reservation confirmed its lead and is paused; the lease then passes on the database's
     clock, and the next replica's takeover waits on the lease row's lock (probed in pg_stat_activity)
     until the reservation commits: so the new leader's recovery sees that attempt."""
-    _empty(engine)
+    empty_store(engine)
     with engine.begin() as conn:
         team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
     lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=1.0)

@@ -29,8 +29,7 @@ from gpuyard.store.db import make_engine
 from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
-
-from .conftest import _empty
+from stores import empty_store
 
 CPU = LocalInventory("cpu", 1, 0.0, False)
 
@@ -81,7 +80,7 @@ def test_a_plain_command_of_three_lease_periods_succeeds_in_one_attempt_through_
 
 @pytest.fixture
 def admin_engine(postgres_url: str, _postgres_engine: Engine) -> Iterator[Engine]:
-    _empty(_postgres_engine)
+    empty_store(_postgres_engine)
     engine = make_engine(postgres_url, pool_size=4)
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=1), utcnow())

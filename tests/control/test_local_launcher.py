@@ -30,6 +30,8 @@ from gpuyard.store import teams as team_store
 from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 
+from training import exit_codes
+
 WORKER = Path(__file__).parent / "workers" / "checkpointing_worker.py"
 CPU = LocalInventory("cpu", 2, 0.0, False)
 
@@ -146,7 +148,7 @@ def test_a_preempted_worker_resumes_from_its_checkpoint(
     wait_until(lambda: job(engine, slow).job.state.value == "SUCCEEDED", timeout_s=90, what="the slow job")
     detail = job(engine, slow)
     assert [a.state.value for a in detail.attempts] == ["PREEMPTED", "SUCCEEDED"]
-    assert detail.attempts[0].exit_code == 75 and detail.job.failures == 0
+    assert detail.attempts[0].exit_code == exit_codes.PREEMPTED and detail.job.failures == 0
     resumed_at = detail.attempts[0].checkpoint_step
     assert resumed_at is not None and resumed_at > 0
     logs = "".join(scheduler.launcher.logs(detail.attempts[1].id))

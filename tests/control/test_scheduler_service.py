@@ -31,6 +31,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import OperationalError
 
+from training import exit_codes
+
 from .conftest import EXAMPLE_SPEC
 
 FLEET = Fleet(
@@ -300,7 +302,13 @@ def test_a_repeated_checkpoint_does_not_move_the_point_lost_progress_counts_from
     assert events == 1
     clock.advance(2)
     attempt_store.finish(
-        engine, first.attempt_id, AttemptState.PREEMPTED, at=clock(), exit_code=75, reason="r", disrupted=True
+        engine,
+        first.attempt_id,
+        AttemptState.PREEMPTED,
+        at=clock(),
+        exit_code=exit_codes.PREEMPTED,
+        reason="r",
+        disrupted=True,
     )
     with engine.connect() as conn:
         ended = attempt_store.attempt(conn, first.attempt_id)
@@ -312,7 +320,12 @@ def test_failures_use_the_budget_preemption_does_not(
     engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
 ) -> None:
     job_id = submit(engine, clock, spec(retry={"max_failures": 1, "backoff": "10s"}))
-    outcomes = [(Outcome.PREEMPTED, 75), (Outcome.FAILED, 1), (Outcome.LOST, None), (Outcome.FAILED, 1)]
+    outcomes = [
+        (Outcome.PREEMPTED, exit_codes.PREEMPTED),
+        (Outcome.FAILED, exit_codes.FAILURE),
+        (Outcome.LOST, None),
+        (Outcome.FAILED, exit_codes.FAILURE),
+    ]
     for outcome, code in outcomes:
         service.step()
         current = live_attempts(engine, job_id)
@@ -328,7 +341,9 @@ def test_failures_use_the_budget_preemption_does_not(
 
 
 @pytest.mark.parametrize(
-    ("outcome", "code"), [(Outcome.PREEMPTED, 75), (Outcome.LOST, 76)], ids=["exit-75", "exit-76"]
+    ("outcome", "code"),
+    [(Outcome.PREEMPTED, exit_codes.PREEMPTED), (Outcome.LOST, exit_codes.STALE_FENCING_TOKEN)],
+    ids=["exit-75", "exit-76"],
 )
 def test_a_worker_that_stops_unasked_spends_the_budget_with_backoff(
     engine: Engine,
@@ -352,7 +367,7 @@ def test_a_worker_that_stops_unasked_spends_the_budget_with_backoff(
     with engine.connect() as conn:
         job = job_store.get(conn, twice)
         ended = attempt_store.attempt(conn, current.attempt.id)
-    expected = "nobody asked" if code == 75 else "token was current"
+    expected = "nobody asked" if code == exit_codes.PREEMPTED else "token was current"
     assert ended is not None and ended.state.value == "FAILED" and expected in (ended.reason or "")
     assert job is not None and job.state.value == "PENDING" and job.failures == 1
     assert job.not_before == clock() + timedelta(seconds=30)

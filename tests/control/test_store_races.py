@@ -24,15 +24,16 @@ from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine
 from servers import wait_until
 from sqlalchemy import Engine, event, text
+from stores import empty_store
 
-from .conftest import EXAMPLE_SPEC, _empty
+from .conftest import EXAMPLE_SPEC
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def engine(postgres_url: str, _postgres_engine: Engine) -> Iterator[Engine]:
-    _empty(_postgres_engine)
+    empty_store(_postgres_engine)
     engine = make_engine(postgres_url, pool_size=8)
     with engine.begin() as conn:
         team_store.ensure_team(conn, "a", TeamQuota(), utcnow())

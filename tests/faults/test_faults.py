@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from training import exit_codes
+
 from .campaign import Campaign, run_campaign
 from .history import AttemptRow, CancelRequest, EventRow, History, JobRow, Record, Submission
 from .invariants import check, retries_resume_from_the_newest_checkpoint
@@ -97,9 +99,11 @@ class Story:
 def clean_story() -> Story:
     """j1 is preempted after a checkpoint at step 5, resumes from it and succeeds; j2 then uses the GPU."""
     s = Story()
-    first = s.attempt("j1", 1, "PREEMPTED", stop_requested="preempt", exit_code=75, progress_lost_s=1.5)
-    second = s.attempt("j1", 2, "SUCCEEDED", exit_code=0)
-    other = s.attempt("j2", 1, "SUCCEEDED", exit_code=0)
+    first = s.attempt(
+        "j1", 1, "PREEMPTED", stop_requested="preempt", exit_code=exit_codes.PREEMPTED, progress_lost_s=1.5
+    )
+    second = s.attempt("j1", 2, "SUCCEEDED", exit_code=exit_codes.SUCCESS)
+    other = s.attempt("j2", 1, "SUCCEEDED", exit_code=exit_codes.SUCCESS)
     s.event("job.submitted", "j1")
     s.event("job.scheduled", "j1", first)
     s.record("start", first)
@@ -109,7 +113,7 @@ def clean_story() -> Story:
     s.record("beat", first, checkpoint=5)
     s.event("attempt.checkpointed", "j1", first, step=5)
     s.event("attempt.stop_requested", "j1", first, kind="preempt")
-    s.record("exit", first, code=75)
+    s.record("exit", first, code=exit_codes.PREEMPTED)
     s.event("attempt.preempted", "j1", first)
     s.event("job.pending", "j1", first)
     s.event("job.scheduled", "j1", second)
@@ -169,7 +173,9 @@ def test_the_checker_catches_two_live_attempts_of_a_job_and_a_gpu_leased_twice()
 def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for() -> None:
     story = clean_story()
     story.attempts["j2-a1"] = AttemptRow("j2-a1", "j2", 1, "LOST", (GPU_B,))  # its worker exited 0
-    story.attempts["j1-a1"] = AttemptRow("j1-a1", "j1", 1, "PREEMPTED", (GPU_A,), exit_code=75)
+    story.attempts["j1-a1"] = AttemptRow(
+        "j1-a1", "j1", 1, "PREEMPTED", (GPU_A,), exit_code=exit_codes.PREEMPTED
+    )
     details = [v.detail for v in check(story.history()) if v.invariant == "attempts match exits"]
     assert details == [
         "attempt 1 (PREEMPTED): PREEMPTED, but the platform never asked it to stop",

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from training import exit_codes
+
 PAYLOAD_BYTES = 64 * 1024
 BEAT_EVERY_S = 1.0
 MANIFEST = "manifest.json"
@@ -166,7 +168,7 @@ class Heartbeat:
             connection.close()
         if response.status == 409:
             journal("stale", step=step)
-            leave(76)
+            leave(exit_codes.STALE_FENCING_TOKEN)
         if response.status != 200:
             journal("beat_failed", step=step, error=f"HTTP {response.status}")
             return None
@@ -220,7 +222,7 @@ def main() -> None:
             return {"url": save(root, step, hold), "step": step}
         except OSError as error:
             journal("save_failed", step=step, error=str(error)[:120])
-            leave(1, reason="checkpoint write failed")
+            leave(exit_codes.FAILURE, reason="checkpoint write failed")
         return None  # unreachable: leave() exits
 
     while step < args.steps:
@@ -236,8 +238,8 @@ def main() -> None:
         if stop or action == "checkpoint_and_stop":
             saved = checkpoint_now()
             heartbeat.beat(step, saved)
-            leave(75, step=step, saved=saved is not None)
-    leave(0, step=step)
+            leave(exit_codes.PREEMPTED, step=step, saved=saved is not None)
+    leave(exit_codes.SUCCESS, step=step)
 
 
 if __name__ == "__main__":

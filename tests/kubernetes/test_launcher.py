@@ -21,6 +21,8 @@ from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher, LaunchError
 from kmock import action
 
+from training import exit_codes
+
 SPEC = JobSpec(
     name="llm",
     team="nlp",
@@ -209,25 +211,33 @@ def test_a_team_without_its_namespace_is_refused_with_the_fix(
     assert cluster.pods() == []
 
 
+def caught_up(cluster: Cluster, launcher: KubernetesLauncher, marker: str) -> list[WorkerReport]:
+    """The reports observed until the launcher has seen every pod change made before this call: a
+    marker gang started now runs once its pods' events, which the watch delivers after the earlier
+    ones of the namespace, are applied."""
+    launcher.launch(request(marker))
+    for name in pod_names(marker):
+        cluster.set_pod_status(name, running())
+    return collect(launcher, lambda rs: Outcome.RUNNING in outcome(rs, marker))
+
+
 def test_watch_turns_phases_into_reports(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     names = start_gang(cluster, launcher)
-    cluster.set_pod_status(names[0], terminated(0))
-    time.sleep(0.3)  # rank 1 still runs: no verdict yet
-    assert outcome(launcher.observe(), "att-7f3a") == []
-    cluster.set_pod_status(names[1], terminated(0))
+    cluster.set_pod_status(names[0], terminated(exit_codes.SUCCESS))
+    assert outcome(caught_up(cluster, launcher, "att-mark1"), "att-7f3a") == []  # rank 1 runs: no verdict
+    cluster.set_pod_status(names[1], terminated(exit_codes.SUCCESS))
     reports = collect(launcher, ended("att-7f3a"))
     (report,) = reports
-    assert (report.outcome, report.exit_code) == (Outcome.SUCCEEDED, 0)
-    time.sleep(0.3)
-    assert launcher.observe() == []  # reported once
+    assert (report.outcome, report.exit_code) == (Outcome.SUCCEEDED, exit_codes.SUCCESS)
+    assert outcome(caught_up(cluster, launcher, "att-mark2"), "att-7f3a") == []  # reported once
 
 
 def test_preempted_exit_code_is_preempted(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     names = start_gang(cluster, launcher)
     for name in names:
-        cluster.set_pod_status(name, terminated(75, phase="Failed"))
+        cluster.set_pod_status(name, terminated(exit_codes.PREEMPTED, phase="Failed"))
     (report,) = collect(launcher, ended("att-7f3a"))
-    assert (report.outcome, report.exit_code) == (Outcome.PREEMPTED, 75)
+    assert (report.outcome, report.exit_code) == (Outcome.PREEMPTED, exit_codes.PREEMPTED)
 
 
 def test_one_failed_rank_ends_the_gang_and_stops_the_others(
@@ -295,7 +305,9 @@ def test_disruption_by_taint_manager_is_lost_even_with_a_crash_exit(
         {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
     ]
     cluster.set_pod_status(names[0], status)
-    cluster.set_pod_status(names[1], terminated(1))  # its peer's collectives failed: not the job's fault
+    cluster.set_pod_status(
+        names[1], terminated(exit_codes.FAILURE)
+    )  # its peer's collectives failed: not the job's fault
     (report,) = collect(launcher, ended("att-7f3a"))
     assert report.outcome is Outcome.LOST and "DeletionByTaintManager" in (report.reason or "")
 
@@ -336,7 +348,7 @@ def test_410_gone_relists_and_resumes(cluster: Cluster, launcher: KubernetesLaun
     def history_lost() -> Iterator[dict[str, Any]]:
         # While the launcher is between watches, both pods finish; no watch event says so.
         for name in names:
-            cluster.emulator.patch_silently("pods", name, {"status": terminated(0)})
+            cluster.emulator.patch_silently("pods", name, {"status": terminated(exit_codes.SUCCESS)})
         yield expired
 
     cluster.emulator["watch pods"] << history_lost()  # the next pod watch (after a timeout) gets 410
@@ -423,7 +435,7 @@ def test_reconcile_after_restart(
         ]
         # the adopted attempt is observed as before
         for name in pod_names("att-live"):
-            cluster.set_pod_status(name, terminated(0))
+            cluster.set_pod_status(name, terminated(exit_codes.SUCCESS))
         (report,) = collect(restarted, ended("att-live"))
         assert (report.attempt_id, report.outcome) == ("att-live", Outcome.SUCCEEDED)
 
@@ -472,10 +484,15 @@ def test_foreign_pods_are_left_alone(cluster: Cluster, launcher: KubernetesLaunc
 
 
 ENDINGS: dict[str, tuple[Callable[[Cluster, list[str]], Any], Outcome]] = {
-    "succeeded": (lambda c, names: [c.set_pod_status(n, terminated(0)) for n in names], Outcome.SUCCEEDED),
+    "succeeded": (
+        lambda c, names: [c.set_pod_status(n, terminated(exit_codes.SUCCESS)) for n in names],
+        Outcome.SUCCEEDED,
+    ),
     "failed": (lambda c, names: c.set_pod_status(names[1], terminated(3)), Outcome.FAILED),
     "preempted": (
-        lambda c, names: [c.set_pod_status(n, terminated(75, phase="Failed")) for n in names],
+        lambda c, names: [
+            c.set_pod_status(n, terminated(exit_codes.PREEMPTED, phase="Failed")) for n in names
+        ],
         Outcome.PREEMPTED,
     ),
     "evicted": (

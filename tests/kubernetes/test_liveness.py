@@ -10,7 +10,6 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import Cluster
@@ -25,19 +24,20 @@ from gpuyard.observability import logs
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.db import make_engine
 from gpuyard.store.jobs import JobDetail
 from servers import wait_until
 from sqlalchemy import Engine
 from test_launcher import running, terminated
 
+from training import exit_codes
+
 LEASE_S = 2.0
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'gpuyard.db'}")
-    migrate(engine)
+def engine(sqlite_url: str) -> Iterator[Engine]:
+    engine = make_engine(sqlite_url)
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=16, max_gpus_per_job=8), utcnow())
     yield engine
@@ -115,7 +115,7 @@ def test_a_plain_command_runs_three_lease_periods_in_one_attempt(
         assert [a.state.value for a in detail(engine, job_id).attempts] == ["RUNNING"]
         time.sleep(0.1)
     for name in pods_of(cluster, attempt_id):
-        cluster.set_pod_status(name, terminated(0))
+        cluster.set_pod_status(name, terminated(exit_codes.SUCCESS))
     step_until(service, lambda: detail(engine, job_id).job.state.value == "SUCCEEDED", "success")
     assert [a.state.value for a in detail(engine, job_id).attempts] == ["SUCCEEDED"]
 
@@ -156,7 +156,7 @@ def test_scheduler_lines_about_an_attempt_carry_its_job_and_attempt_ids(
         job_id = submit(engine, ["train"])
         attempt_id = run_pods(cluster, service, engine, job_id)
         for name in pods_of(cluster, attempt_id):
-            cluster.set_pod_status(name, terminated(0))
+            cluster.set_pod_status(name, terminated(exit_codes.SUCCESS))
         step_until(service, lambda: detail(engine, job_id).job.state.value == "SUCCEEDED", "the ending")
         service.step()  # a pass with nothing to do for the attempt: its lines carry no stale fields
     finally:

@@ -15,6 +15,8 @@ from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, pod_fate
 from test_launcher import request
 
+from training import exit_codes
+
 OWNER = {"metadata": {"name": "gy-x", "uid": "5f0c1b7e-0000-4000-8000-000000000001"}}
 
 
@@ -103,7 +105,10 @@ def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict
         (_pod("Pending"), PodFate(None)),
         (_pod("Running", {"running": {}}), PodFate(Outcome.RUNNING)),
         (_pod("Succeeded", {"terminated": {"exitCode": 0}}), PodFate(Outcome.SUCCEEDED, "exited 0", 0)),
-        (_pod("Failed", {"terminated": {"exitCode": 75}}), PodFate(Outcome.PREEMPTED, None, 75)),
+        (
+            _pod("Failed", {"terminated": {"exitCode": exit_codes.PREEMPTED}}),
+            PodFate(Outcome.PREEMPTED, None, exit_codes.PREEMPTED),
+        ),
         (
             _pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}),
             PodFate(Outcome.FAILED, "OOMKilled", 137),

@@ -20,6 +20,8 @@ from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from sqlalchemy import Engine
 
+from training import exit_codes
+
 
 def keys(document: Any) -> Iterator[str]:
     if isinstance(document, dict):
@@ -77,7 +79,11 @@ def test_the_metrics_summary_of_a_member_counts_only_its_team(
     for team, gpus in (("a", (0,)), ("b", (0, 1))):
         _, attempt_id = placed(engine, team, gpus, at=two_hours_ago)
         attempt_store.finish(
-            engine, attempt_id, AttemptState.SUCCEEDED, at=two_hours_ago + timedelta(hours=1), exit_code=0
+            engine,
+            attempt_id,
+            AttemptState.SUCCEEDED,
+            at=two_hours_ago + timedelta(hours=1),
+            exit_code=exit_codes.SUCCESS,
         )
     member, admin = make_token("a"), make_token("platform", "platform-admin")
     mine = api.get("/v1/metrics/summary", headers=bearer(member)).json()

@@ -18,6 +18,7 @@ CASES = {
     "kill-while-following": (False, 40, 0.1),
     "triggerer-restart": (True, 40, 0.1),
     "mark-failed": (True, 100_000, 0.2),
+    "token-check": (True, 10, 0.0),
 }
 
 for name, (deferrable, steps, step_s) in CASES.items():

@@ -1,0 +1,31 @@
+"""The control plane's store for tests: a migrated SQLite template to copy, an empty PostgreSQL schema."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.tables import metadata
+from sqlalchemy import Engine, text
+
+
+def migrated_sqlite(path: Path) -> Path:
+    """A SQLite store at head in `path`, whole in its one file (nothing left in the WAL), to copy."""
+    engine = make_engine(f"sqlite:///{path}")
+    migrate(engine)
+    engine.dispose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+def empty_store(engine: Engine) -> None:
+    """Delete every row of the store (the schema stays at head)."""
+    names = ", ".join(t.name for t in metadata.sorted_tables)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        else:
+            for table in reversed(metadata.sorted_tables):
+                conn.execute(table.delete())
