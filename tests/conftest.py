@@ -177,3 +177,27 @@ def no_inherited_prometheus_dirs() -> Iterator[None]:
     _restore_prometheus_dirs()
     yield
     _restore_prometheus_dirs()
+
+
+# Parallel runs (pytest-xdist, `--dist loadgroup`, as make test runs the suite): a heavy system that
+# a module or a folder's conftest starts once (a module- or session-scoped fixture: an Airflow stack,
+# a SparkSession, a `gpuyard up` for tests that observe) would start again on every worker that ran
+# one of its tests. Its tests go to one worker instead, grouped by where the fixture is defined. The
+# session fixtures of this file (servers, databases of a worker's own) are cheap and not grouped.
+
+
+def shared_fixture_group(item: pytest.Item) -> str | None:
+    """Where the first module- or session-scoped fixture the test uses is defined, below this folder."""
+    below = f"{Path(__file__).parent.relative_to(item.config.rootpath).as_posix()}/"
+    info = getattr(item, "_fixtureinfo", None)
+    for name in info.names_closure if info else ():
+        for definition in info.name2fixturedefs.get(name, ()):
+            if definition.scope in ("module", "session") and definition.baseid.startswith(below):
+                return definition.baseid.split("::")[0]
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.iter_markers("xdist_group")) and (group := shared_fixture_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))

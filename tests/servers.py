@@ -109,6 +109,15 @@ def without_gpuyard_settings(**extra: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")} | extra
 
 
+def job_state(home: Path, job_id: str) -> str:
+    """A job's state from the `gpuyard up` of `home`, asked over HTTP as its platform admin: a poll
+    costs a request, not a CLI process."""
+    from gpuyard.client import GpuyardClient, resolve_endpoint
+
+    with GpuyardClient(resolve_endpoint(home=home)) as client:
+        return str(client.job(job_id)["state"])
+
+
 class GpuyardUp:
     """`gpuyard up` in `home`, on a free port, in its own process group; its output in `<home>.log`.
 
@@ -151,6 +160,9 @@ class GpuyardUp:
     @property
     def admin_token(self) -> str:
         return (self.home / "admin.token").read_text().strip()
+
+    def state(self, job_id: str) -> str:
+        return job_state(self.home, job_id)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

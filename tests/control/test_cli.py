@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import GpuyardUp, wait_until
+from servers import GpuyardUp, job_state, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "flights-delay.yaml"
@@ -92,16 +92,10 @@ def test_a_job_runs_to_completion_with_its_logs(home: Path, tmp_path: Path) -> N
 def test_cancel_stops_a_running_job(home: Path, tmp_path: Path) -> None:
     spec = write_job(tmp_path / "sleep.yaml", "sleeper", "import time; time.sleep(120)")
     job = json.loads(gpuyard(home, "submit", str(spec), "--json").stdout)
-    wait_until(
-        lambda: json.loads(gpuyard(home, "show", job["id"], "--json").stdout)["state"] == "RUNNING",
-        timeout_s=60,
-        what="the job to run",
-    )
+    wait_until(lambda: job_state(home, job["id"]) == "RUNNING", timeout_s=60, what="the job to run")
     assert "stop requested" in gpuyard(home, "cancel", job["id"]).stdout
     wait_until(
-        lambda: json.loads(gpuyard(home, "show", job["id"], "--json").stdout)["state"] == "CANCELLED",
-        timeout_s=60,
-        what="the job to be cancelled",
+        lambda: job_state(home, job["id"]) == "CANCELLED", timeout_s=60, what="the job to be cancelled"
     )
     again = gpuyard(home, "cancel", job["id"], check=False)
     assert again.returncode == 2 and "already CANCELLED" in again.stderr

@@ -69,9 +69,7 @@ def test_a_plain_command_of_three_lease_periods_succeeds_in_one_attempt_through_
             )
         )
         job_id = cli("submit", str(spec))["id"]
-        wait_until(
-            lambda: cli("show", job_id)["state"] == "SUCCEEDED", timeout_s=90, what="the plain command"
-        )
+        wait_until(lambda: server.state(job_id) == "SUCCEEDED", timeout_s=90, what="the plain command")
         detail = cli("show", job_id)
         assert [a["state"] for a in detail["attempts"]] == ["SUCCEEDED"], detail
     finally:

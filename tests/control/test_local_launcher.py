@@ -288,9 +288,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
         )
     )
     job_id = json.loads(cli("submit", str(spec), "--json"))["id"]
-    wait_until(
-        lambda: json.loads(cli("show", job_id, "--json"))["state"] == "RUNNING", timeout_s=60, what="running"
-    )
+    wait_until(lambda: server.state(job_id) == "RUNNING", timeout_s=60, what="running")
     attempt_id = json.loads(cli("show", job_id, "--json"))["attempts"][0]["id"]
     server.kill()  # the whole control plane dies; the workers live on
     assert len(shims(attempt_id)) == 2
@@ -299,9 +297,7 @@ def test_gpuyard_up_killed_mid_run_keeps_one_set_of_workers(
         assert len(shims(attempt_id)) == 2  # adopted after the restart, not started again
         release.touch()
         wait_until(
-            lambda: json.loads(cli("show", job_id, "--json"))["state"] == "SUCCEEDED",
-            timeout_s=90,
-            what="the adopted job to finish",
+            lambda: server.state(job_id) == "SUCCEEDED", timeout_s=90, what="the adopted job to finish"
         )
         detail = json.loads(cli("show", job_id, "--json"))
         assert len(detail["attempts"]) == 1  # never launched twice
