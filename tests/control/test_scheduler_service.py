@@ -24,6 +24,7 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, leases
 from gpuyard.store.tables import events as events_table
 from hypothesis import HealthCheck, given, settings
@@ -400,8 +401,8 @@ def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
     from gpuyard.scheduler.cycle import run_cycle
 
     placed = run_cycle(pending, snapshot, clock(), service.policy).placed[0]
-    reserved = attempt_store.reserve(
-        engine, job_id, placed.placement, borrowed=False, at=clock(), lease_ttl_s=60
+    (reserved,) = reserve_batch(
+        engine, [Reservation(job_id, placed.placement, False)], at=clock(), lease_ttl_s=60
     )
     assert reserved is not None and launcher.launch_calls == []
     restarted = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)
