@@ -12,7 +12,7 @@ from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import POLICIES, StarvationGuard, gpuyard_order
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 GUARD = StarvationGuard(factor=4.0, floor_s=600.0)
@@ -54,7 +54,7 @@ def running(name: str, gpus: int, *, submitted_s_ago: float, ran_s: float) -> Ru
 
 
 def state_with(*attempts: RunningAttempt, quota: int = 8) -> ClusterState:
-    state = ClusterState.empty(FLEET, {"a": TeamQuota(gpu_quota=quota)})
+    state = ClusterState.empty(FleetIndex(FLEET), {"a": TeamQuota(gpu_quota=quota)})
     for attempt in attempts:
         state.take(attempt.team, attempt.placement, borrowed=False)
         state.running.append(attempt)

@@ -1,16 +1,22 @@
-"""Scheduling policies: how the queue is ordered and which mechanisms a cycle may use.
+"""Scheduling policies: how the queue is ordered, which plugins and preemption rules a cycle uses,
+and which of its mechanisms.
 
-Every policy runs through the same cycle (cycle.py) and plugins; only the order and the switches
-differ. None of them reads a job's true duration: scheduling is non-clairvoyant.
+A policy is a profile, as kube-scheduler's (`default_plugins.go`): it names its filters, its scores
+with their weights, and its preemption rules, and the names are checked against the registries
+(`plugins.FILTERS`, `plugins.SCORES`, `preemption.RULES`) when it is built. A new policy is one
+`POLICIES` entry. Every policy runs through the same cycle (cycle.py). None of them reads a job's
+true duration: scheduling is non-clairvoyant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 
+from gpuyard.scheduler.plugins import FILTERS, SCORES, Filter, Score
+from gpuyard.scheduler.preemption import RULES, Rule
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
 # (queue, snapshot, now, ids of the starving jobs) -> the queue in the order jobs are tried
@@ -211,17 +217,69 @@ def gpuyard_order(
     return sorted(jobs, key=key)
 
 
+# The plugins a policy uses unless it names others: every filter, and the scores with their weights
+# (pack weighs most: best fit keeps whole domains free for gangs).
+DEFAULT_FILTERS: tuple[str, ...] = ("gpu_type", "gpu_memory", "taints", "site", "data_access")
+DEFAULT_SCORES: tuple[tuple[str, float], ...] = (
+    ("pack", 3.0),
+    ("checkpoint_locality", 2.0),
+    ("price", 1.0),
+    ("spot_fit", 1.0),
+)
+
+
+def _known(policy: str, kind: str, names: tuple[str, ...], registry: Mapping[str, object]) -> None:
+    """Every name is in its registry, once: a misspelt plugin fails as the policy is built."""
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ValueError(
+            f"policy {policy!r}: unknown {kind} {unknown[0]!r}; expected one of {sorted(registry)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy {policy!r}: a {kind} named twice in {list(names)}")
+
+
 @dataclass(frozen=True)
 class Policy:
+    """A profile: the queue's order, the plugins and preemption rules it uses by name, and its
+    mechanisms (backfill, head reservation, quota admission, a starvation guard). Built, it holds the
+    plugins and rules themselves, looked up once."""
+
     name: str
     order: Order
-    backfill: bool  # later jobs may start when an earlier one does not fit
-    reserve_head: bool  # the first job that does not fit holds a domain so it is not starved
-    quota: bool  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
-    preempt_priority: bool  # a higher class may preempt lower-class preemptible attempts
-    preempt_las: bool  # a less-served job may preempt a more-served one (2D-LAS)
-    reclaim: bool  # a team under its nominal quota reclaims what others borrowed
+    # Preemption rules (`preemption.RULES`) it may evict by; none: it never preempts. They apply in
+    # the table's order, whatever the order named here.
+    preemption: tuple[str, ...] = ()
+    filters: tuple[str, ...] = DEFAULT_FILTERS  # `plugins.FILTERS`
+    scores: tuple[tuple[str, float], ...] = DEFAULT_SCORES  # `plugins.SCORES`, each with its weight
+    backfill: bool = True  # later jobs may start when an earlier one does not fit
+    reserve_head: bool = False  # the first gang that does not fit holds nodes so it is not starved
+    quota: bool = False  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
     starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
+    filter_plugins: tuple[Filter, ...] = field(init=False, repr=False, compare=False)
+    score_plugins: tuple[tuple[float, Score], ...] = field(init=False, repr=False, compare=False)
+    rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _known(self.name, "filter", self.filters, FILTERS)
+        _known(self.name, "score", tuple(name for name, _ in self.scores), SCORES)
+        _known(self.name, "preemption rule", self.preemption, RULES)
+        for name, weight in self.scores:
+            if weight <= 0:
+                raise ValueError(
+                    f"policy {self.name!r}: score {name!r} needs a positive weight, got {weight}"
+                )
+        if "starvation" in self.preemption and self.starvation is None:
+            raise ValueError(
+                f"policy {self.name!r}: the preemption rule 'starvation' needs a starvation guard"
+            )
+        object.__setattr__(self, "filter_plugins", tuple(FILTERS[name] for name in self.filters))
+        object.__setattr__(
+            self, "score_plugins", tuple((weight, SCORES[name]) for name, weight in self.scores)
+        )
+        object.__setattr__(
+            self, "rules", tuple(rule for rule in RULES.values() if rule.name in self.preemption)
+        )
 
 
 # gpuyard's guard: a job starves once it has waited 15 times its run so far plus 10 minutes, x its
@@ -235,61 +293,22 @@ GPUYARD_STARVATION = StarvationGuard(factor=15.0, floor_s=600.0, overload=True, 
 POLICIES: dict[str, Policy] = {
     policy.name: policy
     for policy in (
-        Policy(
-            "fifo",
-            fifo_order,
-            backfill=False,
-            reserve_head=False,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=False,
-            reclaim=False,
-        ),
-        Policy(
-            "fifo-backfill",
-            fifo_order,
-            backfill=True,
-            reserve_head=True,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=False,
-            reclaim=False,
-        ),
-        Policy(
-            "kueue",
-            kueue_order,
-            backfill=True,
-            reserve_head=False,
-            quota=True,
-            preempt_priority=True,
-            preempt_las=False,
-            reclaim=True,
-        ),
-        Policy(
-            "tiresias",
-            las_order,
-            backfill=True,
-            reserve_head=False,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=True,
-            reclaim=False,
-        ),
+        Policy("fifo", fifo_order, backfill=False),
+        Policy("fifo-backfill", fifo_order, reserve_head=True),
+        Policy("kueue", kueue_order, quota=True, preemption=("priority within team", "priority", "reclaim")),
+        Policy("tiresias", las_order, preemption=("least attained service",)),
         Policy(
             "gpuyard",
             gpuyard_order,
-            backfill=True,
-            # The guard bounds a gang's wait; a head reservation also idled GPUs for the first gang
-            # that did not fit, however little it had waited (docs/scheduler.md, "Why gpuyard lost").
-            reserve_head=False,
             quota=True,
-            preempt_priority=True,
-            preempt_las=True,
-            # A reclaim under least attained service first could take only work of the reclaiming
-            # job's queue (more-served work is taken by that rule already): equally served work,
-            # which first come, first served orders before a younger job (see gpuyard_order).
-            reclaim=False,
+            # No reclaim: under least attained service first it could take only work of the
+            # reclaiming job's queue (more-served work is taken by that rule already): equally served
+            # work, which first come, first served orders before a younger job (see gpuyard_order).
+            preemption=("priority within team", "priority", "least attained service", "starvation"),
             starvation=GPUYARD_STARVATION,
+            # No head reservation: the guard bounds a gang's wait; a head reservation also idled GPUs
+            # for the first gang that did not fit, however little it had waited (docs/scheduler.md,
+            # "Why gpuyard lost").
         ),
     )
 }

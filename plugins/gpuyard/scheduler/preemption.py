@@ -1,7 +1,8 @@
 """Preemption: which running attempts a job that cannot fit may evict, and the victim set it takes.
 
-One table of rules (`RULES`), as Kueue keeps preemption apart from admission
-(`pkg/scheduler/preemption`). Each rule states, besides its full condition, a necessary one as two
+One table of rules (`RULES`, by name), as Kueue keeps preemption apart from admission
+(`pkg/scheduler/preemption`); a policy names the rules it evicts by (`Policy.preemption`), and they
+apply in the table's order. Each rule states, besides its full condition, a necessary one as two
 ranks: the victim may be taken only if `victim_rank(victim) > job_rank(job, admitted)`. The cheap
 tests of a cycle are derived from those ranks alone: the bounds (over every running attempt: can
 any rule find a victim at all?) and the prefilter (can any rule apply to this attempt?). A new rule
@@ -20,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuyard.domain.fleet import Node
-from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
+from gpuyard.scheduler.snapshot import ClusterState, Cohorts, DomainKey, PendingJob, RunningAttempt
 
-DomainKey = tuple[str, str, str]
+if TYPE_CHECKING:  # a policy names its rules from this table (policy.py imports it)
+    from gpuyard.scheduler.policy import Policy
 
 
 class Victim(NamedTuple):
@@ -65,7 +66,7 @@ class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
     settled: bool  # ran at least MIN_RUN_S
     held: bool  # held by the starvation guard (`policy.StarvationGuard.held`)
     unsaved_gpu_s: float
-    ranks: tuple[float, ...] = ()  # per rule of RULES (`Preemption._ranks`)
+    ranks: tuple[float, ...] = ()  # per rule of the policy (`Preemption._ranks`)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,6 @@ class Rule:
 
     name: str
     reason: str  # the eviction's reason, formatted with the job's `id` and `team`
-    enabled: Callable[[Policy], bool]
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
     # Reads only the candidate's class, 2D-LAS queue, borrowed flag and starvation (memoized by them).
     victim_rank: Callable[[Candidate], float]
@@ -104,13 +104,14 @@ def _in_order(claim: Claim, candidate: Candidate) -> bool:
     return claim.starving or not candidate.held
 
 
-RULES: tuple[Rule, ...] = (
+LAS = "least attained service"
+
+_TABLE = (
     # Over quota with a full cohort, a team swaps GPUs within its own usage for a higher class (Kueue's
     # withinClusterQueue).
     Rule(
         "priority within team",
         "priority within team {team}: {id} outranks it",
-        enabled=lambda p: p.preempt_priority,
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
@@ -123,7 +124,6 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "priority",
         "priority: {id} outranks it",
-        enabled=lambda p: p.preempt_priority,
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
@@ -135,9 +135,8 @@ RULES: tuple[Rule, ...] = (
     # 2D-LAS, of any team and whatever its quota (gpuyard orders attained service before quota), and
     # of no higher class.
     Rule(
-        "least attained service",
+        LAS,
         "least attained service: {id} has had less",
-        enabled=lambda p: p.preempt_las,
         settled=True,
         victim_rank=lambda c: c.attempt.las,
         job_rank=lambda claim: claim.job.las,
@@ -150,12 +149,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reclaim",
         "reclaim: team {team} needs its quota back",
-        enabled=lambda p: p.reclaim,
         settled=True,
         victim_rank=lambda c: 1.0 if c.attempt.borrowed else 0.0,
         job_rank=lambda claim: 0.0 if claim.admitted == "nominal" else 1.0,
         allows=lambda claim, c, p, state: (
-            (not p.preempt_las or c.attempt.las >= claim.job.las)
+            (LAS not in p.preemption or c.attempt.las >= claim.job.las)
             and borrowing_without(c.attempt, state)
             and _in_order(claim, c)
         ),
@@ -167,7 +165,6 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "starvation",
         "starvation: {id} waited past its bound",
-        enabled=lambda p: p.starvation is not None,
         settled=True,
         victim_rank=lambda c: 0.5 if c.held else 1.0,
         job_rank=lambda claim: 0.0 if claim.starving else 1.0,
@@ -178,6 +175,13 @@ RULES: tuple[Rule, ...] = (
         keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
     ),
 )
+RULES: dict[str, Rule] = {rule.name: rule for rule in _TABLE}
+
+
+def preempts(policy: Policy) -> bool:
+    """Does the policy evict at all? Without a rule, the cycle never searches for victims and the
+    simulator keeps no snapshots of running attempts."""
+    return bool(policy.rules)
 
 
 class Preemption:
@@ -197,13 +201,13 @@ class Preemption:
         self.state, self.now, self.policy = state, now, policy
         self.starving = starving  # ids of the pending jobs past their starvation bound
         self.demand = demand  # the fleet's demand over its GPUs (StarvationGuard.demand), for the guard
-        self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
+        self.rules = policy.rules  # the policy's, in the table's order; ranks are per rule of these
         # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
         # costs a lookup per attempt (cleared per search: the floors are the job's).
         self._passes: dict[tuple[float, ...], bool] = {}
         self.no_victims: set[tuple[object, ...]] = set()
         self._by_domain: dict[DomainKey, list[Candidate]] | None = None
-        self._best: list[float] = [NEVER] * len(RULES)  # per rule, the highest rank of any attempt
+        self._best: list[float] = [NEVER] * len(self.rules)  # per rule, the highest rank of any attempt
         self._domain_best: dict[DomainKey, list[float]] = {}  # the same, per domain
         self._domain_stopping: set[DomainKey] = set()  # domains with an attempt already stopping
         self._any_stopping = False
@@ -212,11 +216,10 @@ class Preemption:
     def _ranks(self, candidate: Candidate) -> tuple[float, ...]:
         """Each rule's rank of the candidate; NEVER where no rule could take it. Rules sharing a rank
         function (the two priority rules) compute it once."""
-        ranks = [NEVER] * len(RULES)
+        ranks = [NEVER] * len(self.rules)
         if candidate.attempt.preemptible:
             computed: dict[Callable[[Candidate], float], float] = {}
-            for i in self.enabled:
-                rule = RULES[i]
+            for i, rule in enumerate(self.rules):
                 if candidate.settled or not rule.settled:
                     rank = computed.get(rule.victim_rank)
                     if rank is None:
@@ -282,7 +285,9 @@ class Preemption:
     def may_find_victims(self, claim: Claim) -> bool:
         """False when no running attempt can be a victim of the claim under any rule: the bounds."""
         self.running_by_domain()
-        return self._any_stopping or any(self._best[i] > RULES[i].job_rank(claim) for i in self.enabled)
+        return self._any_stopping or any(
+            best > rule.job_rank(claim) for best, rule in zip(self._best, self.rules, strict=True)
+        )
 
     def mark_stopping(self, victims: list[RunningAttempt]) -> None:
         """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
@@ -332,12 +337,12 @@ class Preemption:
             self.no_victims.add(memo)
             return None
         by_domain = self.running_by_domain()
-        floors = [rule.job_rank(claim) for rule in RULES]
+        floors = [rule.job_rank(claim) for rule in self.rules]
         # The rules that may take some attempt of this cycle from this job (the bounds), in order.
-        active = [(i, floors[i], RULES[i]) for i in self.enabled if self._best[i] > floors[i]]
+        active = [(i, floors[i], rule) for i, rule in enumerate(self.rules) if self._best[i] > floors[i]]
         passes = self._passes
         passes.clear()
-        keeps_quota = [rule.keeps_quota(policy, claim) for rule in RULES]
+        keeps_quota = [rule.keeps_quota(policy, claim) for rule in self.rules]
         stopping = self.stopping_by_team() if policy.quota else {}
         members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
         for domain, nodes in domains.items():
