@@ -13,7 +13,7 @@ from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import NO_ROOM, admit, run_cycle
 from gpuyard.scheduler.plugins import SCORES
 from gpuyard.scheduler.policy import POLICIES, Policy, fifo_order, las_order
-from gpuyard.scheduler.preemption import RULES, preempts
+from gpuyard.scheduler.preemption import RULES
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -317,7 +317,7 @@ def test_a_policy_names_its_plugins_and_rules_and_an_unknown_name_is_refused_as_
     with pytest.raises(ValueError, match="'starvation' needs a starvation guard"):
         Policy("x", las_order, preemption=("starvation",))
     # Whether a policy preempts is whether it names a rule; rules apply in the table's order.
-    assert [name for name, policy in POLICIES.items() if preempts(policy)] == ["kueue", "tiresias", "gpuyard"]
+    assert [name for name, policy in POLICIES.items() if policy.preempts] == ["kueue", "tiresias", "gpuyard"]
     assert Policy("y", las_order, preemption=("reclaim", "priority")).rules == (
         RULES["priority"],
         RULES["reclaim"],

@@ -13,8 +13,9 @@ import pytest
 import typer
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet
-from gpuyard.scheduler.policy import POLICIES, StarvationGuard
+from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.preemption import MIN_RUN_S
+from gpuyard.scheduler.starvation import StarvationGuard
 from gpuyard.sim.cli import sim
 from gpuyard.sim.engine import LeaseRecord, SimConfig
 from gpuyard.sim.fleet_builder import derive_quotas, standard_fleet, write_fleet

@@ -14,7 +14,7 @@ from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.plugins import free_gpus
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.preemption import Preemption, preempts
+from gpuyard.scheduler.preemption import Preemption
 from gpuyard.scheduler.snapshot import (
     ClusterState,
     Cohorts,
@@ -198,9 +198,11 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         else 1.0
     )
     starving = guard.starving_jobs(pending, state, now, demand) if guard is not None else frozenset()
-    preemption = Preemption(state, now, policy, starving, demand)
+    preemption = Preemption(
+        state, now, policy.rules, quota=policy.quota, guard=guard, starving=starving, demand=demand
+    )
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
-    preempting = preempts(policy)
+    preempting = policy.preempts
     cohorts = cohorts_of(state)
     # Jobs alike (same kind and admission) that could not start, and why. Within a cycle GPUs are
     # only taken and nodes only held, so a later one fails alike: a long queue of similar jobs costs

@@ -28,9 +28,9 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import Policy, StarvationGuard
-from gpuyard.scheduler.preemption import preempts
+from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
+from gpuyard.scheduler.starvation import StarvationGuard
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
@@ -239,7 +239,7 @@ class Simulator:
         self.usage: dict[str, int] = {}
         self.borrowed: dict[str, int] = {}
         self.events: list[tuple[float, int, int, object]] = []
-        # When a queued job passes its starvation bound (policy.StarvationGuard), a cycle must run then
+        # When a queued job passes its starvation bound (starvation.StarvationGuard), a cycle must run then
         # even if nothing else happens: (instant, seq, job id, when it was queued).
         self.wakes: list[tuple[float, int, str, float]] = []
         self.seq = 0
@@ -250,7 +250,7 @@ class Simulator:
         self.domains = self.index.domains
         self.models = sorted({n.gpu_type for n in self.fleet.nodes})
         self.capacity = self.index.gpus
-        self.preempting = preempts(self.policy)
+        self.preempting = self.policy.preempts
         # What cycles see of running attempts, rebuilt when it changes (see _next_change).
         self.snapshots: dict[str, RunningAttempt] = {}
         self.stale: list[tuple[float, int, _Attempt]] = []
