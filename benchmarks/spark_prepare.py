@@ -37,7 +37,7 @@ import psutil
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pipelines import ingest, storage
-from pipelines.config import load_config
+from pipelines.definition import load_config
 from spark_jobs import scale_up
 
 log = logging.getLogger("benchmark")

@@ -1,7 +1,8 @@
 """What one run of the shared steps reads, produces and checks: an immutable, validated value.
 
 A pipeline's definition (`pipelines/<name>/pipeline.yaml`, see definition.py) makes one per run
-window with `PipelineDefinition.step_config`; `load_config` does that for a definition's own dates.
+window with `PipelineDefinition.step_config`; `definition.load_config` does that for a definition's
+own dates. This module knows nothing of definitions: they build on it.
 """
 
 from __future__ import annotations
@@ -9,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from pipelines.errors import ConfigError
 from pipelines.storage import normalize_url
 
-DEFAULT_PIPELINE = "flights_delay"
 FEAST_VARIANTS = ("embedded", "production")
 # Raw flight rows from which `engine: auto` prepares with Spark: the crossover
 # benchmarks/spark_prepare.py measured on local[2] (2.46M rows; docs/data.md). Below it pandas is
@@ -105,15 +104,3 @@ class PipelineConfig:
 
     def replace(self, **changes: Any) -> PipelineConfig:
         return dataclasses.replace(self, **changes)
-
-
-def load_config(path: str | Path | None = None, **overrides: Any) -> PipelineConfig:
-    """The step config of a definition (a pipeline's name or its YAML file; default flights_delay)
-    for its default run date, with keyword overrides (dates as YYYY-MM-DD or dates)."""
-    from pipelines.definition import load_definition
-
-    definition = load_definition(path if path is not None else DEFAULT_PIPELINE)
-    for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
-        if key in overrides and overrides[key] is not None:
-            overrides[key] = parse_date(overrides[key], key)
-    return definition.step_config(**{k: v for k, v in overrides.items() if v is not None})

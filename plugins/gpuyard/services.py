@@ -2,6 +2,10 @@
 
 `gpuyard up` runs all of them in one process (the embedded default); production runs `gpuyard api`
 and `gpuyard relay` as separate processes (replicas are safe).
+
+Here the parts are composed from the settings' plain values, and here the names a setting gives a
+part are checked against the parts' registries (`launcher` against LAUNCHERS, `scheduler_policy`
+against POLICIES), as kube-scheduler checks a profile's plugin names when it builds the framework.
 """
 
 from __future__ import annotations
@@ -24,17 +28,18 @@ from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
 from gpuyard.clock import utcnow
-from gpuyard.domain.fleet import Fleet
+from gpuyard.domain.fleet import Fleet, load_fleet
 from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import LocalInventory, discover
+from gpuyard.observability import logs
 from gpuyard.observability.probes import ProbeServer, loop_problem, store_problem
 from gpuyard.relay import Relay
-from gpuyard.scheduler.policy import POLICIES
+from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import make_engine, migrate, require_head
+from gpuyard.store.db import DbBounds, make_engine, migrate, require_head
 from gpuyard.store.dbclock import database_clock
 from gpuyard.store.outbox import count_unpublished
 
@@ -42,12 +47,49 @@ ADMIN_TEAM = "platform"
 log = logging.getLogger(__name__)
 
 
+def launcher_kind(settings: Settings) -> registry.LauncherKind:
+    """The launcher registry's entry that `launcher` names; a name it does not hold is refused."""
+    kind = registry.LAUNCHERS.get(str(settings.launcher))
+    if kind is None:
+        raise SettingsError(
+            f"invalid settings: launcher: expected one of {sorted(registry.LAUNCHERS)}, "
+            f"got {settings.launcher!r}"
+        )
+    return kind
+
+
+def scheduler_policy(settings: Settings) -> Policy:
+    """The policy that `scheduler_policy` names; a name POLICIES does not hold is refused."""
+    policy = POLICIES.get(settings.scheduler_policy)
+    if policy is None:
+        raise SettingsError(
+            f"scheduler_policy: expected one of {sorted(POLICIES)}, got {settings.scheduler_policy!r}"
+        )
+    return policy
+
+
+def check_names(settings: Settings) -> None:
+    """Refuse, as a server process starts, a launcher or scheduler policy no registry holds."""
+    launcher_kind(settings)
+    scheduler_policy(settings)
+
+
+def configure_logging(settings: Settings) -> None:
+    """The logging of a server process (up, api, scheduler, relay, migrate)."""
+    logs.configure(settings.log_level, str(settings.log_format))
+
+
+def open_engine(settings: Settings, pool_size: int) -> Engine:
+    """The store's engine, bounded by the `db_*_seconds` settings; its schema left as it is."""
+    return make_engine(
+        str(settings.database_url), pool_size=pool_size, bounds=DbBounds.from_settings(settings)
+    )
+
+
 def open_store(settings: Settings) -> Engine:
     """The store's engine, its schema migrated (embedded) or checked to be at head (production:
     `gpuyard migrate` runs once; raises SchemaNotAtHead naming it)."""
-    engine = make_engine(
-        str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
-    )
+    engine = open_engine(settings, settings.db_pool_size)
     if settings.migrate_at_start:
         migrate(engine)
     else:
@@ -180,24 +222,29 @@ def build_fleet(settings: Settings) -> Fleet:
 
 
 def fleet_source(settings: Settings) -> Callable[[], Fleet]:
-    """What the scheduler reads before each pass (Kubernetes: the Nodes API, so cordoned, NotReady
-    and removed nodes leave the fleet)."""
+    """What the scheduler reads before each pass: the fleet file when one is set (read once), else
+    the launcher's own source (Kubernetes: the Nodes API, so cordoned, NotReady and removed nodes
+    leave the fleet)."""
+    kind = launcher_kind(settings)
+    if settings.fleet_file:
+        fleet = load_fleet(settings.fleet_file)
+        return lambda: fleet
     try:
-        return registry.fleet_source(settings)
+        return kind.fleet(settings)
     except registry.LauncherUnavailable as error:
         raise SettingsError(f"{error}; or set a fleet_file") from error
 
 
 def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | None:
     try:
-        return registry.kind(settings).logs(settings)
+        return launcher_kind(settings).logs(settings)
     except registry.LauncherUnavailable as error:
         raise SettingsError(str(error)) from error
 
 
 def build_launcher(settings: Settings) -> Launcher:
     try:
-        return registry.kind(settings).build(settings)
+        return launcher_kind(settings).build(settings)
     except registry.LauncherUnavailable as error:
         raise SettingsError(str(error)) from error
 
@@ -209,16 +256,12 @@ def build_scheduler(
     fleet: Fleet | Callable[[], Fleet],
     api_url: Callable[[], str],
 ) -> SchedulerService:
-    if settings.scheduler_policy not in POLICIES:
-        raise SettingsError(
-            f"scheduler_policy: expected one of {sorted(POLICIES)}, got {settings.scheduler_policy!r}"
-        )
     return SchedulerService(
         engine,
         launcher,
         fleet,
         api_url=api_url,
-        policy=POLICIES[settings.scheduler_policy],
+        policy=scheduler_policy(settings),
         clock=database_clock(engine),
         lease_ttl_s=settings.lease_seconds,
         grace_s=settings.grace_seconds,
@@ -228,10 +271,8 @@ def build_scheduler(
 def app_from_environment() -> Any:
     """ASGI factory for `gpuyard api` workers: settings come from the environment."""
     settings = load_settings()
-    settings.configure_logging()
-    engine = make_engine(
-        str(settings.database_url), pool_size=settings.db_pool_size, bounds=settings.db_bounds()
-    )
+    configure_logging(settings)
+    engine = open_engine(settings, settings.db_pool_size)
     app = create_app(
         settings, engine, fleet=build_fleet(settings), logs=log_reader(settings), clock=database_clock(engine)
     )

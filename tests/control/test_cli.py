@@ -137,6 +137,13 @@ def test_contradictory_settings_fail_naming_the_setting(tmp_path: Path) -> None:
     assert "database_url" in result.stderr and "PostgreSQL" in result.stderr
 
 
+def test_a_launcher_no_registry_holds_is_refused_at_start(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("launcher: slurm\n")  # checked where the parts are composed
+    result = gpuyard(tmp_path, "migrate", check=False)
+    assert result.returncode == 1
+    assert "launcher: expected one of ['kubernetes', 'local'], got 'slurm'" in result.stderr
+
+
 def test_tokens_are_listed_and_revoked_and_their_lifetime_is_bounded(home: Path) -> None:
     admin = gpuyard(home, "token", "create", "--team", "c", "--role", "team-admin").stdout.strip()
     member = json.loads(

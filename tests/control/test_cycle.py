@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import NO_ROOM, admit, run_cycle
-from gpuyard.scheduler.policy import POLICIES
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.plugins import SCORES
+from gpuyard.scheduler.policy import POLICIES, Policy, fifo_order, las_order
+from gpuyard.scheduler.preemption import RULES
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 # two domains of two 8-GPU nodes each
@@ -78,7 +82,7 @@ def running(
 
 
 def state_with(*attempts: RunningAttempt) -> ClusterState:
-    state = ClusterState.empty(FLEET, QUOTAS)
+    state = ClusterState.empty(FleetIndex(FLEET), QUOTAS)
     for attempt in attempts:
         state.take(attempt.team, attempt.placement, borrowed=attempt.borrowed)
         state.running.append(attempt)
@@ -186,7 +190,7 @@ def test_placement_respects_type_and_spot_taints() -> None:
             Node(name="ondemand", site="s", cluster="c", domain="d2", gpu_type="t4", gpus=4),
         )
     )
-    state = ClusterState.empty(fleet, {"a": TeamQuota(gpu_quota=8)})
+    state = ClusterState.empty(FleetIndex(fleet), {"a": TeamQuota(gpu_quota=8)})
     steady = PendingJob(
         id="steady",
         team="a",
@@ -251,7 +255,7 @@ def test_a_less_served_job_takes_gpus_of_a_more_served_team_even_within_its_quot
     ]
 
     def fresh() -> ClusterState:
-        state = ClusterState.empty(FLEET, quotas)
+        state = ClusterState.empty(FleetIndex(FLEET), quotas)
         for attempt in attempts:
             state.take(attempt.team, attempt.placement, borrowed=attempt.borrowed)
             state.running.append(attempt)
@@ -300,3 +304,36 @@ def test_gpuyard_takes_borrowed_gpus_back_only_from_more_served_work() -> None:
     # Kueue reclaims whatever the service.
     result = run_cycle([served_job], borrowed_by_b(100.0), NOW, POLICIES["kueue"])
     assert [e.attempt.attempt_id for e in result.evicted] in (["b2"], ["b3"])
+
+
+def test_a_policy_names_its_plugins_and_rules_and_an_unknown_name_is_refused_as_it_is_built() -> None:
+    known = "expected one of ['checkpoint_locality', 'pack', 'price', 'spot_fit']"
+    with pytest.raises(ValueError, match=re.escape(f"policy 'x': unknown score 'packing'; {known}")):
+        Policy("x", fifo_order, scores=(("packing", 1.0),))
+    with pytest.raises(ValueError, match="policy 'x': unknown filter 'gpu'"):
+        Policy("x", fifo_order, filters=("gpu",))
+    with pytest.raises(ValueError, match="policy 'x': unknown preemption rule 'lottery'"):
+        Policy("x", fifo_order, preemption=("lottery",))
+    with pytest.raises(ValueError, match="'starvation' needs a starvation guard"):
+        Policy("x", las_order, preemption=("starvation",))
+    # Whether a policy preempts is whether it names a rule; rules apply in the table's order.
+    assert [name for name, policy in POLICIES.items() if policy.preempts] == ["kueue", "tiresias", "gpuyard"]
+    assert Policy("y", las_order, preemption=("reclaim", "priority")).rules == (
+        RULES["priority"],
+        RULES["reclaim"],
+    )
+
+
+def test_a_new_score_is_one_registry_entry_that_a_policy_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    def spread(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+        """The emptiest domain first: the opposite of `pack`."""
+        return 100.0 * state.domain_free()[nodes[0].domain_key] / 16
+
+    monkeypatch.setitem(SCORES, "spread", spread)
+    state = state_with(running("x", "d0n0", 4))
+    packed = run_cycle([job("small", 2)], state, NOW, POLICIES["fifo-backfill"]).placed
+    spreading = Policy("spreading", fifo_order, scores=(("spread", 1.0),))
+    spread_out = run_cycle([job("small", 2)], state_with(running("x", "d0n0", 4)), NOW, spreading).placed
+    assert [p.placement.domain for p in packed] == ["d0"] and [p.placement.domain for p in spread_out] == [
+        "d1"
+    ]

@@ -1,10 +1,15 @@
 """Leader leases: judged by the database's clock at the statement, fenced by an epoch, and a pass
-whose lead passed writes nothing (store/leadership.py, SchedulerService.hold_lead)."""
+whose lead passed writes nothing (store/leadership.py, SchedulerService.hold_lead): the reservations
+production makes (`reserve_batch` with the pass's `lead`) confirm the lead in their transaction, so a
+replica that lost the lead cannot reserve, whichever of the two comes first."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from gpuyard.clock import utcnow
@@ -12,15 +17,15 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.scheduler.service import SchedulerService
-from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine
 from gpuyard.store.leadership import Lead, NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, leaders
 from servers import wait_until
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, event, func, select, text, update
 from stores import empty_store
 
 from .conftest import EXAMPLE_SPEC
@@ -111,8 +116,8 @@ def test_a_replica_that_lost_and_regained_the_lead_between_two_looks_recovers(
     clock.advance(11)
     assert b.hold_lead()
     job_id = pending_job(engine)
-    reserved = attempt_store.reserve(
-        engine, job_id, PLACEMENT, borrowed=False, at=clock(), lease_ttl_s=20, lead=b.lead
+    (reserved,) = reserve_batch(
+        engine, [Reservation(job_id, PLACEMENT, False)], at=clock(), lease_ttl_s=20, lead=b.lead
     )
     assert reserved is not None
     clock.advance(11)  # b died before launching it
@@ -156,12 +161,50 @@ def test_reservations_under_a_lead_that_passed_raise_and_write_nothing(engine: E
     lapse(engine)
     assert leadership.hold(engine, "scheduler", "two", now=utcnow(), ttl_s=30) == Lead("scheduler", "two", 2)
     with pytest.raises(NotLeading):
-        attempt_store.reserve(
-            engine, job_id, PLACEMENT, borrowed=False, at=utcnow(), lease_ttl_s=60, lead=old
-        )
-    with pytest.raises(NotLeading):
         reserve_batch(engine, [Reservation(job_id, PLACEMENT, False)], at=utcnow(), lease_ttl_s=60, lead=old)
     assert attempt_count(engine) == 0
+
+
+class PauseAtBegin:
+    """Holds the first transaction of `engine` as it begins, before any statement, until released."""
+
+    def __init__(self, engine: Engine):
+        self.reached, self.go = threading.Event(), threading.Event()
+        event.listen(engine, "begin", self._hook)
+
+    def _hook(self, _conn: Any) -> None:
+        if not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(20), "the test never released the paused transaction"
+
+
+@pg
+def test_a_reservation_begun_under_a_lead_that_then_passed_writes_nothing(engine: Engine) -> None:
+    """The pass reserves under its lead, as the service does (`reserve_batch(..., lead=...)`); its
+    transaction is held as it begins, the lease passes on the database's clock and another replica
+    takes the lead; then the reservation goes on, and must raise and write nothing. With the other
+    interleaving (the lead confirmed first) the takeover waits for it: the test below."""
+    empty_store(engine)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
+    lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30)
+    assert lead is not None
+    job_id = pending_job(engine)
+    paused = make_engine(engine.url.render_as_string(hide_password=False), pool_size=2)
+    pause = PauseAtBegin(paused)
+    wanted = [Reservation(job_id, PLACEMENT, False)]
+    with ThreadPoolExecutor(1) as pool:
+        reserving = pool.submit(reserve_batch, paused, wanted, at=utcnow(), lease_ttl_s=60, lead=lead)
+        try:
+            wait_until(pause.reached.is_set, what="the reservation's transaction to begin")
+            lapse(engine)
+            taken = leadership.hold(engine, "scheduler", "two", now=utcnow(), ttl_s=30)
+        finally:
+            pause.go.set()
+        with pytest.raises(NotLeading):
+            reserving.result(timeout=20)
+    paused.dispose()
+    assert taken == Lead("scheduler", "two", 2) and attempt_count(engine) == 0
 
 
 @pg
@@ -177,9 +220,10 @@ def test_the_lead_cannot_change_hands_while_a_reservation_under_it_commits(engin
     job_id = pending_job(engine)
 
     def reserve(paused: Engine) -> object:
-        return attempt_store.reserve(
-            paused, job_id, PLACEMENT, borrowed=False, at=utcnow(), lease_ttl_s=60, lead=lead
+        (reserved,) = reserve_batch(
+            paused, [Reservation(job_id, PLACEMENT, False)], at=utcnow(), lease_ttl_s=60, lead=lead
         )
+        return reserved
 
     def take_over(other: Engine) -> tuple[Lead | None, int]:
         def passed() -> bool:

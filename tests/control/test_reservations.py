@@ -1,6 +1,6 @@
-"""The batched reserve (store/reservations.py) on SQLite and PostgreSQL: the rows a reserve writes,
-all or nothing per gang, a conflicting gang does not sink its batch, leases expiring as a single
-reserve's do, and two batches racing for the same GPUs and jobs (the interleaving forced with a held lock)."""
+"""Reserve (store/reservations.py) on SQLite and PostgreSQL: the rows it writes, all or nothing per
+gang, a conflicting gang does not sink its batch, leases expiring at `at` plus the lease period, and
+two batches racing for the same GPUs and jobs (the interleaving forced with a held lock)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.domain.states import JobState, StaleState
-from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.reservations import Reservation, reserve_batch, reserve_in
@@ -47,14 +46,17 @@ def table(engine: Engine, query: Any) -> list[Any]:
         return list(conn.execute(query).all())
 
 
-def test_a_batch_writes_what_a_reserve_writes_for_every_gang(engine: Engine) -> None:
+def test_a_batch_writes_the_attempt_its_leases_and_the_job_move_of_every_gang(engine: Engine) -> None:
     ids = [submit(engine, f"j{i}", gpus=2) for i in range(3)]
     wanted = [
         Reservation(job_id, on("n1", 2 * i, 2 * i + 1), borrowed=i == 2) for i, job_id in enumerate(ids)
     ]
     made = reserve_batch(engine, wanted, at=AT, lease_ttl_s=60.0)
-    single = attempt_store.reserve(
-        engine, submit(engine, "single", gpus=2), on("n2", 0, 1), borrowed=False, at=AT, lease_ttl_s=60.0
+    (single,) = reserve_batch(
+        engine,
+        [Reservation(submit(engine, "single", gpus=2), on("n2", 0, 1), False)],
+        at=AT,
+        lease_ttl_s=60.0,
     )
     assert single is not None
     assert [a.job_id for a in made if a is not None] == ids
@@ -72,7 +74,7 @@ def test_a_batch_writes_what_a_reserve_writes_for_every_gang(engine: Engine) -> 
     by_attempt = {a.id: a for a in made if a is not None}
     for lease in held:
         assert lease.fencing_token == by_attempt[lease.attempt_id].fencing_token
-        # `at` + 60 s, the database's time in production (the service's clock), as a single reserve
+        # `at` + 60 s, the database's time in production (the service's clock), whatever the batch
         assert lease.expires_at == AT + timedelta(seconds=60) == alone == single.lease_expires_at
         assert rows[lease.attempt_id].lease_expires_at == lease.expires_at
     states = dict(table(engine, select(jobs.c.id, jobs.c.state)))

@@ -24,6 +24,7 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
+from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, leases
 from gpuyard.store.tables import events as events_table
 from hypothesis import HealthCheck, given, settings
@@ -406,6 +407,31 @@ def test_priority_preemption_stops_the_victim_then_places_the_job(
     assert job is not None and job.failures == 0 and set(low) >= {victim_job}
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_service_keeps_its_fleet_index_from_pass_to_pass_until_the_fleet_changes(
+    engine: Engine, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """What cycles derive from the fleet alone (nodes, domains, the filters' answers per job shape)
+    belongs to the service: derived once, kept while the fleet is the same, derived again when not."""
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=16, gpu_quota=16), clock())
+    fleets = [FLEET]
+    service = SchedulerService(
+        engine, launcher, lambda: fleets[-1], api_url=lambda: "http://api", clock=clock
+    )
+    index = service.fleet_index()
+    submit(engine, clock, spec())
+    assert len(service.schedule().placed) == 1
+    assert service.fleet_index() is index and index.eligible(service.policy.filters)  # filled by the pass
+    fleets.append(FLEET.model_copy(deep=True))  # the same fleet, read again
+    assert service.fleet_index() is index
+    fleets.append(Fleet(nodes=FLEET.nodes[:2]))  # a domain went away
+    changed = service.fleet_index()
+    assert (
+        changed is not index and changed.fleet is fleets[-1] and not changed.eligible(service.policy.filters)
+    )
+
+
 def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
     engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
 ) -> None:
@@ -415,8 +441,8 @@ def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
     from gpuyard.scheduler.cycle import run_cycle
 
     placed = run_cycle(pending, snapshot, clock(), service.policy).placed[0]
-    reserved = attempt_store.reserve(
-        engine, job_id, placed.placement, borrowed=False, at=clock(), lease_ttl_s=60
+    (reserved,) = reserve_batch(
+        engine, [Reservation(job_id, placed.placement, False)], at=clock(), lease_ttl_s=60
     )
     assert reserved is not None and launcher.launch_calls == []
     restarted = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)

@@ -26,6 +26,7 @@ from gpuyard.launchers.local import _processes_of
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard.store.reservations import Reservation, reserve_batch
 from servers import wait_until
 from sqlalchemy import Engine
 
@@ -70,7 +71,7 @@ def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Pat
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
     job, _ = job_store.submit(engine, parse_spec(data), idempotency_key=None, created_by="t", at=utcnow())
     east = Placement("east", "c", "d", (NodeSlice("east-1", (0,)),))
-    first = attempt_store.reserve(engine, job.id, east, borrowed=False, at=utcnow(), lease_ttl_s=60)
+    (first,) = reserve_batch(engine, [Reservation(job.id, east, False)], at=utcnow(), lease_ttl_s=60)
     assert first is not None
     step = tmp_path / "east" / "mine" / STEP
     step.mkdir(parents=True)

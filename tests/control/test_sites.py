@@ -16,6 +16,7 @@ from gpuyard.scheduler.service import SchedulerService
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard.store.reservations import Reservation, reserve_batch
 from sqlalchemy import Engine
 
 from .test_scheduler_service import Clock, RecordingLauncher, spec, submit
@@ -75,7 +76,7 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     service = SchedulerService(engine, launcher, fleet, api_url=lambda: "http://api", clock=clock)
     job_id = submit(engine, clock, spec(gpus=4, checkpoint={"url": (tmp_path / "east" / "mine").as_uri()}))
     east = Placement("east", "c", "d", (NodeSlice("east-1", (0, 1, 2, 3)),))
-    first = attempt_store.reserve(engine, job_id, east, borrowed=False, at=clock(), lease_ttl_s=60)
+    (first,) = reserve_batch(engine, [Reservation(job_id, east, False)], at=clock(), lease_ttl_s=60)
     assert first is not None
     step_url = write_checkpoint(tmp_path / "east" / "mine" / "step-000000120", 120, corrupt=corrupt)
     attempt_store.heartbeat(
@@ -90,8 +91,8 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     blocker = submit(engine, clock, spec(name="blocker", gpus=4))
     # east is busy with another job when ours is lost: the scheduler can only place it in the west
     attempt_store.finish(engine, first.id, AttemptState.LOST, at=clock(), reason="node lost")
-    blocker_attempt = attempt_store.reserve(
-        engine, blocker, east, borrowed=False, at=clock(), lease_ttl_s=600
+    (blocker_attempt,) = reserve_batch(
+        engine, [Reservation(blocker, east, False)], at=clock(), lease_ttl_s=600
     )
     assert blocker_attempt is not None
     service.step()

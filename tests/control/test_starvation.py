@@ -1,4 +1,4 @@
-"""The starvation guard (scheduler/policy.StarvationGuard): its bound, the order it gives, and the
+"""The starvation guard (scheduler/starvation.StarvationGuard): its bound, the order it gives, and the
 preemption rule that lets a starving job in (scheduler/preemption.RULES)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import POLICIES, StarvationGuard, gpuyard_order
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.policy import POLICIES, gpuyard_order
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
+from gpuyard.scheduler.starvation import StarvationGuard
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 GUARD = StarvationGuard(factor=4.0, floor_s=600.0)
@@ -54,7 +55,7 @@ def running(name: str, gpus: int, *, submitted_s_ago: float, ran_s: float) -> Ru
 
 
 def state_with(*attempts: RunningAttempt, quota: int = 8) -> ClusterState:
-    state = ClusterState.empty(FLEET, {"a": TeamQuota(gpu_quota=quota)})
+    state = ClusterState.empty(FleetIndex(FLEET), {"a": TeamQuota(gpu_quota=quota)})
     for attempt in attempts:
         state.take(attempt.team, attempt.placement, borrowed=False)
         state.running.append(attempt)

@@ -22,6 +22,7 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine
+from gpuyard.store.reservations import Reservation, reserve_batch
 from servers import wait_until
 from sqlalchemy import Engine, event, text
 from stores import empty_store
@@ -93,7 +94,7 @@ def running_attempt(engine: Engine, **changes: Any) -> attempt_store.Attempt:
     spec = parse_spec({**EXAMPLE_SPEC, "resources": {"gpus": 2, "gpu_types": ["cpu"]}, **changes})
     job, _ = job_store.submit(engine, spec, idempotency_key=None, created_by="t", at=utcnow())
     placement = Placement("local", "local", "local", (NodeSlice(f"node-{job.id}", (0, 1)),))
-    attempt = attempt_store.reserve(engine, job.id, placement, borrowed=False, at=utcnow(), lease_ttl_s=60)
+    (attempt,) = reserve_batch(engine, [Reservation(job.id, placement, False)], at=utcnow(), lease_ttl_s=60)
     assert attempt is not None
     attempt_store.mark_running(engine, attempt.id, utcnow())
     return attempt
@@ -142,7 +143,7 @@ def test_a_heartbeat_during_the_launchers_running_report_is_answered_not_refused
     spec = parse_spec({**EXAMPLE_SPEC, "resources": {"gpus": 1, "gpu_types": ["cpu"]}})
     job, _ = job_store.submit(engine, spec, idempotency_key=None, created_by="t", at=utcnow())
     placement = Placement("local", "local", "local", (NodeSlice("n", (0,)),))
-    attempt = attempt_store.reserve(engine, job.id, placement, borrowed=False, at=utcnow(), lease_ttl_s=60)
+    (attempt,) = reserve_batch(engine, [Reservation(job.id, placement, False)], at=utcnow(), lease_ttl_s=60)
     assert attempt is not None
     _, answer = interleave(
         engine,

@@ -35,7 +35,7 @@ def spark() -> Iterator[object]:
 def landed_config(tmp_path_factory: pytest.TempPathFactory) -> object:
     """Raw tables of 2013-01-01..12 landed under a temporary data root."""
     from pipelines import ingest
-    from pipelines.config import load_config
+    from pipelines.definition import load_config
 
     root = tmp_path_factory.mktemp("flights")
     config = load_config(

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from pipelines import ingest, storage
-from pipelines.config import load_config, parse_date
-from pipelines.definition import load_definition
+from pipelines.config import parse_date
+from pipelines.definition import load_config, load_definition
 from pipelines.errors import ConfigError, MissingDataError
 
 

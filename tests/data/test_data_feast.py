@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import features, storage, training_set
-from pipelines.config import load_config
+from pipelines.definition import load_config
 
 pytestmark = pytest.mark.slow
 

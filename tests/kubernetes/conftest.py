@@ -20,7 +20,7 @@ from typing import Any
 import kmock
 import kubernetes_validate
 import pytest
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.settings.kubernetes import KubernetesConfig
 from kmock import action
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils

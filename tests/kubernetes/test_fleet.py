@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conftest import Cluster
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
+from gpuyard.settings.kubernetes import KubernetesConfig
 
 
 def test_fleet_from_nodes(cluster: Cluster, config: KubernetesConfig) -> None:

@@ -17,8 +17,8 @@ from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import JobSpec
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.launchers.kubernetes import manifests as m
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher, LaunchError
+from gpuyard.settings.kubernetes import KubernetesConfig
 from kmock import action
 
 from training import exit_codes

@@ -17,11 +17,11 @@ from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.kubernetes import manifests as m
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 from gpuyard.observability import logs
 from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings.kubernetes import KubernetesConfig
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine

@@ -11,8 +11,8 @@ from conftest import assert_valid
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.launchers.base import LaunchRequest, Outcome
 from gpuyard.launchers.kubernetes import manifests as m
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, pod_fate
+from gpuyard.settings.kubernetes import KubernetesConfig
 from test_launcher import request
 
 from training import exit_codes

@@ -11,7 +11,7 @@ import yaml
 from conftest import NAMESPACE, Cluster
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 from gpuyard.launchers.registry import LAUNCHERS
-from gpuyard.services import build_launcher, fleet_source
+from gpuyard.services import build_launcher, check_names, fleet_source, launcher_kind
 from gpuyard.settings import SettingsError, load_settings
 
 
@@ -71,8 +71,10 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path, monkeypatch: py
 def test_the_launcher_setting_takes_any_registered_name_and_refuses_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    settings = load_settings(home=tmp_path, launcher="slurm")  # a name: checked where parts are composed
     refused = r"launcher: expected one of \['kubernetes', 'local'\], got 'slurm'"
-    with pytest.raises(SettingsError, match=refused):
-        load_settings(home=tmp_path, launcher="slurm")
+    for compose in (check_names, build_launcher, fleet_source):
+        with pytest.raises(SettingsError, match=refused):
+            compose(settings)
     monkeypatch.setitem(LAUNCHERS, "slurm", LAUNCHERS["local"])  # a new launcher: one entry, no other edit
-    assert load_settings(home=tmp_path, launcher="slurm").launcher == "slurm"
+    assert launcher_kind(settings) is LAUNCHERS["slurm"]

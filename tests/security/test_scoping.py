@@ -18,6 +18,7 @@ from gpuyard.domain.states import AttemptState
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard.store.reservations import Reservation, reserve_batch
 from sqlalchemy import Engine
 
 from training import exit_codes
@@ -40,8 +41,8 @@ def placed(engine: Engine, team: str, gpus: tuple[int, ...], *, at: Any = None) 
     spec = parse_spec({**EXAMPLE_SPEC, "team": team, "resources": {"gpus": len(gpus), "gpu_types": ["cpu"]}})
     job, _ = job_store.submit(engine, spec, idempotency_key=None, created_by="t", at=at or utcnow())
     placement = Placement("local", "local", "local", (NodeSlice("local", gpus),))
-    attempt = attempt_store.reserve(
-        engine, job.id, placement, borrowed=False, at=at or utcnow(), lease_ttl_s=24 * 3600
+    (attempt,) = reserve_batch(
+        engine, [Reservation(job.id, placement, False)], at=at or utcnow(), lease_ttl_s=24 * 3600
     )
     assert attempt is not None
     return job.id, attempt.id

@@ -17,8 +17,8 @@ from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.base import LaunchRequest
 from gpuyard.launchers.kubernetes import manifests
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.settings import Settings
+from gpuyard.settings.kubernetes import KubernetesConfig
 from gpuyard.store.tables import metadata
 from sqlalchemy import Engine, select
 

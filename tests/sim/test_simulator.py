@@ -13,8 +13,9 @@ import pytest
 import typer
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet
-from gpuyard.scheduler.policy import POLICIES, StarvationGuard
+from gpuyard.scheduler.policy import POLICIES
 from gpuyard.scheduler.preemption import MIN_RUN_S
+from gpuyard.scheduler.starvation import StarvationGuard
 from gpuyard.sim.cli import sim
 from gpuyard.sim.engine import LeaseRecord, SimConfig
 from gpuyard.sim.fleet_builder import derive_quotas, standard_fleet, write_fleet
@@ -343,7 +344,10 @@ def test_a_long_job_under_a_stream_of_short_jobs_finishes_within_its_starvation_
     config = SimConfig(preemptible_mtbi_s=None)
     guard = StarvationGuard(factor=3.0, floor_s=600.0)
     guarded = replace(POLICIES["gpuyard"], starvation=guard)
-    for policy, bounded in ((guarded, True), (replace(guarded, starvation=None), False)):
+    unguarded = replace(
+        guarded, starvation=None, preemption=tuple(r for r in guarded.preemption if r != "starvation")
+    )
+    for policy, bounded in ((guarded, True), (unguarded, False)):
         result = simulate(trace, fleet, policy, config, quotas=quotas)
         long = next(j for j in result.jobs if j.id == "j0000")
         assert len(result.jobs) == len(trace)

@@ -41,6 +41,7 @@ from gpuyard.domain.states import IllegalTransition, StaleState
 from gpuyard.secrets.files import home_store
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
+from gpuyard.store.db import DbBounds
 from gpuyard.store.submitter import submitter_for
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,9 @@ def create_app(
     context = ApiContext(
         settings=settings,
         engine=engine,
-        submitter=submitter_for(engine, pool_size=settings.db_pool_size, bounds=settings.db_bounds()),
+        submitter=submitter_for(
+            engine, pool_size=settings.db_pool_size, bounds=DbBounds.from_settings(settings)
+        ),
         fleet=fleet or settings.fleet(),
         clock=clock,
         logs=logs,

@@ -20,15 +20,15 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from gpuyard.bus.base import BusUnavailable, Delivery, Message
+from gpuyard.settings import BUS_TIMEOUT_S
 
 STREAM = "gpuyard:events"
 # Messages are hints (the database is the truth), so an approximate cap only bounds memory.
 MAX_LENGTH = 1_000_000
-TIMEOUT_S = 5.0
 
 
 class RedisStreamsBus:
-    def __init__(self, url: str, stream: str = STREAM, *, timeout_s: float = TIMEOUT_S):
+    def __init__(self, url: str, stream: str = STREAM, *, timeout_s: float = BUS_TIMEOUT_S):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
         self.timeout_s, self.stream = timeout_s, stream

@@ -1,3 +1,3 @@
-from gpuyard.cli.main import app
+from gpuyard.cli import app
 
 app()

@@ -1,7 +1,9 @@
 """The launchers by name: each entry builds the launcher, its fleet source and its log reader.
 
-`settings.launcher` picks one. A new launcher is one entry here (and its module), as SkyPilot's
-recovery strategies and kube-scheduler's plugins are entries in a registry: nothing else changes.
+`settings.launcher` picks one; `services.py` looks the name up here when it composes the parts, and
+refuses a name this registry does not hold. A new launcher is one entry here (and its module), as
+SkyPilot's recovery strategies and kube-scheduler's plugins are entries in a registry: nothing else
+changes.
 The fleet source is called again before each scheduling pass, so a fleet that changes (nodes
 cordoned, NotReady or removed on Kubernetes) changes what the scheduler places on.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import discover
 from gpuyard.launchers.local import LocalLauncher, attempt_logs
@@ -65,10 +67,10 @@ def _local(settings: Settings) -> Launcher:
 def _store_teams(settings: Settings) -> Callable[[], list[str]]:
     """The store's team names, read when called: the Kubernetes launcher's team namespaces (it has no
     right to list namespaces)."""
-    from gpuyard.store.db import make_engine
+    from gpuyard.store.db import DbBounds, make_engine
     from gpuyard.store.teams import list_teams
 
-    engine = make_engine(str(settings.database_url), pool_size=1, bounds=settings.db_bounds())
+    engine = make_engine(str(settings.database_url), pool_size=1, bounds=DbBounds.from_settings(settings))
 
     def teams() -> list[str]:
         with engine.connect() as conn:
@@ -113,16 +115,3 @@ LAUNCHERS: dict[str, LauncherKind] = {
     "local": LauncherKind(build=_local, fleet=_local_fleet, logs=_local_logs),
     "kubernetes": LauncherKind(build=_kubernetes, fleet=_kubernetes_fleet, logs=_kubernetes_logs),
 }
-
-
-def kind(settings: Settings) -> LauncherKind:
-    """The entry `settings.launcher` names (the settings refuse a name that is not in LAUNCHERS)."""
-    return LAUNCHERS[str(settings.launcher)]
-
-
-def fleet_source(settings: Settings) -> FleetSource:
-    """The fleet file when one is set (read once), else the launcher's own source."""
-    if settings.fleet_file:
-        fleet = load_fleet(settings.fleet_file)
-        return lambda: fleet
-    return kind(settings).fleet(settings)

@@ -44,11 +44,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Literal
 
 from gpuyard.launchers.base import LaunchRequest
 from gpuyard.launchers.filelock import exclusive
 from gpuyard.secrets.files import FileSecretStore
+from gpuyard.settings import WorkerUsers
 
 INHERITED = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "LC_NUMERIC", "TZ", "LD_LIBRARY_PATH")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -91,7 +91,6 @@ class WorkerSandbox:
         return [*drop, str(self.identity.uid), str(self.identity.gid), "--", *command]
 
 
-WorkerUsers = Literal["auto", "on", "off"]
 WORKER_PATH = f"{Path(sys.executable).parent}{os.pathsep}{SYSTEM_PATH}"
 
 

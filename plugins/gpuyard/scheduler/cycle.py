@@ -12,10 +12,17 @@ from datetime import datetime
 
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
-from gpuyard.scheduler.plugins import SCORES, STATIC_FILTERS, free_gpus
+from gpuyard.scheduler.plugins import free_gpus
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.preemption import DomainKey, Preemption
-from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt, cohorts_of
+from gpuyard.scheduler.preemption import Preemption
+from gpuyard.scheduler.snapshot import (
+    ClusterState,
+    Cohorts,
+    DomainKey,
+    PendingJob,
+    RunningAttempt,
+    cohorts_of,
+)
 
 # Like kube-scheduler's percentageOfNodesToScore: stop looking once this many feasible domains
 # were found, so a cycle over thousands of nodes stays fast. Domains are visited best-fit first.
@@ -67,32 +74,20 @@ def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) 
     return "borrow" if cohort.used + job.gpus <= cohort.nominal else None
 
 
-# Static filter results per (fleet, job shape): they read only node properties, the job's shape and
-# its team's allowed GPU types, so they hold across cycles. A few fleets at most are remembered.
-_STATIC: dict[int, tuple[object, dict[tuple[object, ...], dict[DomainKey, list[Node]]]]] = {}
-
-
-def _static_cache(state: ClusterState) -> dict[tuple[object, ...], dict[DomainKey, list[Node]]]:
-    entry = _STATIC.get(id(state.fleet))
-    if entry is None or entry[0] is not state.fleet:
-        if len(_STATIC) >= 4:
-            _STATIC.pop(next(iter(_STATIC)))
-        entry = (state.fleet, {})
-        _STATIC[id(state.fleet)] = entry
-    return entry[1]
-
-
 class _Eligibility:
     """Per cycle: eligible nodes per domain for a job shape, and an index of free GPUs per domain.
 
-    The index buckets domains by free GPUs so the best-fit search visits only domains with room,
-    and shapes that found no room are remembered: within one cycle GPUs are only taken and nodes
-    only held, so a shape that did not fit will not fit later in the same cycle.
+    Eligible nodes pass the policy's filters; the fleet index keeps them from one cycle to the next
+    (`FleetIndex.eligible`). The free-GPU index buckets domains by free GPUs so the best-fit search
+    visits only domains with room, and shapes that found no room are remembered: within one cycle
+    GPUs are only taken and nodes only held, so a shape that did not fit will not fit later in the
+    same cycle.
     """
 
-    def __init__(self, state: ClusterState):
+    def __init__(self, state: ClusterState, policy: Policy):
         self.state = state
-        self._cache = _static_cache(state)
+        self.filters = policy.filter_plugins
+        self._cache = state.index.eligible(policy.filters)
         self.domain_free: dict[DomainKey, int] = dict(state.domain_free())
         self.buckets: dict[int, dict[DomainKey, None]] = {}
         for domain, count in self.domain_free.items():
@@ -111,7 +106,7 @@ class _Eligibility:
                 eligible = [
                     n
                     for n in nodes
-                    if n.gpus >= job.gpus_per_node and all(f(job, n, self.state) for _, f in STATIC_FILTERS)
+                    if n.gpus >= job.gpus_per_node and all(f(job, n, self.state) for f in self.filters)
                 ]
                 if len(eligible) >= job.nodes:
                     found[domain] = eligible
@@ -140,8 +135,8 @@ def _choose_nodes(
     return sorted(fitting, key=lambda n: (len(state.free[n.name]), n.name))[: job.nodes]  # best fit
 
 
-def _score(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
-    return sum(s.weight * s.score(job, nodes, state) for s in SCORES)
+def _score(job: PendingJob, nodes: list[Node], state: ClusterState, policy: Policy) -> float:
+    return sum(weight * score(job, nodes, state) for weight, score in policy.score_plugins)
 
 
 def _placement(job: PendingJob, nodes: list[Node], state: ClusterState) -> Placement:
@@ -157,7 +152,7 @@ def _placement(job: PendingJob, nodes: list[Node], state: ClusterState) -> Place
 
 
 def place(
-    job: PendingJob, state: ClusterState, eligibility: _Eligibility, held: set[str]
+    job: PendingJob, state: ClusterState, eligibility: _Eligibility, held: set[str], policy: Policy
 ) -> Placement | None:
     """Filter -> score: the best placement of the whole gang inside ONE domain, or None."""
     domains = eligibility.domains(job)
@@ -182,7 +177,7 @@ def place(
         eligibility.no_room.add(shape)
         return None
     # Ties go to the earliest candidate, which is the best fit.
-    _, best = max(enumerate(candidates), key=lambda item: (_score(job, item[1], state), -item[0]))
+    _, best = max(enumerate(candidates), key=lambda item: (_score(job, item[1], state, policy), -item[0]))
     return _placement(job, best, state)
 
 
@@ -195,19 +190,19 @@ def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[
 
 def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, policy: Policy) -> CycleResult:
     result = CycleResult()
-    eligibility = _Eligibility(state)
+    eligibility = _Eligibility(state, policy)
     guard = policy.starvation
     demand = (
-        guard.demand(
-            sum(j.gpus for j in pending), sum(state.usage.values()), sum(n.gpus for n in state.fleet.nodes)
-        )
+        guard.demand(sum(j.gpus for j in pending), sum(state.usage.values()), state.index.gpus)
         if guard is not None
         else 1.0
     )
     starving = guard.starving_jobs(pending, state, now, demand) if guard is not None else frozenset()
-    preemption = Preemption(state, now, policy, starving, demand)
+    preemption = Preemption(
+        state, now, policy.rules, quota=policy.quota, guard=guard, starving=starving, demand=demand
+    )
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
-    preempting = policy.preempt_priority or policy.preempt_las or policy.reclaim
+    preempting = policy.preempts
     cohorts = cohorts_of(state)
     # Jobs alike (same kind and admission) that could not start, and why. Within a cycle GPUs are
     # only taken and nodes only held, so a later one fails alike: a long queue of similar jobs costs
@@ -235,7 +230,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             if not policy.backfill:
                 break
             continue
-        placement = place(job, state, eligibility, held) if admitted is not None else None
+        placement = place(job, state, eligibility, held, policy) if admitted is not None else None
         if placement is not None:
             state.take(job.team, placement, borrowed=admitted == "borrow")
             if (cohort := state.quota(job.team).cohort) is not None:

@@ -9,20 +9,20 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import teams as team_store
 
 
-def read(conn: Connection, fleet: Fleet, now: datetime) -> tuple[list[Job], ClusterState]:
-    """The jobs a pass may place, and the cluster: free GPUs, running attempts, each team's use."""
+def read(conn: Connection, index: FleetIndex, now: datetime) -> tuple[list[Job], ClusterState]:
+    """The jobs a pass may place, and the cluster of `index`'s fleet: free GPUs, running attempts,
+    each team's use."""
     waiting = attempt_store.pending_jobs(conn, now)
     live = attempt_store.live(conn)
     held = attempt_store.leased_gpus(conn)
-    state = ClusterState.empty(fleet, team_store.list_teams(conn))
+    state = ClusterState.empty(index, team_store.list_teams(conn))
     for node, gpus in held.items():
         if node in state.free:
             state.free[node] -= gpus

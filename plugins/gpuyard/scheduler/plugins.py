@@ -1,13 +1,18 @@
-"""Filter and score plugins: small pure functions with a name (and a weight, for scores).
+"""Filter and score plugins: small pure functions, registered by name (`FILTERS`, `SCORES`).
 
-Filters judge one node for one job. Scores judge one candidate placement (a set of nodes inside one
-fast domain) from 0 (worst) to 100 (best); the cycle adds them up by weight.
+A policy names the plugins it uses, scores with a weight (`policy.Policy`), as a kube-scheduler
+profile does: a new plugin is one registry entry, and a policy takes it up by its name.
+
+Filters judge one node for one job. They read only the node, the job's shape and its team's allowed
+GPU types, never what is free now, so a fleet's answers hold across cycles (`snapshot.FleetIndex`
+keeps them). Whether a node has room now (`free_gpus`) is the cycle's own test, not a plugin. Scores
+judge one candidate placement (a set of nodes inside one fast domain) from 0 (worst) to 100 (best);
+the cycle adds them up by the policy's weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gpuyard.domain.fleet import Node
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
@@ -28,6 +33,7 @@ def gpu_memory(job: PendingJob, node: Node, state: ClusterState) -> bool:
 
 
 def free_gpus(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    """Room on the node now: the cycle's test as it picks nodes, not a registered filter."""
     return len(state.free[node.name]) >= job.gpus_per_node
 
 
@@ -46,16 +52,13 @@ def data_access(job: PendingJob, node: Node, state: ClusterState) -> bool:
     return not prefixes or all(any(uri.startswith(p) for p in prefixes) for uri in job.data_uris)
 
 
-# Static filters read only node properties: a cycle evaluates them once per job shape.
-STATIC_FILTERS: tuple[tuple[str, Filter], ...] = (
-    ("gpu_type", gpu_type),
-    ("gpu_memory", gpu_memory),
-    ("taints", taints),
-    ("site", site),
-    ("data_access", data_access),
-)
-# Dynamic filters read what is free now.
-DYNAMIC_FILTERS: tuple[tuple[str, Filter], ...] = (("free_gpus", free_gpus),)
+FILTERS: dict[str, Filter] = {
+    "gpu_type": gpu_type,
+    "gpu_memory": gpu_memory,
+    "taints": taints,
+    "site": site,
+    "data_access": data_access,
+}
 
 
 def pack(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
@@ -82,16 +85,9 @@ def spot_fit(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
     return 100.0 * (spot if job.preemptible else 1 - spot)
 
 
-@dataclass(frozen=True)
-class WeightedScore:
-    name: str
-    score: Score
-    weight: float
-
-
-SCORES: tuple[WeightedScore, ...] = (
-    WeightedScore("pack", pack, 3.0),
-    WeightedScore("checkpoint_locality", checkpoint_locality, 2.0),
-    WeightedScore("price", price, 1.0),
-    WeightedScore("spot_fit", spot_fit, 1.0),
-)
+SCORES: dict[str, Score] = {
+    "pack": pack,
+    "checkpoint_locality": checkpoint_locality,
+    "price": price,
+    "spot_fit": spot_fit,
+}

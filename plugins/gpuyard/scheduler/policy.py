@@ -1,157 +1,27 @@
-"""Scheduling policies: how the queue is ordered and which mechanisms a cycle may use.
+"""Scheduling policies: how the queue is ordered, which plugins and preemption rules a cycle uses,
+and which of its mechanisms.
 
-Every policy runs through the same cycle (cycle.py) and plugins; only the order and the switches
-differ. None of them reads a job's true duration: scheduling is non-clairvoyant.
+A policy is a profile, as kube-scheduler's (`default_plugins.go`): it names its filters, its scores
+with their weights, and its preemption rules, and the names are checked against the registries
+(`plugins.FILTERS`, `plugins.SCORES`, `preemption.RULES`) when it is built. A new policy is one
+`POLICIES` entry. Every policy runs through the same cycle (cycle.py). None of them reads a job's
+true duration: scheduling is non-clairvoyant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 
+from gpuyard.scheduler.plugins import FILTERS, SCORES, Filter, Score
+from gpuyard.scheduler.preemption import RULES, Rule
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+from gpuyard.scheduler.starvation import StarvationGuard
 
 # (queue, snapshot, now, ids of the starving jobs) -> the queue in the order jobs are tried
 Order = Callable[[list[PendingJob], ClusterState, datetime, frozenset[str]], list[PendingJob]]
-
-
-def dominant_share(team: str, state: ClusterState, without: int = 0) -> float:
-    """GPUs the team holds (less `without`) over its weighted nominal quota: lower is served first."""
-    quota = state.quota(team)
-    return (state.usage.get(team, 0) - without) / (max(quota.gpu_quota, 1) * quota.weight)
-
-
-@dataclass(frozen=True)
-class StarvationGuard:
-    """Bounds how long any job waits, relative to its size and to its team's quota.
-
-    A job's bound is `factor x (its run + floor_s) x max(1, share) [x max(1, demand)]`: its run is the
-    time it has held GPUs so far (attained GPU-seconds over its GPUs: its size, as far as a
-    non-clairvoyant scheduler knows it), `share` its team's GPUs in use over its weighted nominal
-    quota (`dominant_share`), and, with `overload`, `demand` the GPUs asked by the queued and running
-    jobs over the fleet's (`demand`). A job is starving once the time since it was submitted
-    exceeds its bound. Starving jobs are ordered first in their priority class, oldest first, and a
-    starving job may take GPUs from any settled attempt of no higher class that is not held, or held
-    and submitted later (with `takes_younger_only`, only from jobs submitted later) (`preemption.RULES`,
-    "starvation"); no rule lets a job that is not starving take a held attempt.
-    A running job is held while its wait exceeds `keep` x its bound (`held`): a job let in at its
-    bound is not given back to least attained service the moment its bound passes its wait again
-    (with keep 1 it was, after moments, and came back `factor x MIN_RUN_S` later, each round paying
-    its own and its victims' checkpoints: the whole Philly trace thrashed). So, while its team stays
-    within its quota and the attempts around it are preemptible and of its class, the oldest
-    starving job gets in at once, and a job finishes within about `factor x (duration + floor_s)` of
-    its submission (plus the MIN_RUN_S a victim must have run and its stop checkpoint, and waits
-    behind older starving jobs, or with `takes_younger_only` behind older jobs), in proportion longer as
-    its team is over its quota (and with `overload` as the fleet's demand exceeds its GPUs). As a job runs,
-    `keep` x its bound grows `keep x factor x stretch` times faster than its wait: it is held for
-    `held_for_s`, then an ordinary job again. Tiresias promotes a job after it waited a multiple of
-    its last run; Kueue and Slurm age priorities.
-    """
-
-    factor: float
-    floor_s: float
-    # Hysteresis: a running job stays held (taken only by older starving jobs) while its wait exceeds
-    # `keep` x its bound, so a job let in at its bound runs on until its bound is 1 / keep times its wait.
-    keep: float = 1.0
-    # Stretch every bound by the fleet's overload (`demand`, when above 1): GPUs asked by the
-    # queued and the running jobs over the fleet's GPUs. Under overload some jobs wait whatever the
-    # order; a bound that ignores it has the guard reorder what tiresias' order already serves well.
-    overload: bool = False
-    # A starving job takes GPUs only from jobs submitted after it (first come, first served among
-    # jobs past their bound and those they displace): it never evicts an older job, which would
-    # itself be closer to its own bound, and two starving gangs do not take each other's GPUs in turn.
-    takes_younger_only: bool = False
-
-    def __post_init__(self) -> None:
-        if self.factor <= 1:
-            raise ValueError(
-                f"StarvationGuard factor must be above 1 (a job would starve as it runs), got {self.factor}"
-            )
-        if self.floor_s <= 0:
-            raise ValueError(f"StarvationGuard floor_s must be positive, got {self.floor_s}")
-        if not 1 / self.factor < self.keep <= 1:
-            raise ValueError(
-                f"StarvationGuard keep must be in (1 / factor, 1] (a running job would be held for ever), "
-                f"got {self.keep}"
-            )
-
-    def demand(self, queued_gpus: float, used_gpus: float, capacity: int) -> float:
-        """The fleet's demand that stretches the bounds (with `overload`; else 1): GPUs asked by the
-        queued jobs and held by the running ones over the fleet's GPUs. Above 1 the fleet is
-        overloaded and some jobs wait whatever the order."""
-        return (queued_gpus + used_gpus) / max(capacity, 1) if self.overload else 1.0
-
-    def stretch(self, share: float, demand: float) -> float:
-        """How many times `factor` the bound is: the team's share over its quota, and (with
-        `overload`) the fleet's demand over its GPUs, each when above 1."""
-        return max(1.0, share) * (max(1.0, demand) if self.overload else 1.0)
-
-    def bound_s(self, gpus: int, attained_gpu_s: float, share: float, demand: float = 1.0) -> float:
-        return self.factor * (attained_gpu_s / max(gpus, 1) + self.floor_s) * self.stretch(share, demand)
-
-    def overdue_s(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> float:
-        """How long past its bound the job is at `now_s` (negative: how long until it)."""
-        return now_s - submitted_s - self.bound_s(gpus, attained_gpu_s, share, demand)
-
-    def starving(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> bool:
-        return self.overdue_s(submitted_s, gpus, attained_gpu_s, share, now_s, demand) > 0
-
-    def held(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> bool:
-        """Does the guard hold a running job (its wait past `keep` x its bound)? Only an older starving
-        job may take it, and no job that is not starving."""
-        return now_s - submitted_s > self.keep * self.bound_s(gpus, attained_gpu_s, share, demand)
-
-    def held_for_s(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> float:
-        """For a running job: how long it stays held, at a constant share and demand (0: it is not). Its wait
-        grows by 1 per second run, `keep` x its bound by `keep x factor x stretch`, above 1. A running
-        job that is not held never becomes so."""
-        left = now_s - submitted_s - self.keep * self.bound_s(gpus, attained_gpu_s, share, demand)
-        return max(left, 0.0) / (self.keep * self.factor * self.stretch(share, demand) - 1)
-
-    def starving_jobs(
-        self, jobs: list[PendingJob], state: ClusterState, now: datetime, demand: float = 1.0
-    ) -> frozenset[str]:
-        now_s = now.timestamp()
-        shares = {team: dominant_share(team, state) for team in {j.team for j in jobs}}
-        return frozenset(
-            j.id
-            for j in jobs
-            if self.starving(j.age[0], j.gpus, j.attained_gpu_s, shares[j.team], now_s, demand)
-        )
 
 
 def headroom(jobs: list[PendingJob], state: ClusterState) -> dict[str, int]:
@@ -211,17 +81,76 @@ def gpuyard_order(
     return sorted(jobs, key=key)
 
 
+# The plugins a policy uses unless it names others: every filter, and the scores with their weights
+# (pack weighs most: best fit keeps whole domains free for gangs).
+DEFAULT_FILTERS: tuple[str, ...] = ("gpu_type", "gpu_memory", "taints", "site", "data_access")
+DEFAULT_SCORES: tuple[tuple[str, float], ...] = (
+    ("pack", 3.0),
+    ("checkpoint_locality", 2.0),
+    ("price", 1.0),
+    ("spot_fit", 1.0),
+)
+
+
+def _known(policy: str, kind: str, names: tuple[str, ...], registry: Mapping[str, object]) -> None:
+    """Every name is in its registry, once: a misspelt plugin fails as the policy is built."""
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ValueError(
+            f"policy {policy!r}: unknown {kind} {unknown[0]!r}; expected one of {sorted(registry)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy {policy!r}: a {kind} named twice in {list(names)}")
+
+
 @dataclass(frozen=True)
 class Policy:
+    """A profile: the queue's order, the plugins and preemption rules it uses by name, and its
+    mechanisms (backfill, head reservation, quota admission, a starvation guard). Built, it holds the
+    plugins and rules themselves, looked up once."""
+
     name: str
     order: Order
-    backfill: bool  # later jobs may start when an earlier one does not fit
-    reserve_head: bool  # the first job that does not fit holds a domain so it is not starved
-    quota: bool  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
-    preempt_priority: bool  # a higher class may preempt lower-class preemptible attempts
-    preempt_las: bool  # a less-served job may preempt a more-served one (2D-LAS)
-    reclaim: bool  # a team under its nominal quota reclaims what others borrowed
+    # Preemption rules (`preemption.RULES`) it may evict by; none: it never preempts. They apply in
+    # the table's order, whatever the order named here.
+    preemption: tuple[str, ...] = ()
+    filters: tuple[str, ...] = DEFAULT_FILTERS  # `plugins.FILTERS`
+    scores: tuple[tuple[str, float], ...] = DEFAULT_SCORES  # `plugins.SCORES`, each with its weight
+    backfill: bool = True  # later jobs may start when an earlier one does not fit
+    reserve_head: bool = False  # the first gang that does not fit holds nodes so it is not starved
+    quota: bool = False  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
     starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
+    filter_plugins: tuple[Filter, ...] = field(init=False, repr=False, compare=False)
+    score_plugins: tuple[tuple[float, Score], ...] = field(init=False, repr=False, compare=False)
+    rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _known(self.name, "filter", self.filters, FILTERS)
+        _known(self.name, "score", tuple(name for name, _ in self.scores), SCORES)
+        _known(self.name, "preemption rule", self.preemption, RULES)
+        for name, weight in self.scores:
+            if weight <= 0:
+                raise ValueError(
+                    f"policy {self.name!r}: score {name!r} needs a positive weight, got {weight}"
+                )
+        if "starvation" in self.preemption and self.starvation is None:
+            raise ValueError(
+                f"policy {self.name!r}: the preemption rule 'starvation' needs a starvation guard"
+            )
+        object.__setattr__(self, "filter_plugins", tuple(FILTERS[name] for name in self.filters))
+        object.__setattr__(
+            self, "score_plugins", tuple((weight, SCORES[name]) for name, weight in self.scores)
+        )
+        object.__setattr__(
+            self, "rules", tuple(rule for rule in RULES.values() if rule.name in self.preemption)
+        )
+
+    @property
+    def preempts(self) -> bool:
+        """Does it evict at all, that is, name a preemption rule? The cycle and the simulator ask this
+        alone: without a rule the cycle never looks for victims, and the simulator keeps no
+        snapshots of running attempts."""
+        return bool(self.rules)
 
 
 # gpuyard's guard: a job starves once it has waited 15 times its run so far plus 10 minutes, x its
@@ -235,61 +164,22 @@ GPUYARD_STARVATION = StarvationGuard(factor=15.0, floor_s=600.0, overload=True, 
 POLICIES: dict[str, Policy] = {
     policy.name: policy
     for policy in (
-        Policy(
-            "fifo",
-            fifo_order,
-            backfill=False,
-            reserve_head=False,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=False,
-            reclaim=False,
-        ),
-        Policy(
-            "fifo-backfill",
-            fifo_order,
-            backfill=True,
-            reserve_head=True,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=False,
-            reclaim=False,
-        ),
-        Policy(
-            "kueue",
-            kueue_order,
-            backfill=True,
-            reserve_head=False,
-            quota=True,
-            preempt_priority=True,
-            preempt_las=False,
-            reclaim=True,
-        ),
-        Policy(
-            "tiresias",
-            las_order,
-            backfill=True,
-            reserve_head=False,
-            quota=False,
-            preempt_priority=False,
-            preempt_las=True,
-            reclaim=False,
-        ),
+        Policy("fifo", fifo_order, backfill=False),
+        Policy("fifo-backfill", fifo_order, reserve_head=True),
+        Policy("kueue", kueue_order, quota=True, preemption=("priority within team", "priority", "reclaim")),
+        Policy("tiresias", las_order, preemption=("least attained service",)),
         Policy(
             "gpuyard",
             gpuyard_order,
-            backfill=True,
-            # The guard bounds a gang's wait; a head reservation also idled GPUs for the first gang
-            # that did not fit, however little it had waited (docs/scheduler.md, "Why gpuyard lost").
-            reserve_head=False,
             quota=True,
-            preempt_priority=True,
-            preempt_las=True,
-            # A reclaim under least attained service first could take only work of the reclaiming
-            # job's queue (more-served work is taken by that rule already): equally served work,
-            # which first come, first served orders before a younger job (see gpuyard_order).
-            reclaim=False,
+            # No reclaim: under least attained service first it could take only work of the
+            # reclaiming job's queue (more-served work is taken by that rule already): equally served
+            # work, which first come, first served orders before a younger job (see gpuyard_order).
+            preemption=("priority within team", "priority", "least attained service", "starvation"),
             starvation=GPUYARD_STARVATION,
+            # No head reservation: the guard bounds a gang's wait; a head reservation also idled GPUs
+            # for the first gang that did not fit, however little it had waited (docs/scheduler.md,
+            # "Why gpuyard lost").
         ),
     )
 }

@@ -1,7 +1,8 @@
 """Preemption: which running attempts a job that cannot fit may evict, and the victim set it takes.
 
-One table of rules (`RULES`), as Kueue keeps preemption apart from admission
-(`pkg/scheduler/preemption`). Each rule states, besides its full condition, a necessary one as two
+One table of rules (`RULES`, by name), as Kueue keeps preemption apart from admission
+(`pkg/scheduler/preemption`); a policy names the rules it evicts by (`Policy.preemption`), and they
+apply in the table's order. Each rule states, besides its full condition, a necessary one as two
 ranks: the victim may be taken only if `victim_rank(victim) > job_rank(job, admitted)`. The cheap
 tests of a cycle are derived from those ranks alone: the bounds (over every running attempt: can
 any rule find a victim at all?) and the prefilter (can any rule apply to this attempt?). A new rule
@@ -23,10 +24,8 @@ from datetime import datetime
 from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
-from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.snapshot import ClusterState, Cohorts, PendingJob, RunningAttempt
-
-DomainKey = tuple[str, str, str]
+from gpuyard.scheduler.snapshot import ClusterState, Cohorts, DomainKey, PendingJob, RunningAttempt
+from gpuyard.scheduler.starvation import StarvationGuard
 
 
 class Victim(NamedTuple):
@@ -55,7 +54,7 @@ class Claim(NamedTuple):
 
     job: PendingJob
     admitted: str | None  # 'nominal', 'borrow' or None (over quota and the cohort is full)
-    starving: bool  # past its starvation bound (policy.StarvationGuard)
+    starving: bool  # past its starvation bound (starvation.StarvationGuard)
 
 
 class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
@@ -63,27 +62,28 @@ class Candidate(NamedTuple):  # a tuple: thousands are built per cycle
 
     attempt: RunningAttempt
     settled: bool  # ran at least MIN_RUN_S
-    held: bool  # held by the starvation guard (`policy.StarvationGuard.held`)
+    held: bool  # held by the starvation guard (`starvation.StarvationGuard.held`)
     unsaved_gpu_s: float
-    ranks: tuple[float, ...] = ()  # per rule of RULES (`Preemption._ranks`)
+    ranks: tuple[float, ...] = ()  # per rule of the policy (`Preemption._ranks`)
 
 
 @dataclass(frozen=True)
 class Rule:
     """When a candidate may make room for a claim: the ranks, then `allows`; the first rule of the
-    table that applies gives the reason."""
+    table that applies gives the reason. `allows` and `keeps_quota` read the policy's terms from the
+    search (`Preemption`: its quota admission, whether it evicts by least attained service, its
+    guard), not the policy: the policies are built from this table."""
 
     name: str
     reason: str  # the eviction's reason, formatted with the job's `id` and `team`
-    enabled: Callable[[Policy], bool]
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
     # Reads only the candidate's class, 2D-LAS queue, borrowed flag and starvation (memoized by them).
     victim_rank: Callable[[Candidate], float]
     job_rank: Callable[[Claim], float]
-    allows: Callable[[Claim, Candidate, Policy, ClusterState], bool]
+    allows: Callable[[Claim, Candidate, Preemption, ClusterState], bool]
     # Victims taken by this rule must not together take another team below its nominal quota (with
     # its attempts already stopping): it would then be ordered first and evict its way back.
-    keeps_quota: Callable[[Policy, Claim], bool]
+    keeps_quota: Callable[[Preemption, Claim], bool]
 
 
 def _class(candidate: Candidate) -> float:
@@ -94,7 +94,7 @@ def _job_class(claim: Claim) -> float:
     return -claim.job.priority
 
 
-def _never(policy: Policy, claim: Claim) -> bool:
+def _never(search: Preemption, claim: Claim) -> bool:
     return False
 
 
@@ -104,17 +104,19 @@ def _in_order(claim: Claim, candidate: Candidate) -> bool:
     return claim.starving or not candidate.held
 
 
-RULES: tuple[Rule, ...] = (
+LAS = "least attained service"
+
+# In order of precedence: the first rule that allows a victim names its eviction.
+_TABLE = (
     # Over quota with a full cohort, a team swaps GPUs within its own usage for a higher class (Kueue's
     # withinClusterQueue).
     Rule(
         "priority within team",
         "priority within team {team}: {id} outranks it",
-        enabled=lambda p: p.preempt_priority,
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
-        allows=lambda claim, c, p, state: claim.admitted is None and c.attempt.team == claim.job.team,
+        allows=lambda claim, c, s, state: claim.admitted is None and c.attempt.team == claim.job.team,
         keeps_quota=_never,
     ),
     # By class, Kueue's borrowWithinCohort: a job within its quota may take any lower class, a
@@ -123,25 +125,23 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "priority",
         "priority: {id} outranks it",
-        enabled=lambda p: p.preempt_priority,
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
-        allows=lambda claim, c, p, state: (
-            not p.quota or claim.admitted == "nominal" or borrowing_without(c.attempt, state)
+        allows=lambda claim, c, s, state: (
+            not s.quota or claim.admitted == "nominal" or borrowing_without(c.attempt, state)
         ),
-        keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
+        keeps_quota=lambda s, claim: s.quota and claim.admitted != "nominal",
     ),
     # 2D-LAS, of any team and whatever its quota (gpuyard orders attained service before quota), and
     # of no higher class.
     Rule(
-        "least attained service",
+        LAS,
         "least attained service: {id} has had less",
-        enabled=lambda p: p.preempt_las,
         settled=True,
         victim_rank=lambda c: c.attempt.las,
         job_rank=lambda claim: claim.job.las,
-        allows=lambda claim, c, p, state: c.attempt.priority <= claim.job.priority and _in_order(claim, c),
+        allows=lambda claim, c, s, state: c.attempt.priority <= claim.job.priority and _in_order(claim, c),
         keeps_quota=_never,
     ),
     # A team under its nominal quota takes borrowed GPUs back, from a team that stays at or above its
@@ -150,16 +150,15 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reclaim",
         "reclaim: team {team} needs its quota back",
-        enabled=lambda p: p.reclaim,
         settled=True,
         victim_rank=lambda c: 1.0 if c.attempt.borrowed else 0.0,
         job_rank=lambda claim: 0.0 if claim.admitted == "nominal" else 1.0,
-        allows=lambda claim, c, p, state: (
-            (not p.preempt_las or c.attempt.las >= claim.job.las)
+        allows=lambda claim, c, s, state: (
+            (not s.las or c.attempt.las >= claim.job.las)
             and borrowing_without(c.attempt, state)
             and _in_order(claim, c)
         ),
-        keeps_quota=lambda p, claim: True,
+        keeps_quota=lambda s, claim: True,
     ),
     # A starving job takes GPUs from any settled attempt of no higher class that the guard does not
     # hold, or holds and was submitted later (starving jobs go first, oldest first), whatever its
@@ -167,17 +166,17 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "starvation",
         "starvation: {id} waited past its bound",
-        enabled=lambda p: p.starvation is not None,
         settled=True,
         victim_rank=lambda c: 0.5 if c.held else 1.0,
         job_rank=lambda claim: 0.0 if claim.starving else 1.0,
-        allows=lambda claim, c, p, state: (
+        allows=lambda claim, c, s, state: (
             c.attempt.priority <= claim.job.priority
-            and (not (c.held or p.starvation.takes_younger_only) or c.attempt.age > claim.job.age)
+            and (not (c.held or s.younger_only) or c.attempt.age > claim.job.age)
         ),
-        keeps_quota=lambda p, claim: p.quota and claim.admitted != "nominal",
+        keeps_quota=lambda s, claim: s.quota and claim.admitted != "nominal",
     ),
 )
+RULES: dict[str, Rule] = {rule.name: rule for rule in _TABLE}
 
 
 class Preemption:
@@ -190,20 +189,28 @@ class Preemption:
         self,
         state: ClusterState,
         now: datetime,
-        policy: Policy,
+        rules: tuple[Rule, ...],
+        *,
+        quota: bool,
+        guard: StarvationGuard | None,
         starving: frozenset[str],
         demand: float = 1.0,
     ):
-        self.state, self.now, self.policy = state, now, policy
+        """`rules`, `quota` and `guard`: the policy's (`Policy.rules`, `.quota`, `.starvation`)."""
+        self.state, self.now = state, now
+        self.rules = rules  # in the table's order; ranks are per rule of these
+        self.quota = quota  # admission by team quota (Kueue semantics)
+        self.las = any(rule.name == LAS for rule in rules)  # less-served work is ordered first
+        self.guard = guard
+        self.younger_only = guard is not None and guard.takes_younger_only  # starving jobs take only them
         self.starving = starving  # ids of the pending jobs past their starvation bound
         self.demand = demand  # the fleet's demand over its GPUs (StarvationGuard.demand), for the guard
-        self.enabled = tuple(i for i, rule in enumerate(RULES) if rule.enabled(policy))
         # A job's prefilter answer per rank tuple: attempts share a few rank tuples, so a search
         # costs a lookup per attempt (cleared per search: the floors are the job's).
         self._passes: dict[tuple[float, ...], bool] = {}
         self.no_victims: set[tuple[object, ...]] = set()
         self._by_domain: dict[DomainKey, list[Candidate]] | None = None
-        self._best: list[float] = [NEVER] * len(RULES)  # per rule, the highest rank of any attempt
+        self._best: list[float] = [NEVER] * len(self.rules)  # per rule, the highest rank of any attempt
         self._domain_best: dict[DomainKey, list[float]] = {}  # the same, per domain
         self._domain_stopping: set[DomainKey] = set()  # domains with an attempt already stopping
         self._any_stopping = False
@@ -212,11 +219,10 @@ class Preemption:
     def _ranks(self, candidate: Candidate) -> tuple[float, ...]:
         """Each rule's rank of the candidate; NEVER where no rule could take it. Rules sharing a rank
         function (the two priority rules) compute it once."""
-        ranks = [NEVER] * len(RULES)
+        ranks = [NEVER] * len(self.rules)
         if candidate.attempt.preemptible:
             computed: dict[Callable[[Candidate], float], float] = {}
-            for i in self.enabled:
-                rule = RULES[i]
+            for i, rule in enumerate(self.rules):
                 if candidate.settled or not rule.settled:
                     rank = computed.get(rule.victim_rank)
                     if rank is None:
@@ -227,7 +233,7 @@ class Preemption:
     def _held(self, attempt: RunningAttempt, now_s: float, weighted: dict[str, float]) -> bool:
         """Does the starvation guard hold the attempt (at its team's share without it)? `weighted`:
         each team's weighted nominal quota, as `dominant_share` divides by it."""
-        guard = self.policy.starvation
+        guard = self.guard
         if guard is None:
             return False
         share = (self.state.usage.get(attempt.team, 0) - attempt.gpus) / weighted[attempt.team]
@@ -282,7 +288,9 @@ class Preemption:
     def may_find_victims(self, claim: Claim) -> bool:
         """False when no running attempt can be a victim of the claim under any rule: the bounds."""
         self.running_by_domain()
-        return self._any_stopping or any(self._best[i] > RULES[i].job_rank(claim) for i in self.enabled)
+        return self._any_stopping or any(
+            best > rule.job_rank(claim) for best, rule in zip(self._best, self.rules, strict=True)
+        )
 
     def mark_stopping(self, victims: list[RunningAttempt]) -> None:
         """The victims were asked to stop: later searches of this cycle count them as free-to-come."""
@@ -320,7 +328,7 @@ class Preemption:
         never asks for more. A job over quota whose cohort is full (`admitted` None) also needs its
         victims to give back enough of the cohort's quota to be admitted once they stop.
         """
-        state, policy = self.state, self.policy
+        state = self.state
         claim = Claim(job, admitted, job.id in self.starving)
         best: tuple[float, list[str], Victims] | None = None
         # Who may be evicted depends on the shape, class, 2D-LAS queue, admission and starvation of
@@ -332,13 +340,13 @@ class Preemption:
             self.no_victims.add(memo)
             return None
         by_domain = self.running_by_domain()
-        floors = [rule.job_rank(claim) for rule in RULES]
+        floors = [rule.job_rank(claim) for rule in self.rules]
         # The rules that may take some attempt of this cycle from this job (the bounds), in order.
-        active = [(i, floors[i], RULES[i]) for i in self.enabled if self._best[i] > floors[i]]
+        active = [(i, floors[i], rule) for i, rule in enumerate(self.rules) if self._best[i] > floors[i]]
         passes = self._passes
         passes.clear()
-        keeps_quota = [rule.keeps_quota(policy, claim) for rule in RULES]
-        stopping = self.stopping_by_team() if policy.quota else {}
+        keeps_quota = [rule.keeps_quota(self, claim) for rule in self.rules]
+        stopping = self.stopping_by_team() if self.quota else {}
         members, need = _quota_shortfall(job, state, cohorts, stopping) if admitted is None else (set(), 0)
         for domain, nodes in domains.items():
             attempts = by_domain.get(domain)
@@ -365,7 +373,7 @@ class Preemption:
                     continue  # the prefilter: no rule could apply
                 # The first rule of the table whose ranks and full condition let the job take it.
                 for i, floor, rule in active:
-                    if ranks[i] > floor and rule.allows(claim, candidate, policy, state):
+                    if ranks[i] > floor and rule.allows(claim, candidate, self, state):
                         victim = Victim(attempt, rule.name, rule.reason.format(id=job.id, team=job.team))
                         options.append((candidate.unsaved_gpu_s, victim, keeps_quota[i]))
                         break

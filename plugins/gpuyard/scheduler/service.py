@@ -42,7 +42,7 @@ from gpuyard.observability import logs
 from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
 from gpuyard.scheduler.waiting import CYCLE_CODES, reason_code
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
@@ -95,14 +95,23 @@ class SchedulerService:
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.lead: Lead | None = None  # this replica's lead while it has one
+        self._index: FleetIndex | None = None  # this scheduler's index of the fleet (`fleet_index`)
         self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
 
     # -- one pass ----------------------------------------------------------------------------------
 
+    def fleet_index(self) -> FleetIndex:
+        """The index of the fleet now, kept from pass to pass and built again when the fleet changes
+        (nodes come and go): what every cycle derives from the fleet alone is derived once."""
+        fleet = self.fleet_now()
+        if self._index is None or (self._index.fleet is not fleet and self._index.fleet != fleet):
+            self._index = FleetIndex(fleet)
+        return self._index
+
     def snapshot(self, now: datetime) -> tuple[list[PendingJob], ClusterState, dict[str, Job]]:
         with self.engine.connect() as conn:
-            waiting, state = inputs.read(conn, self.fleet_now(), now)
+            waiting, state = inputs.read(conn, self.fleet_index(), now)
         return [inputs.pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
 
     def schedule(self) -> CycleResult:
@@ -110,7 +119,7 @@ class SchedulerService:
         pending, state, by_id = self.snapshot(now)
         result = run_cycle(pending, state, now, self.policy)
         # One transaction per batch of gangs, each all or nothing, each batch confirming the lead
-        # (store/reservations.py); NotLeading stops the pass, as a single reserve's would.
+        # (store/reservations.py); NotLeading stops the pass, keeping the batches committed before.
         wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
         made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
         launched = []

@@ -111,14 +111,36 @@ class RunningAttempt:
         return max(0.0, now.timestamp() - self.saved_s) * self.gpus
 
 
-_DERIVED: dict[int, tuple[Fleet, dict[str, Node], dict[tuple[str, str, str], list[Node]], float]] = {}
+DomainKey = tuple[str, str, str]
+# Per job shape (and its team's allowed GPU types): each domain with enough nodes that pass the
+# filters, and those nodes.
+Eligible = dict[tuple[object, ...], dict[DomainKey, list[Node]]]
+
+
+class FleetIndex:
+    """What cycles derive from a fleet alone, built once per fleet by whoever runs them (the scheduler
+    service, the simulator) and shared by every snapshot of that fleet: nodes by name, domains, the
+    highest price, and which nodes pass a policy's filters per job shape. Filters read no free GPUs
+    (`plugins`), so their answers hold from one cycle to the next; the cycle fills them in."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self.nodes: dict[str, Node] = {node.name: node for node in fleet.nodes}
+        self.domains: dict[DomainKey, list[Node]] = fleet.domains()
+        self.highest_price = max((n.price_per_gpu_hour for n in fleet.nodes), default=0.0)
+        self.gpus = sum(n.gpus for n in fleet.nodes)
+        self._eligible: dict[tuple[str, ...], Eligible] = {}
+
+    def eligible(self, filters: tuple[str, ...]) -> Eligible:
+        """The eligible nodes found so far under these filters (by name), for the cycle to read and fill."""
+        return self._eligible.setdefault(filters, {})
 
 
 @dataclass
 class ClusterState:
     """Free GPUs per node, mutated as the cycle reserves; usage per team for quota and fair share."""
 
-    fleet: Fleet
+    index: FleetIndex
     free: dict[str, set[int]]
     quotas: dict[str, TeamQuota]
     running: list[RunningAttempt] = field(default_factory=list)
@@ -126,21 +148,16 @@ class ClusterState:
     borrowed: dict[str, int] = field(default_factory=dict)  # of which borrowed from the cohort
 
     def __post_init__(self) -> None:
-        # Derived from the (immutable) fleet alone, so shared by every snapshot of the same fleet.
-        derived = _DERIVED.get(id(self.fleet))
-        if derived is None or derived[0] is not self.fleet:
-            nodes = {node.name: node for node in self.fleet.nodes}
-            price = max((n.price_per_gpu_hour for n in self.fleet.nodes), default=0.0)
-            derived = (self.fleet, nodes, self.fleet.domains(), price)
-            if len(_DERIVED) >= 4:
-                _DERIVED.pop(next(iter(_DERIVED)))
-            _DERIVED[id(self.fleet)] = derived
-        self.nodes: dict[str, Node] = derived[1]
-        self.domains: dict[tuple[str, str, str], list[Node]] = derived[2]
-        self.highest_price = derived[3]
+        self.nodes = self.index.nodes
+        self.domains = self.index.domains
+        self.highest_price = self.index.highest_price
         # Free GPUs per domain, counted on first use and kept by take/give_back: read for every
         # candidate placement. Change `free` directly only before that first use (snapshot building).
-        self._domain_free: dict[tuple[str, str, str], int] | None = None
+        self._domain_free: dict[DomainKey, int] | None = None
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.index.fleet
 
     def fleet_domain(self, node: Node) -> list[Node]:
         return self.domains[node.domain_key]
@@ -148,7 +165,7 @@ class ClusterState:
     def free_in(self, nodes: list[Node]) -> int:
         return sum(len(self.free[n.name]) for n in nodes)
 
-    def domain_free(self) -> dict[tuple[str, str, str], int]:
+    def domain_free(self) -> dict[DomainKey, int]:
         if self._domain_free is None:
             self._domain_free = {d: self.free_in(nodes) for d, nodes in self.domains.items()}
         return self._domain_free
@@ -158,8 +175,8 @@ class ClusterState:
             self._domain_free[(placement.site, placement.cluster, placement.domain)] += change
 
     @classmethod
-    def empty(cls, fleet: Fleet, quotas: dict[str, TeamQuota]) -> ClusterState:
-        return cls(fleet=fleet, free={n.name: set(range(n.gpus)) for n in fleet.nodes}, quotas=quotas)
+    def empty(cls, index: FleetIndex, quotas: dict[str, TeamQuota]) -> ClusterState:
+        return cls(index=index, free={n.name: set(range(n.gpus)) for n in index.fleet.nodes}, quotas=quotas)
 
     def take(self, team: str, placement: Placement, *, borrowed: bool) -> None:
         for piece in placement.slices:

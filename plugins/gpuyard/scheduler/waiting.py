@@ -19,7 +19,7 @@ from gpuyard.domain.fleet import Fleet
 from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import NO_ROOM, OVER_QUOTA, STOPPING, run_cycle
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.snapshot import ClusterState, PendingJob
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
 
 CODES = ("quota", "no-room", "reservation", "starting", "behind", "backoff", "cancelling", "other")
 _CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", STOPPING: "reservation"}
@@ -49,8 +49,9 @@ def reason_code(text: str) -> str:
 
 
 def snapshot(conn: Connection, fleet: Fleet, now: datetime) -> tuple[list[PendingJob], ClusterState]:
-    """What a scheduling pass sees: the schedulable jobs and the cluster (SchedulerService.snapshot)."""
-    waiting, state = inputs.read(conn, fleet, now)
+    """What a scheduling pass sees: the schedulable jobs and the cluster (SchedulerService.snapshot).
+    A reading of its own: it indexes the fleet afresh, as one cycle costs far more."""
+    waiting, state = inputs.read(conn, FleetIndex(fleet), now)
     return [inputs.pending_job(job) for job in waiting], state
 
 

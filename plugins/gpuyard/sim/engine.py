@@ -28,8 +28,9 @@ from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
-from gpuyard.scheduler.policy import Policy, StarvationGuard
-from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, PendingJob, RunningAttempt
+from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
+from gpuyard.scheduler.starvation import StarvationGuard
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
@@ -220,7 +221,9 @@ class Simulator:
     progress: Callable[[int], None] | None = None  # called with the number of jobs just finished
 
     def __post_init__(self) -> None:
-        self.nodes: dict[str, Node] = {n.name: n for n in self.fleet.nodes}
+        # What its cycles derive from the fleet alone, built once for the whole replay.
+        self.index = FleetIndex(self.fleet)
+        self.nodes: dict[str, Node] = self.index.nodes
         self.free: dict[str, set[int]] = {n.name: set(range(n.gpus)) for n in self.fleet.nodes}
         self.down: set[str] = set()
         self.owner: dict[tuple[str, int], str] = {}  # (node, gpu) -> attempt id: the lease table
@@ -236,7 +239,7 @@ class Simulator:
         self.usage: dict[str, int] = {}
         self.borrowed: dict[str, int] = {}
         self.events: list[tuple[float, int, int, object]] = []
-        # When a queued job passes its starvation bound (policy.StarvationGuard), a cycle must run then
+        # When a queued job passes its starvation bound (starvation.StarvationGuard), a cycle must run then
         # even if nothing else happens: (instant, seq, job id, when it was queued).
         self.wakes: list[tuple[float, int, str, float]] = []
         self.seq = 0
@@ -244,10 +247,10 @@ class Simulator:
         self.done: list[JobResult] = []
         self.rng = {n.name: random.Random(f"{self.config.seed}:{n.name}") for n in self.fleet.nodes}
         self.max_per_node = max((n.gpus for n in self.fleet.nodes), default=0)
-        self.domains = self.fleet.domains()
+        self.domains = self.index.domains
         self.models = sorted({n.gpu_type for n in self.fleet.nodes})
-        self.capacity = sum(n.gpus for n in self.fleet.nodes)
-        self.preempting = self.policy.preempt_priority or self.policy.preempt_las or self.policy.reclaim
+        self.capacity = self.index.gpus
+        self.preempting = self.policy.preempts
         # What cycles see of running attempts, rebuilt when it changes (see _next_change).
         self.snapshots: dict[str, RunningAttempt] = {}
         self.stale: list[tuple[float, int, _Attempt]] = []
@@ -549,7 +552,7 @@ class Simulator:
         if not self.preempting and free_now < min(self.queued_sizes):
             return  # nothing can start and nothing may be preempted: the cycle would only wait
         state = ClusterState(
-            fleet=self.fleet,
+            index=self.index,
             free={name: (set() if name in self.down else set(g)) for name, g in self.free.items()},
             quotas=self.quotas,
             running=self._running_list(t) if self.preempting else [],

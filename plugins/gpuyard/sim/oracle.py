@@ -26,13 +26,4 @@ def oracle_sjf(durations_s: Mapping[str, float]) -> Policy:
     ) -> list[PendingJob]:
         return sorted(jobs, key=lambda j: (durations_s[j.id], j.age))
 
-    return Policy(
-        ORACLE_SJF,
-        order,
-        backfill=True,
-        reserve_head=False,
-        quota=False,
-        preempt_priority=False,
-        preempt_las=False,
-        reclaim=False,
-    )
+    return Policy(ORACLE_SJF, order)  # backfill, no quotas, no preemption rules

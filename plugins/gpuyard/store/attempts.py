@@ -1,5 +1,6 @@
-"""Attempts and leases: reserve (attempt + one lease per GPU, one transaction, fencing token),
-heartbeats and launcher renewals, checkpoint records, the end of an attempt, and expiry.
+"""Attempts and leases once reserved: heartbeats and launcher renewals, checkpoint records, the end
+of an attempt, and expiry. Reserving (attempt + one lease per GPU + fencing token) is
+`store/reservations.py`'s, the one path the scheduler and the tests take.
 
 Lock order, the same in every transaction (docs/concepts.md): the job's row, then its attempt's
 row, then the attempt's lease rows (then the fencing counter). A function that changes an attempt
@@ -12,33 +13,26 @@ written and reaped with one clock whatever the skew of the processes' own.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, delete, func, select, tuple_, update
 
 from gpuyard.domain.model import Attempt, Job
-from gpuyard.domain.placement import Placement
 from gpuyard.domain.retry import after_attempt, attribute
 from gpuyard.domain.states import (
     TERMINAL_ATTEMPT_STATES,
     AttemptState,
     JobState,
-    StaleState,
     StopReason,
 )
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
-from gpuyard.store import leadership
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
-from gpuyard.store.leadership import Lead
 from gpuyard.store.outbox import append_event
-from gpuyard.store.tables import attempts, fencing, jobs, leases
+from gpuyard.store.tables import attempts, jobs, leases
 from gpuyard.store.transitions import move_attempt, move_job
 
 LIVE_STATES = (AttemptState.CREATED, AttemptState.LAUNCHING, AttemptState.RUNNING)
@@ -65,96 +59,6 @@ class Beat:
     action: str  # continue | checkpoint_and_stop
     job: Job
     attempt: Attempt
-
-
-def _insert(conn: Connection, table: Any) -> Any:
-    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
-
-
-def next_fencing_token(conn: Connection) -> int:
-    """A strictly increasing number shared by every scheduler replica."""
-    conn.execute(_insert(conn, fencing).values(name="leases", value=0).on_conflict_do_nothing())
-    value = conn.execute(
-        update(fencing)
-        .where(fencing.c.name == "leases")
-        .values(value=fencing.c.value + 1)
-        .returning(fencing.c.value)
-    ).scalar_one()
-    return int(value)
-
-
-def reserve(
-    engine: Engine,
-    job_id: str,
-    placement: Placement,
-    *,
-    borrowed: bool,
-    at: datetime,
-    lease_ttl_s: float,
-    lead: Lead | None = None,
-) -> Attempt | None:
-    """Create the attempt and lease every GPU of the placement in ONE transaction.
-
-    Returns None, changing nothing, when the job is no longer PENDING or a GPU is already leased:
-    the primary key of `leases` (node, gpu) makes a double lease impossible. With `lead`, raises
-    NotLeading, changing nothing, unless that lead is still current (`leadership.confirm`).
-    """
-    try:
-        with engine.begin() as conn:
-            if lead is not None:
-                leadership.confirm(conn, lead, now=at)
-            job = get(conn, job_id, lock=True)
-            if job is None or job.state != JobState.PENDING:
-                return None
-            token = next_fencing_token(conn)
-            number = job.attempt_count + 1
-            # unguessable: with the fencing token it is the worker's credential for heartbeats
-            attempt_id = f"{job_id}-a{number}-{secrets.token_hex(8)}"
-            expires = at + timedelta(seconds=lease_ttl_s)
-            conn.execute(
-                insert(attempts).values(
-                    id=attempt_id,
-                    job_id=job_id,
-                    number=number,
-                    state=AttemptState.CREATED.value,
-                    fencing_token=token,
-                    placement=placement.to_json(),
-                    borrowed=borrowed,
-                    checkpoint_url=job.checkpoint_url,
-                    checkpoint_step=job.checkpoint_step,
-                    lease_expires_at=expires,
-                    created_at=at,
-                    updated_at=at,
-                )
-            )
-            conn.execute(
-                insert(leases),
-                [
-                    {
-                        "node": piece.node,
-                        "gpu_index": gpu,
-                        "attempt_id": attempt_id,
-                        "fencing_token": token,
-                        "expires_at": expires,
-                    }
-                    for piece in placement.slices
-                    for gpu in piece.gpu_indices
-                ]
-                or [],
-            )
-            move_job(
-                conn,
-                job_id,
-                JobState.PENDING,
-                JobState.SCHEDULED,
-                at=at,
-                attempt_id=attempt_id,
-                reason=f"attempt {number} on {', '.join(placement.nodes)}",
-                changes={"attempt_count": number},
-            )
-            return attempt_from_row(conn.execute(select(attempts).where(attempts.c.id == attempt_id)).one())
-    except (IntegrityError, StaleState):
-        return None
 
 
 _JOB = "job__"  # the prefix of the job's columns where attempts are read joined with their jobs

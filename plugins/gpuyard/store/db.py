@@ -24,6 +24,8 @@ from psycopg.errors import _WaitTimeout  # psycopg >= 3.2: raised by Connection.
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from gpuyard.settings import DB_IDLE_IN_TRANSACTION_S, DB_KEEPALIVE_S, DB_STATEMENT_TIMEOUT_S, Settings
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The server's own cancel (statement_timeout) comes first; the client waits this much longer for it.
 CLIENT_MARGIN_S = 5.0
@@ -34,10 +36,18 @@ MIGRATION_WAIT_S = 3600.0
 class DbBounds:
     """How long a PostgreSQL connection may wait, in seconds (settings: `db_*_seconds`)."""
 
-    statement_timeout_s: float = 10.0
-    idle_in_transaction_s: float = 60.0
-    keepalive_s: float = 10.0
+    statement_timeout_s: float = DB_STATEMENT_TIMEOUT_S
+    idle_in_transaction_s: float = DB_IDLE_IN_TRANSACTION_S
+    keepalive_s: float = DB_KEEPALIVE_S
     connect_timeout_s: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DbBounds:
+        return cls(
+            statement_timeout_s=settings.db_statement_timeout_seconds,
+            idle_in_transaction_s=settings.db_idle_in_transaction_seconds,
+            keepalive_s=settings.db_keepalive_seconds,
+        )
 
     def __post_init__(self) -> None:
         for name in ("statement_timeout_s", "idle_in_transaction_s", "keepalive_s", "connect_timeout_s"):

@@ -1,11 +1,14 @@
-"""Batched reserve: many placements of one cycle, one transaction per batch, all-or-nothing per gang.
+"""Reserve: the placements of one cycle become attempts, one transaction per batch, all-or-nothing
+per gang. The store's only way to create an attempt, for the scheduler and the tests alike.
 
-Each placement becomes what a single reserve writes: an attempt row (CREATED, a fresh fencing token
-from the shared counter, an unguessable id), one `leases` row per GPU, whose primary key (node,
-gpu_index) makes a double lease impossible, and its job moved PENDING -> SCHEDULED with its event, in
-the same transaction. A gang whose job is no longer PENDING, or one of whose GPUs is already leased
-(by another replica, or by an earlier gang of the same batch), gets None and leaves no row behind;
-the rest of the batch goes on.
+Each placement becomes an attempt row (CREATED, a fresh fencing token from the shared counter, an
+unguessable id), one `leases` row per GPU, whose primary key (node, gpu_index) makes a double lease
+impossible, and its job moved PENDING -> SCHEDULED with its event, in the same transaction. With
+`lead`, the transaction first confirms the scheduler's lead and holds the lease row until it commits
+(`leadership.confirm`): a replica that lost the lead reserves nothing, and the lead cannot change
+hands while a reservation under it commits. A gang whose job is no longer PENDING, or one of whose
+GPUs is already leased (by another replica, or by an earlier gang of the same batch), gets None and
+leaves no row behind; the rest of the batch goes on.
 
 Set-based, so a batch costs a few statements, not a transaction (and several statements) per attempt:
 its jobs are locked first, in id order (every transaction of the store locks a job before its
@@ -15,9 +18,8 @@ order, so two batches wanting the same GPUs cannot deadlock either, and with ON 
 the gangs that did not get every GPU are deleted again, and the others' jobs move in one guarded
 statement (`transitions.move_jobs`).
 
-Leases expire at `at` plus the lease period, as a single reserve writes them
-(`store.attempts.reserve`): `at` is the database's time in production (the service's clock is
-`store.dbclock.DatabaseClock`), so leases are written and reaped with one clock.
+Leases expire at `at` plus the lease period: `at` is the database's time in production (the
+service's clock is `store.dbclock.DatabaseClock`), so leases are written and reaped with one clock.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import parse_qs, quote
 
@@ -22,7 +23,6 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuyard.airflow.ui import mlflow_links, pages
 from gpuyard.client import ApiError, Endpoint, GpuyardClient
-from gpuyard.clock import utcnow
 
 COOKIE = "gpuyard_token"
 FRAGMENT_HEADER = "x-gpuyard-fragment"  # the page's script refreshes <main> alone
@@ -120,7 +120,7 @@ def create_app(
             return pages.job_page(
                 base(request),
                 found,
-                utcnow(),
+                datetime.now(UTC),
                 (shown, _logs(c, job_id, shown)),
                 job_links(found, airflow_url, mlflow_ui_url()),
                 waiting[0] if waiting else None,

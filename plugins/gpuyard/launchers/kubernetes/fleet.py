@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.units import parse_bytes, parse_cpu
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.settings.kubernetes import KubernetesConfig
 
 
 def dns_name(value: str, fallback: str) -> str:

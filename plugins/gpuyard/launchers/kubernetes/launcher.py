@@ -34,8 +34,8 @@ from kubernetes.client.exceptions import ApiException
 from gpuyard.clock import Clock, utcnow
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.launchers.kubernetes import manifests as m
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
 from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, gone_fate, pod_fate
+from gpuyard.settings.kubernetes import KubernetesConfig
 
 log = logging.getLogger(__name__)
 

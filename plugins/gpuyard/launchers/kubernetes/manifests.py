@@ -23,7 +23,7 @@ from typing import Any
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.units import parse_bytes, parse_cpu
 from gpuyard.launchers.base import LaunchRequest
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
+from gpuyard.settings.kubernetes import KubernetesConfig
 
 Manifest = dict[str, Any]
 

@@ -3,6 +3,11 @@
 `profile` picks the embedded parts (SQLite, in-process bus, local launcher) or the production
 parts (PostgreSQL, Redis Streams, Kubernetes) of DESIGN.md section 6; every part can be set on its
 own, and combinations that cannot work are refused at start with the setting named.
+
+The ground floor: plain values, importing nothing of gpuyard but its domain types. The parts take
+their settings when `services.py` composes them, and it is there that the names a setting gives a
+part (`launcher`, `scheduler_policy`) are checked against the parts' registries. Defaults of parts
+that are also built without settings (the bus's and the store's bounds) live here, once.
 """
 
 from __future__ import annotations
@@ -12,18 +17,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gpuyard.bus import redis_streams
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.domain.tokens import TokenPolicy
-from gpuyard.launchers.kubernetes.config import KubernetesConfig
-from gpuyard.launchers.registry import LAUNCHERS
-from gpuyard.launchers.worker_env import WorkerUsers
-from gpuyard.observability import logs
-from gpuyard.store.db import DbBounds
+from gpuyard.settings.kubernetes import KubernetesConfig
+
+# Bounds on waiting (docs/faults.md), the defaults of RedisStreamsBus and DbBounds too.
+BUS_TIMEOUT_S = 5.0
+DB_STATEMENT_TIMEOUT_S = 10.0
+DB_IDLE_IN_TRANSACTION_S = 60.0
+DB_KEEPALIVE_S = 10.0
+
+# Who local workers run as (launchers/worker_env.py).
+WorkerUsers = Literal["auto", "on", "off"]
 
 
 class SettingsError(ValueError):
@@ -65,7 +74,9 @@ class Settings(BaseSettings):
     bus: Literal["memory", "redis"] | None = None
     redis_url: str | None = None
     redis_stream: str = Field("gpuyard:events", min_length=1, description="Stream the relay publishes to.")
-    launcher: str | None = Field(None, description="A name in the launcher registry (LAUNCHERS).")
+    launcher: str | None = Field(
+        None, description="A name in the launcher registry (LAUNCHERS), checked where the parts are composed."
+    )
     fleet_file: Path | None = None
     local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")
     default_quota: TeamQuota = Field(default_factory=TeamQuota)
@@ -95,22 +106,26 @@ class Settings(BaseSettings):
     )
     # Bounds on waiting (docs/faults.md: what each component does when they fire).
     db_statement_timeout_seconds: float = Field(
-        DbBounds.statement_timeout_s,
+        DB_STATEMENT_TIMEOUT_S,
         ge=1,
         description="PostgreSQL cancels a statement running longer; the client gives up 5 s after.",
     )
     db_idle_in_transaction_seconds: float = Field(
-        DbBounds.idle_in_transaction_s, ge=1, description="A session idle inside a transaction is ended."
+        DB_IDLE_IN_TRANSACTION_S, ge=1, description="A session idle inside a transaction is ended."
     )
     db_keepalive_seconds: float = Field(
-        DbBounds.keepalive_s, ge=1, description="TCP keepalive: an idle connection is probed after this."
+        DB_KEEPALIVE_S, ge=1, description="TCP keepalive: an idle connection is probed after this."
     )
     bus_timeout_seconds: float = Field(
-        redis_streams.TIMEOUT_S, gt=0, description="Longest wait for Redis: connecting and each command."
+        BUS_TIMEOUT_S, gt=0, description="Longest wait for Redis: connecting and each command."
     )
     lease_seconds: float = Field(60.0, ge=1, description="Lease period: a worker silent this long is LOST.")
     grace_seconds: float = Field(30.0, ge=0, description="Time a worker has to checkpoint when told to stop.")
-    scheduler_policy: str = Field("gpuyard", description="fifo, fifo-backfill, kueue, tiresias or gpuyard.")
+    scheduler_policy: str = Field(
+        "gpuyard",
+        description="A policy in the scheduler's POLICIES (fifo, kueue, gpuyard, ...), checked where the "
+        "parts are composed.",
+    )
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     api_url: str | None = Field(
         None, description="URL workers use to reach the API; default: where it listens."
@@ -140,13 +155,6 @@ class Settings(BaseSettings):
             raise SettingsError(f"GPUYARD_CONFIG points at {path}, which does not exist")
         return (init_settings, env_settings, _YamlFile(settings_cls, path))
 
-    @field_validator("launcher")
-    @classmethod
-    def _registered_launcher(cls, name: str | None) -> str | None:
-        if name is not None and name not in LAUNCHERS:
-            raise ValueError(f"expected one of {sorted(LAUNCHERS)}, got {name!r}")
-        return name
-
     @model_validator(mode="after")
     def _resolve(self) -> Settings:
         production = self.profile == "production"
@@ -173,17 +181,6 @@ class Settings(BaseSettings):
         if self.fleet_file is not None and not self.fleet_file.exists():
             raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
         return self
-
-    def configure_logging(self) -> None:
-        """The logging of a server process (api, scheduler, relay, up, migrate)."""
-        logs.configure(self.log_level, str(self.log_format))
-
-    def db_bounds(self) -> DbBounds:
-        return DbBounds(
-            statement_timeout_s=self.db_statement_timeout_seconds,
-            idle_in_transaction_s=self.db_idle_in_transaction_seconds,
-            keepalive_s=self.db_keepalive_seconds,
-        )
 
     @property
     def is_sqlite(self) -> bool:

@@ -1,7 +1,8 @@
 """Settings of the Kubernetes launcher: namespaces, identities, isolation, node labels, secrets, timeouts.
 
-Added to the settings object as `settings.kubernetes`; every field has a default that matches a
-cluster running the NVIDIA device plugin and GPU feature discovery with the well-known topology labels.
+Plain values, the settings object's `settings.kubernetes`; the launcher (launchers/kubernetes/) reads
+them. Every field has a default that matches a cluster running the NVIDIA device plugin and GPU
+feature discovery with the well-known topology labels.
 """
 
 from __future__ import annotations
