@@ -4,7 +4,10 @@ A throwaway database on the server of --postgres (dropped afterwards), migrated;
 --nodes nodes x 8 GPUs in domains of 4 (a quarter spot); --jobs PENDING jobs of 1 to 8 GPUs spread
 over the teams, inserted in one transaction. The API runs under uvicorn; the page's app calls it
 through the HTTP client as a platform admin. Measures (median of --repeat):
-- `GET /v1/queue` cold: the cycle's reasons computed afresh (the cache emptied before each call);
+- the scheduler recording every job's reason, as a new leader's first pass does (`record_ms`: one
+  cycle's reasons, nothing placed, written through scheduler/waiting.py's recorder);
+- `GET /v1/queue` cold: the queue and the recorded reasons read afresh (the cache emptied before each
+  call);
 - `GET /v1/queue` warm, filtered by reason, and its last page (offset jobs - 50);
 - `GET /v1/fleet` and `GET /v1/metrics/series` (24 h, 48 steps);
 - the page itself (queue and fleet, server-rendered), end to end through the client.
@@ -33,14 +36,20 @@ from gpuyard.airflow.ui.app import COOKIE
 from gpuyard.airflow.ui.app import create_app as create_page
 from gpuyard.api.app import create_app
 from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.spec import JobSpec
+from gpuyard.scheduler import inputs
+from gpuyard.scheduler.cycle import run_cycle
+from gpuyard.scheduler.policy import POLICIES
+from gpuyard.scheduler.snapshot import FleetIndex
+from gpuyard.scheduler.waiting import WaitRecorder, reasons
 from gpuyard.settings import load_settings
 from gpuyard.sim.fleet_builder import standard_fleet
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.jobs import new_job_row
 from gpuyard.store.tables import jobs as jobs_table
-from sqlalchemy import insert
+from sqlalchemy import Engine, insert
 
 
 def median_ms(call: Callable[[], object], repeat: int, before: Callable[[], None] = lambda: None) -> float:
@@ -69,6 +78,19 @@ def main() -> None:
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin_conn:
             admin_conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def record_reasons(engine: Engine, fleet: Fleet) -> float:
+    """What the scheduler's pass records for the page to read: each job's reason after one cycle (nothing
+    is reserved here, so every job stays waiting). Returns the milliseconds the writing took."""
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        waiting, state = inputs.read(conn, FleetIndex(fleet), now)
+    by_id = {job.id: job for job in waiting}
+    result = run_cycle([inputs.pending_job(job) for job in waiting], state, now, POLICIES["gpuyard"])
+    started = time.perf_counter()
+    WaitRecorder(engine).record(reasons(result, by_id), by_id, at=now, lead=None)
+    return (time.perf_counter() - started) * 1000
 
 
 def run(url: str, args: argparse.Namespace) -> None:
@@ -103,7 +125,9 @@ def run(url: str, args: argparse.Namespace) -> None:
         conn.execute(insert(jobs_table), rows)
     home = Path(tempfile.mkdtemp(prefix="gpuyard-ui-bench-"))
     settings = load_settings(home=home, database_url=url, profile="embedded")
-    api = create_app(settings, engine, fleet=standard_fleet(nodes=args.nodes))
+    fleet = standard_fleet(nodes=args.nodes)
+    record_ms = record_reasons(engine, fleet)
+    api = create_app(settings, engine, fleet=fleet)
     context = api.state.context
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -125,7 +149,7 @@ def run(url: str, args: argparse.Namespace) -> None:
     warm = median_ms(lambda: get("/v1/queue"), args.repeat)
     filtered = median_ms(lambda: get("/v1/queue", reason="no-room", team="team3"), args.repeat)
     last = median_ms(lambda: get("/v1/queue", offset=max(0, args.jobs - 50)), args.repeat)
-    fleet = median_ms(lambda: get("/v1/fleet"), args.repeat)
+    fleet_ms = median_ms(lambda: get("/v1/fleet"), args.repeat)
     series = median_ms(lambda: get("/v1/metrics/series", hours=24, steps=48), args.repeat)
     page = TestClient(create_page(lambda: base))
     page.cookies.set(COOKIE, token)
@@ -136,8 +160,9 @@ def run(url: str, args: argparse.Namespace) -> None:
 
     page_ms = median_ms(render, args.repeat)
     print(
-        f"RESULT jobs={args.jobs} nodes={args.nodes} queue_cold_ms={cold:.0f} queue_warm_ms={warm:.0f} "
-        f"queue_filtered_ms={filtered:.0f} queue_last_page_ms={last:.0f} fleet_ms={fleet:.0f} "
+        f"RESULT jobs={args.jobs} nodes={args.nodes} record_ms={record_ms:.0f} queue_cold_ms={cold:.0f} "
+        f"queue_warm_ms={warm:.0f} queue_filtered_ms={filtered:.0f} queue_last_page_ms={last:.0f} "
+        f"fleet_ms={fleet_ms:.0f} "
         f"series_ms={series:.0f} page_ms={page_ms:.0f}"
     )
     http.close()

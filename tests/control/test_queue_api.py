@@ -5,18 +5,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from gpuyard.api.context import Refreshed
 from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.spec import parse_spec
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
 from gpuyard.platform_series import series
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings import Settings
+from gpuyard.store import jobs as job_store
+from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
+from gpuyard.store import waits as wait_store
+from gpuyard.store.leadership import NotLeading
 from gpuyard.store.tables import jobs
 from servers import wait_until
 from sqlalchemy import Engine, update
 
 from .conftest import EXAMPLE_SPEC, bearer
+from .test_scheduler_service import RecordingLauncher
 
 
 def _submit(api: TestClient, token: str, team: str, name: str, priority: str = "normal") -> str:
@@ -26,12 +36,13 @@ def _submit(api: TestClient, token: str, team: str, name: str, priority: str = "
     return str(response.json()["id"])
 
 
-def test_queue_says_why_each_job_waits_scoped_to_the_caller(
-    api: TestClient, engine: Engine, make_token: Callable[..., str]
+def test_queue_says_why_each_job_waits_as_the_scheduler_recorded_it_scoped_to_the_caller(
+    api: TestClient, engine: Engine, settings: Settings, make_token: Callable[..., str]
 ) -> None:
     a, b, admin = make_token("a"), make_token("b"), make_token("ops", "platform-admin")
     first_a = _submit(api, a, "a", "a-1", "high")
     second_a = _submit(api, a, "a", "a-2")
+    third_a = _submit(api, a, "a", "a-3")
     b_jobs = [_submit(api, b, "b", f"b-{i}") for i in range(3)]
     backoff = b_jobs[2]
     with engine.begin() as conn:  # team b may no longer hold a GPU (and has no cohort to borrow from)
@@ -40,37 +51,73 @@ def test_queue_says_why_each_job_waits_scoped_to_the_caller(
             update(jobs).where(jobs.c.id == backoff).values(not_before=datetime.now(UTC) + timedelta(hours=1))
         )
 
-    everything = api.get("/v1/queue", headers=bearer(admin)).json()
-    by_id = {item["id"]: item for item in everything["items"]}
-    assert everything["total"] == 5 and everything["policy"] == "gpuyard"
-    assert everything["items"][0]["id"] == first_a  # high priority first
-    assert by_id[first_a]["priority"] == "high"
-    assert by_id[backoff]["reason"] == "backoff"
+    def everything() -> dict[str, Any]:
+        api.app.state.context.queue_view.clear()  # type: ignore[attr-defined]  # no cached reading
+        return dict(api.get("/v1/queue", headers=bearer(admin)).json())
+
+    before = everything()  # no pass has run: the API computes no reasons of its own
+    assert {item["reason"] for item in before["items"]} == {"unseen", "backoff"}
+
+    # One pass on the two CPU slots: a-1 (high) and a-2 are placed and leave the queue.
+    scheduler = SchedulerService(engine, RecordingLauncher(), settings.fleet(), api_url=lambda: "http://api")
+    scheduler.schedule()
+    queue = everything()
+    by_id = {item["id"]: item for item in queue["items"]}
+    assert first_a not in by_id and second_a not in by_id
+    assert queue["total"] == 4 and queue["policy"] == "gpuyard"
+    assert queue["items"][0]["id"] == third_a  # team a's priority ahead of b's, then age
+    assert by_id[third_a]["reason"] == "no-room" and by_id[third_a]["reason_since"] is not None
+    assert [by_id[j]["reason"] for j in b_jobs[:2]] == ["quota", "quota"]
+    assert by_id[backoff]["reason"] == "backoff" and by_id[backoff]["reason_since"] is None
     assert "retry backoff until" in by_id[backoff]["reason_text"]
-    # Two CPU slots: both of team a's jobs fit now; team b's are over its quota.
-    assert [by_id[j]["reason"] for j in (first_a, second_a, *b_jobs[:2])] == [
-        "starting",
-        "starting",
-        "quota",
-        "quota",
-    ]
-    assert {t["name"]: (t["gpu_quota"], t["waiting_jobs"]) for t in everything["teams"]}["b"] == (0, 3)
+    teams = {t["name"]: t for t in queue["teams"]}
+    assert (teams["b"]["gpu_quota"], teams["b"]["waiting_jobs"]) == (0, 3)
+    assert (teams["a"]["used_gpus"], teams["a"]["waiting_jobs"]) == (2, 1)
+
+    # A second pass with nothing changed writes nothing: the reasons keep their time.
+    scheduler.schedule()
+    assert everything()["items"][0]["reason_since"] == by_id[third_a]["reason_since"]
 
     mine = api.get("/v1/queue", headers=bearer(a)).json()
-    assert {item["team"] for item in mine["items"]} == {"a"} and mine["total"] == 2
+    assert {item["team"] for item in mine["items"]} == {"a"} and mine["total"] == 1
     assert [t["name"] for t in mine["teams"]] == ["a"]
     assert api.get("/v1/queue", params={"team": "b"}, headers=bearer(a)).json()["total"] == 0
 
     only_quota = api.get("/v1/queue", params={"reason": "quota"}, headers=bearer(admin)).json()
-    assert only_quota["total"] == everything["reasons"]["quota"]
+    assert only_quota["total"] == queue["reasons"]["quota"] == 2
     assert {item["reason"] for item in only_quota["items"]} == {"quota"}
     page = api.get("/v1/queue", params={"offset": 1, "limit": 2}, headers=bearer(admin)).json()
-    assert [i["id"] for i in page["items"]] == [i["id"] for i in everything["items"][1:3]]
+    assert [i["id"] for i in page["items"]] == [i["id"] for i in queue["items"][1:3]]
     one = api.get("/v1/queue", params={"job": backoff}, headers=bearer(admin)).json()
     assert [i["id"] for i in one["items"]] == [backoff] and one["total"] == 1
     assert api.get("/v1/queue", params={"job": backoff}, headers=bearer(a)).json()["items"] == []  # b's job
     bad = api.get("/v1/queue", params={"reason": "bored"}, headers=bearer(admin))
     assert bad.status_code == 422 and "reason" in bad.json()["errors"][0]["path"]
+
+
+def test_a_replica_that_lost_the_lead_records_no_reasons(
+    engine: Engine, settings: Settings, make_token: Callable[..., str]
+) -> None:
+    make_token("a")  # team a exists
+    job, _ = job_store.submit(
+        engine,
+        parse_spec(EXAMPLE_SPEC),
+        idempotency_key=None,
+        created_by="t",
+        at=datetime.now(UTC),
+    )
+    lead = leadership.hold(engine, "scheduler", "old", now=datetime.now(UTC), ttl_s=0.0)
+    assert lead is not None
+    scheduler = SchedulerService(engine, RecordingLauncher(), settings.fleet(), api_url=lambda: "http://api")
+    scheduler.lead = lead  # a lead that has already passed (no lease time)
+    with pytest.raises(NotLeading):
+        scheduler.schedule()
+    with engine.connect() as conn:
+        assert wait_store.read(conn) == {}
+    scheduler.lead = None
+    scheduler.schedule()
+    with engine.connect() as conn:
+        assert wait_store.read(conn)[job.id].reason.code == "starting"  # placed by this pass
 
 
 def test_series_cuts_the_window_into_steps_scoped_to_the_caller(

@@ -1,11 +1,12 @@
 """/v1/queue: the waiting jobs in queue order, each with why it waits as the scheduler says it, and
 the teams' quota, borrowing and use. Filtered and paged on the server (fast with 10,000 waiting).
 
-The reasons come from the pure cycle run on the store's snapshot (scheduler/waiting.py). That read
-costs what a scheduling pass's does (seconds at 10,000 jobs), so the queue and its reasons are
-read together once for every caller and refreshed in the background at most every
-QUEUE_TTL_S (api/context.py `Refreshed`): a request filters and pages in memory, and sees the queue
-as it was at most that long ago. Members see their team's jobs and team only; admins every team.
+The reasons are the scheduler's: its pass records why each job waits as it decides (store/waits.py),
+and this reads the record with the queue's rows (domain/waiting.py `row_reason`); the API never runs
+a cycle. The queue and its reasons are read together once for every caller and refreshed in the
+background at most every QUEUE_TTL_S (api/context.py `Refreshed`): a request filters and pages in
+memory, and sees the queue as it was at most that long ago. Members see their team's jobs and team
+only; admins every team.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pydantic import BaseModel, Field
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES
 from gpuyard.domain.spec import PRIORITY_CLASSES
-from gpuyard.scheduler.policy import POLICIES
-from gpuyard.scheduler.waiting import CODES, QueueView, read_queue, row_reason
+from gpuyard.domain.waiting import CODES, RecordedReason, row_reason
+from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard.store import waits as wait_store
 from gpuyard.store.teams import Principal
 
 router = APIRouter(prefix="/v1", tags=["queue"], responses=PROBLEM_RESPONSES)
@@ -41,6 +43,7 @@ class QueuedOut(BaseModel):
     age_s: float = Field(description="Seconds since it was submitted")
     reason: str = Field(description=f"Why it waits, one of: {', '.join(CODES)}")
     reason_text: str
+    reason_since: datetime | None = Field(description="Since when the scheduler has given this reason")
 
 
 class TeamQueueOut(BaseModel):
@@ -66,18 +69,20 @@ class QueuePage(BaseModel):
 
 @dataclass(frozen=True)
 class Queue:
-    """The whole queue as of `at`: its rows in order and the cycle's reading of them."""
+    """The whole queue as of `at`: its rows in order, the scheduler's reasons, the teams' use."""
 
     at: datetime
     rows: list[job_store.QueuedRow]
-    view: QueueView
+    reasons: dict[str, RecordedReason]
+    usage: dict[str, int]  # GPUs leased per team
+    borrowed: dict[str, int]  # of which borrowed from the cohort
 
 
 def read(ctx: ApiContext) -> Queue:
     now = ctx.clock()
     with ctx.engine.connect() as conn:
-        view = read_queue(conn, ctx.fleet, POLICIES[ctx.settings.scheduler_policy], now)
-        return Queue(now, job_store.queued(conn, None), view)
+        usage, borrowed = attempt_store.leased_by_team(conn)
+        return Queue(now, job_store.queued(conn, None), wait_store.read(conn), usage, borrowed)
 
 
 @router.get("/queue", response_model=QueuePage)
@@ -95,12 +100,23 @@ def queue(
     if teams is not None and not all(caller.can_see(t) for t in teams):
         teams = []
     queue: Queue = ctx.queue_view.get(lambda: read(ctx))
-    view, now = queue.view, ctx.clock()
+    now = ctx.clock()
     with ctx.engine.connect() as conn:  # a small table, read fresh: a team made since is shown
         quotas = team_store.list_teams(conn)
     visible = None if teams is None else set(teams)
     rows = [r for r in queue.rows if (visible is None or r.team in visible) and job in (None, r.id)]
-    reasons = [row_reason(view, r.id, r.not_before, r.cancel_requested, now) for r in rows]
+    read_reasons = [
+        row_reason(
+            queue.reasons.get(r.id),
+            updated_at=r.updated_at,
+            not_before=r.not_before,
+            cancel=r.cancel_requested,
+            now=now,
+        )
+        for r in rows
+    ]
+    reasons = [why for why, _ in read_reasons]
+    since = {r.id: at for r, (_, at) in zip(rows, read_reasons, strict=True)}
     counts: dict[str, int] = {}
     waiting: dict[str, list[int]] = {}
     for row, why in zip(rows, reasons, strict=True):
@@ -125,6 +141,7 @@ def queue(
                 age_s=max(0.0, (now - r.created_at).total_seconds()),
                 reason=w.code,
                 reason_text=w.text,
+                reason_since=since[r.id],
             )
             for r, w in matching[offset : offset + limit]
         ],
@@ -135,8 +152,8 @@ def queue(
                 gpu_quota=quotas[name].gpu_quota,
                 cohort=quotas[name].cohort,
                 weight=quotas[name].weight,
-                used_gpus=view.usage.get(name, 0),
-                borrowed_gpus=view.borrowed.get(name, 0),
+                used_gpus=queue.usage.get(name, 0),
+                borrowed_gpus=queue.borrowed.get(name, 0),
                 waiting_jobs=waiting.get(name, [0, 0])[0],
                 waiting_gpus=waiting.get(name, [0, 0])[1],
             )

@@ -43,7 +43,7 @@ from gpuyard.scheduler import inputs
 from gpuyard.scheduler.cycle import CycleResult, run_cycle
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
-from gpuyard.scheduler.waiting import CYCLE_CODES, reason_code
+from gpuyard.scheduler.waiting import CYCLE_CODES, WaitRecorder, reason_code, reasons
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
 from gpuyard.store.leadership import Lead, NotLeading
@@ -98,6 +98,7 @@ class SchedulerService:
         self._index: FleetIndex | None = None  # this scheduler's index of the fleet (`fleet_index`)
         self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
+        self.waits = WaitRecorder(engine)  # why each job waits, for the API's /v1/queue
 
     # -- one pass ----------------------------------------------------------------------------------
 
@@ -129,6 +130,7 @@ class SchedulerService:
                 if self.launch(attempt, by_id[placed.job.id]):
                     launched.append(attempt.id)
         attempt_store.mark_launching(self.engine, launched, self.clock())
+        self.waits.record(reasons(result, by_id), by_id, at=now, lead=self.lead)
         metrics.scheduler_evictions.inc(len(result.evicted))
         waiting = Counter(reason_code(text) for text in result.waiting.values())
         for code in CYCLE_CODES:
@@ -350,6 +352,7 @@ class SchedulerService:
         anything): adopt or clean up workers, and launch attempts reserved but not launched."""
         self._renewed.clear()
         self._signalled.clear()
+        self.waits.forget()
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
         requests = {item.attempt.id: self.launch_request(item.attempt, item.job) for item in live}

@@ -1,46 +1,29 @@
-"""Why each pending job waits, as the scheduler says it: the pure cycle run on the store's snapshot,
-with its decisions read and nothing reserved (the service's pass runs the same code on the same data).
+"""Why each pending job waits, as the pass decides it, recorded for the API (store/waits.py).
 
 A reason is a short code the queue is filtered by and the cycle's own words: `quota` (over quota, no
 idle quota in the cohort to borrow), `no-room` (no domain has room for the whole gang), `reservation`
-(GPUs are held for it while preempted attempts stop), `starting` (it fits now: the next pass places
-it), `behind` (a policy without backfill stops at the first job that does not fit), and, read from
-the job's row, `backoff` (a retry waits until its `not_before`) and `cancelling`.
+(GPUs are held for it while preempted attempts stop), `starting` (placed by this pass: its attempt
+starts), `behind` (a policy without backfill stops at the first job that does not fit). The codes a
+job's row gives (backoff, cancelling, unseen) are domain/waiting.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import Connection
+from sqlalchemy import Engine
 
-from gpuyard.domain.fleet import Fleet
-from gpuyard.scheduler import inputs
-from gpuyard.scheduler.cycle import NO_ROOM, OVER_QUOTA, STOPPING, run_cycle
-from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
+from gpuyard.domain.model import Job
+from gpuyard.domain.waiting import Reason, RecordedReason
+from gpuyard.scheduler.cycle import NO_ROOM, OVER_QUOTA, STOPPING, CycleResult
+from gpuyard.store import waits as wait_store
+from gpuyard.store.leadership import Lead
 
-CODES = ("quota", "no-room", "reservation", "starting", "behind", "backoff", "cancelling", "other")
 _CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", STOPPING: "reservation"}
 CYCLE_CODES = (*_CODE_OF.values(), "other")  # the codes of the reasons a cycle gives (reason_code)
-STARTING = "fits now: the scheduler's next pass places it"
+STARTING = "placed: its attempt starts"
 BEHIND = "not looked at: a job ahead of it does not fit, and the policy does not backfill"
-
-
-@dataclass(frozen=True)
-class Reason:
-    code: str  # one of CODES
-    text: str
-
-
-@dataclass(frozen=True)
-class QueueView:
-    """The cycle's reading of the queue now: why each schedulable job waits, and the teams' use."""
-
-    reasons: dict[str, Reason]  # job id -> why it waits (schedulable jobs only)
-    usage: dict[str, int]  # GPUs held per team
-    borrowed: dict[str, int]  # of which borrowed from the cohort
 
 
 def reason_code(text: str) -> str:
@@ -48,31 +31,36 @@ def reason_code(text: str) -> str:
     return _CODE_OF.get(text, "other")
 
 
-def snapshot(conn: Connection, fleet: Fleet, now: datetime) -> tuple[list[PendingJob], ClusterState]:
-    """What a scheduling pass sees: the schedulable jobs and the cluster (SchedulerService.snapshot).
-    A reading of its own: it indexes the fleet afresh, as one cycle costs far more."""
-    waiting, state = inputs.read(conn, FleetIndex(fleet), now)
-    return [inputs.pending_job(job) for job in waiting], state
-
-
-def read_queue(conn: Connection, fleet: Fleet, policy: Policy, now: datetime) -> QueueView:
-    pending, state = snapshot(conn, fleet, now)
-    usage, borrowed = dict(state.usage), dict(state.borrowed)  # before the cycle takes GPUs
-    result = run_cycle(pending, state, now, policy)
-    reasons = {job_id: Reason(reason_code(text), text) for job_id, text in result.waiting.items()}
+def reasons(result: CycleResult, pending: Iterable[str]) -> dict[str, Reason]:
+    """Each pending job's reason after the cycle `result` (every job of `pending` gets one)."""
+    found = {job_id: Reason(reason_code(text), text) for job_id, text in result.waiting.items()}
     for placed in result.placed:
-        reasons[placed.job.id] = Reason("starting", STARTING)
-    for job in pending:
-        reasons.setdefault(job.id, Reason("behind", BEHIND))
-    return QueueView(reasons=reasons, usage=usage, borrowed=borrowed)
+        found[placed.job.id] = Reason("starting", STARTING)
+    return {job_id: found.get(job_id, Reason("behind", BEHIND)) for job_id in pending}
 
 
-def row_reason(
-    view: QueueView, job_id: str, not_before: datetime | None, cancel: bool, now: datetime
-) -> Reason:
-    """A pending job's reason: from its row when the cycle does not see it (backoff, cancel)."""
-    if cancel:
-        return Reason("cancelling", "cancel requested: it leaves the queue")
-    if not_before is not None and not_before > now:
-        return Reason("backoff", f"retry backoff until {not_before.isoformat(timespec='seconds')}")
-    return view.reasons.get(job_id, Reason("starting", STARTING))
+class WaitRecorder:
+    """Writes each pass's reasons, only what changed since the last pass this replica recorded: a
+    steady queue of 10,000 costs no write. `forget` on a new lead (the rows may be another's)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._written: dict[str, tuple[Reason, datetime]] = {}  # job id -> reason, job row it was for
+
+    def forget(self) -> None:
+        self._written.clear()
+        wait_store.forget_left(self.engine)
+
+    def record(
+        self, now_reasons: dict[str, Reason], jobs: dict[str, Job], *, at: datetime, lead: Lead | None
+    ) -> None:
+        changed = {
+            job_id: RecordedReason(reason, at, jobs[job_id].updated_at)
+            for job_id, reason in now_reasons.items()
+            if self._written.get(job_id) != (reason, jobs[job_id].updated_at)
+        }
+        gone = [job_id for job_id in self._written if job_id not in now_reasons]
+        wait_store.record(self.engine, changed, gone, lead=lead, now=at)
+        for job_id in gone:
+            del self._written[job_id]
+        self._written.update({job_id: (r.reason, r.job_updated_at) for job_id, r in changed.items()})

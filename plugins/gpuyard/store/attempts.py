@@ -448,6 +448,23 @@ def leased_gpus(conn: Connection) -> dict[str, set[int]]:
     return held
 
 
+def leased_by_team(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
+    """The GPUs each team holds leases on, and of those the ones its attempts borrowed."""
+    rows = conn.execute(
+        select(jobs.c.team, attempts.c.borrowed, func.count())
+        .select_from(leases.join(attempts, attempts.c.id == leases.c.attempt_id))
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .group_by(jobs.c.team, attempts.c.borrowed)
+    )
+    held: dict[str, int] = {}
+    borrowed: dict[str, int] = {}
+    for team, was_borrowed, gpus in rows:
+        held[team] = held.get(team, 0) + gpus
+        if was_borrowed:
+            borrowed[team] = borrowed.get(team, 0) + gpus
+    return held, borrowed
+
+
 def pending_jobs(conn: Connection, now: datetime) -> list[Job]:
     rows = conn.execute(
         select(jobs)

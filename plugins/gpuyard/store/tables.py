@@ -193,3 +193,16 @@ leaders = Table(
     Column("expires_at", UtcDateTime(), nullable=False),
     Column("epoch", BigInteger, nullable=False, server_default="0"),
 )
+
+# Why each pending job waits, as the leading scheduler's last pass decided (scheduler/waiting.py): the
+# API reads it for /v1/queue and never runs a cycle itself. `job_updated_at` is the job's row as that
+# pass read it: a reason recorded before the job's row changed is not the job's any more.
+waits = Table(
+    "waits",
+    metadata,
+    Column("job_id", String(40), primary_key=True),
+    Column("code", String(16), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("since", UtcDateTime(), nullable=False),
+    Column("job_updated_at", UtcDateTime(), nullable=False),
+)
