@@ -21,12 +21,10 @@ Goals: E = 0 (and no error in the sustained phase), D < 2, M < 20.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +41,7 @@ import yaml
 from gpuyard.clock import utcnow
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.platform_metrics import percentile
+from harness import free_port, log, recreate_database, servers_parser, wait_ready
 
 SPEC = {
     "name": "load",
@@ -52,16 +51,6 @@ SPEC = {
     "resources": {"gpus": 1, "gpu_types": ["h100"]},
     "retry": {"max_failures": 0},
 }
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the scheduler process ------------------------------------------------------------------------
@@ -263,21 +252,10 @@ def measured(processes: dict[str, subprocess.Popen[bytes]]) -> dict[str, int]:
     return pids
 
 
-def recreate_database(admin_url: str, name: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return admin_url.rsplit("/", 1)[0] + "/" + name
-
-
 def main() -> int:
     if sys.argv[1:] == ["scheduler"]:
         return run_scheduler()
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test", help="admin URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser = servers_parser(__doc__)
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=10_000)
     parser.add_argument("--rate", type=float, default=5.0, help="jobs per second in the sustained phase")
@@ -341,16 +319,7 @@ def main() -> int:
     }
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("gpuyard api did not become ready")
-            time.sleep(0.2)
+        wait_ready(base)
         pids = measured(processes)
 
         warmup = Phase("warm-up")

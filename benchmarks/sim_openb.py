@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 from collections import Counter
 from pathlib import Path
 
-from gpuyard.sim.charts import Recorder, write_chart
+from gpuyard.sim.charts import run_recorded, write_chart
 from gpuyard.sim.engine import SimConfig
-from gpuyard.sim.metrics import BASELINES, report, result_line, stranded_over_time, summarize
+from gpuyard.sim.metrics import BASELINES, report, result_line, stranded_over_time
 from gpuyard.sim.openb import FRACTIONAL, read_nodes, read_pods
-from gpuyard.sim.run import simulate
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 PERIODS = 8  # stranded GPUs are shown per eighth of the submit window
@@ -66,15 +64,11 @@ def main() -> None:
     config = SimConfig(preemptible_mtbi_s=None)
     summaries, stranded, runs = {}, {}, []
     for name in args.policies.split(","):
-        began = time.perf_counter()
-        recorder = Recorder()
-        result = simulate(jobs, fleet, name, config, progress=True, observer=recorder.record)
-        summaries[name] = summarize(result)
-        runs.append((result, recorder))
-        stranded[name] = stranded_over_time(result, PERIODS)
-        print(
-            f"{name}: {time.perf_counter() - began:.1f} s wall, {summaries[name].cycles} cycles", flush=True
-        )
+        run = run_recorded(jobs, fleet, name, config, progress=True)
+        summaries[name] = run.summary
+        runs.append((run.result, run.recorder))
+        stranded[name] = stranded_over_time(run.result, PERIODS)
+        print(f"{name}: {run.wall_s:.1f} s wall, {run.summary.cycles} cycles", flush=True)
     print()
     print(report(list(summaries.values())))
     print()

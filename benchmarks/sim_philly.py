@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 from pathlib import Path
 
-from gpuyard.sim.charts import Recorder, write_chart
+from gpuyard.sim.charts import run_recorded, write_chart
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import report, result_line, summarize
-from gpuyard.sim.run import simulate
+from gpuyard.sim.metrics import report, result_line
 from gpuyard.sim.trace import parse_time, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,13 +62,10 @@ def main() -> None:
     )
     summaries, runs = {}, []
     for name in args.policies.split(","):
-        began = time.perf_counter()
-        recorder = Recorder()
-        result = simulate(jobs, fleet, name, config, progress=True, observer=recorder.record)
-        summaries[name] = summarize(result)
-        runs.append((result, recorder))
-        wall = time.perf_counter() - began
-        print(f"{name}: {wall:.1f} s wall, {summaries[name].cycles} cycles", flush=True)
+        run = run_recorded(jobs, fleet, name, config, progress=True)
+        summaries[name] = run.summary
+        runs.append((run.result, run.recorder))
+        print(f"{name}: {run.wall_s:.1f} s wall, {run.summary.cycles} cycles", flush=True)
     print()
     print(report(list(summaries.values())))
     print()

@@ -10,21 +10,18 @@ Last line: RESULT submits_per_s=S raw_txn_per_s=T ratio=R p99_ms=L
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import psycopg
+from harness import free_port, log, recreate_database, servers_parser, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {
@@ -89,16 +86,6 @@ end
 """
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def need(binary: str, package: str) -> str:
     found = shutil.which(binary)
     if found is None and os.geteuid() == 0:
@@ -108,13 +95,6 @@ def need(binary: str, package: str) -> str:
     if found is None:
         raise SystemExit(f"{binary} is needed: apt-get install {package}")
     return found
-
-
-def recreate_database(admin_url: str, name: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return admin_url.rsplit("/", 1)[0] + "/" + name
 
 
 def gpuyard(env: dict[str, str], *args: str) -> str:
@@ -151,11 +131,7 @@ def run_pgbench(url: str, clients: int, seconds: int, workdir: Path) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test", help="admin URL")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser = servers_parser(__doc__)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
@@ -209,16 +185,7 @@ def main() -> int:
     ]
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("gpuyard api did not become ready")
-            time.sleep(0.2)
+        wait_ready(base)
         lua = workdir / "submit.lua"
         lua.write_text(WRK_SCRIPT.format(body=json.dumps(SPEC), token=token))
         wrk = need("wrk", "wrk")

@@ -7,9 +7,10 @@ import datetime as dt
 import json
 import logging
 import os
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -131,6 +132,34 @@ def date_bounds(args: argparse.Namespace) -> tuple[dt.date, dt.date]:
     if end < start:
         raise JobInputError(f"--end-date {end} is before --run-date {start}")
     return start, end
+
+
+def dates_and_urls(args: argparse.Namespace) -> tuple[dt.date, dt.date, str, str]:
+    """The run's first and last dates and its --input and --output URLs, checked in that order."""
+    start, end = date_bounds(args)
+    return start, end, check_url(args.input, "--input"), check_url(args.output, "--output")
+
+
+def session_for(app: str, args: argparse.Namespace) -> SparkSession:
+    """The session of job `app` as its --master, --shuffle-partitions and --driver-memory ask."""
+    return build_session(app, args.master, args.shuffle_partitions, args.driver_memory)
+
+
+def job_main(
+    app: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    body: Callable[[argparse.Namespace], None],
+) -> int:
+    """A job's command line: `body` runs on the parsed `argv`. Its JobInputError (a bad argument,
+    missing input) is printed as `<app>: <message>` with exit status 2; else the status is 0."""
+    args = parser.parse_args(argv)
+    try:
+        body(args)
+    except JobInputError as exc:
+        print(f"{app}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def local_midnight_utc(day: dt.date, timezone: str) -> dt.datetime:

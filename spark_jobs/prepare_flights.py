@@ -10,6 +10,7 @@ Reads ``<input>/flights`` (partitions of the run dates plus a look-back for the 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import sys
@@ -145,33 +146,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--timezone-overrides", default=None, help='JSON object, e.g. {"SJU": "America/Puerto_Rico"}'
     )
-    args = parser.parse_args(argv)
-    try:
-        for flag in ("carrier_window_hours", "route_window_hours", "carrier_step_hours", "route_step_hours"):
-            if getattr(args, flag) < 1:
-                raise common.JobInputError(
-                    f"--{flag.replace('_', '-')}: expected >= 1, got {getattr(args, flag)}"
-                )
-        start, end = common.date_bounds(args)
-        input_url = common.check_url(args.input, "--input")
-        output_url = common.check_url(args.output, "--output")
-        params = FlightJobParams(
-            carrier_window_hours=args.carrier_window_hours,
-            route_window_hours=args.route_window_hours,
-            carrier_step_hours=args.carrier_step_hours,
-            route_step_hours=args.route_step_hours,
-            late_minutes=args.late_minutes,
-            timezone_overrides=common.parse_overrides(args.timezone_overrides),
-            home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),
-        )
-        spark = common.build_session(
-            "prepare_flights", args.master, args.shuffle_partitions, args.driver_memory
-        )
-        run(spark, input_url, output_url, start, end, params)
-    except common.JobInputError as exc:
-        print(f"prepare_flights: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return common.job_main("prepare_flights", parser, argv, _run_args)
+
+
+def _run_args(args: argparse.Namespace) -> None:
+    for flag in ("carrier_window_hours", "route_window_hours", "carrier_step_hours", "route_step_hours"):
+        if getattr(args, flag) < 1:
+            raise common.JobInputError(
+                f"--{flag.replace('_', '-')}: expected >= 1, got {getattr(args, flag)}"
+            )
+    start, end, input_url, output_url = common.dates_and_urls(args)
+    params = FlightJobParams(
+        carrier_window_hours=args.carrier_window_hours,
+        route_window_hours=args.route_window_hours,
+        carrier_step_hours=args.carrier_step_hours,
+        route_step_hours=args.route_step_hours,
+        late_minutes=args.late_minutes,
+        timezone_overrides=common.parse_overrides(args.timezone_overrides),
+        home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),
+    )
+    run(common.session_for("prepare_flights", args), input_url, output_url, start, end, params)
 
 
 if __name__ == "__main__":

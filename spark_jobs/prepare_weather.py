@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import sys
 from collections.abc import Mapping, Sequence
@@ -44,20 +45,12 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    parser = common.base_parser(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    try:
-        start, end = common.date_bounds(args)
-        input_url = common.check_url(args.input, "--input")
-        output_url = common.check_url(args.output, "--output")
-        spark = common.build_session(
-            "prepare_weather", args.master, args.shuffle_partitions, args.driver_memory
-        )
-        run(spark, input_url, output_url, start, end)
-    except common.JobInputError as exc:
-        print(f"prepare_weather: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return common.job_main("prepare_weather", common.base_parser(__doc__.splitlines()[0]), argv, _run_args)
+
+
+def _run_args(args: argparse.Namespace) -> None:
+    start, end, input_url, output_url = common.dates_and_urls(args)
+    run(common.session_for("prepare_weather", args), input_url, output_url, start, end)
 
 
 if __name__ == "__main__":

@@ -179,17 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--master", default=None)
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default=None)
-    args = parser.parse_args(argv)
-    try:
-        input_url = common.check_url(args.input, "--input")
-        output_url = common.check_url(args.output, "--output")
-        spark = common.build_session("scale_up", args.master, args.shuffle_partitions, args.driver_memory)
-        rows = run(spark, input_url, output_url, args.copies, args.seed, replicas=args.replicas)
-    except common.JobInputError as exc:
-        print(f"scale_up: {exc}", file=sys.stderr)
-        return 2
+    return common.job_main("scale_up", parser, argv, _run_args)
+
+
+def _run_args(args: argparse.Namespace) -> None:
+    input_url = common.check_url(args.input, "--input")
+    output_url = common.check_url(args.output, "--output")
+    spark = common.session_for("scale_up", args)
+    rows = run(spark, input_url, output_url, args.copies, args.seed, replicas=args.replicas)
     print(f"scale_up: wrote {rows} flights ({args.copies} years x {args.replicas} replicas) to {output_url}")
-    return 0
 
 
 if __name__ == "__main__":

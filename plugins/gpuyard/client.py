@@ -63,15 +63,42 @@ def resolve_endpoint(url: str | None = None, token: str | None = None, home: Pat
     return Endpoint(url=url.rstrip("/"), token=token)
 
 
+def _http_options(endpoint: Endpoint, timeout_s: float) -> dict[str, Any]:
+    """What both clients' httpx client is made with: the server, the bearer token, the timeout."""
+    return {
+        "base_url": endpoint.url,
+        "headers": {"Authorization": f"Bearer {endpoint.token}"},
+        "timeout": timeout_s,
+    }
+
+
+def _backoff_s(attempt: int) -> float:
+    """How long to wait before retrying after try number `attempt` (0, 1, ...) failed."""
+    return 0.5 * 2**attempt
+
+
+def _retries(response: httpx.Response, attempt: int, retries: int) -> bool:
+    """Is the answer worth another try? A 503 is (the server is momentarily unavailable), while tries
+    are left. Retries are safe: reads are idempotent and submits carry an Idempotency-Key."""
+    return response.status_code == 503 and attempt < retries
+
+
+def _answer(response: httpx.Response) -> Any:
+    """The body of a success (None when empty); a 4xx or 5xx is raised as ApiError."""
+    if response.status_code >= 400:
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = {"title": response.reason_phrase, "detail": response.text[:500]}
+        raise ApiError(response.status_code, problem)
+    return response.json() if response.content else None
+
+
 class GpuyardClient:
     def __init__(self, endpoint: Endpoint, *, timeout_s: float = 30.0, retries: int = 3):
         self.endpoint = endpoint
         self.retries = retries
-        self._http = httpx.Client(
-            base_url=endpoint.url,
-            headers={"Authorization": f"Bearer {endpoint.token}"},
-            timeout=timeout_s,
-        )
+        self._http = httpx.Client(**_http_options(endpoint, timeout_s))
 
     def close(self) -> None:
         self._http.close()
@@ -90,18 +117,12 @@ class GpuyardClient:
             except httpx.TransportError:
                 if attempt == self.retries:
                     raise
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(_backoff_s(attempt))
                 continue
-            if response.status_code == 503 and attempt < self.retries:
-                time.sleep(0.5 * 2**attempt)
+            if _retries(response, attempt, self.retries):
+                time.sleep(_backoff_s(attempt))
                 continue
-            if response.status_code >= 400:
-                try:
-                    problem = response.json()
-                except ValueError:
-                    problem = {"title": response.reason_phrase, "detail": response.text[:500]}
-                raise ApiError(response.status_code, problem)
-            return response.json() if response.content else None
+            return _answer(response)
         raise AssertionError("unreachable")
 
     def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -234,11 +255,7 @@ class AsyncGpuyardClient:
     def __init__(self, endpoint: Endpoint, *, timeout_s: float = 30.0, retries: int = 3):
         self.endpoint = endpoint
         self.retries = retries
-        self._http = httpx.AsyncClient(
-            base_url=endpoint.url,
-            headers={"Authorization": f"Bearer {endpoint.token}"},
-            timeout=timeout_s,
-        )
+        self._http = httpx.AsyncClient(**_http_options(endpoint, timeout_s))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -251,18 +268,12 @@ class AsyncGpuyardClient:
             except httpx.TransportError:
                 if attempt == self.retries:
                     raise
-                await asyncio.sleep(0.5 * 2**attempt)
+                await asyncio.sleep(_backoff_s(attempt))
                 continue
-            if response.status_code == 503 and attempt < self.retries:
-                await asyncio.sleep(0.5 * 2**attempt)
+            if _retries(response, attempt, self.retries):
+                await asyncio.sleep(_backoff_s(attempt))
                 continue
-            if response.status_code >= 400:
-                try:
-                    problem = response.json()
-                except ValueError:
-                    problem = {"title": response.reason_phrase, "detail": response.text[:500]}
-                raise ApiError(response.status_code, problem)
-            return response.json() if response.content else None
+            return _answer(response)
         raise AssertionError("unreachable")
 
     async def job(self, job_id: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gpuyard import __version__, metrics
 from gpuyard.api import (
@@ -29,6 +29,7 @@ from gpuyard.api import (
     routes_jobs,
     routes_queue,
 )
+from gpuyard.api.asgi import HttpMiddleware, on_response_start
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.context import ApiContext
 from gpuyard.api.problems import Problem, handle_problem, problem_response
@@ -190,27 +191,19 @@ def _request_path(loc: tuple[int | str, ...]) -> str:
     return path if where == "body" else f"{where}.{path}" if rest else str(where)
 
 
-class _RequestMetrics:
+class _RequestMetrics(HttpMiddleware):
     """Counts and times requests by route template (not raw path, which would explode cardinality)."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 
-        async def record_status(message: Message) -> None:
+        def record_status(start: Message) -> None:
             nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
+            status = start["status"]
 
         try:
-            await self.app(scope, receive, record_status)
+            await self.app(scope, receive, on_response_start(send, record_status))
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             metrics.http_requests.labels(scope["method"], route, str(status)).inc()

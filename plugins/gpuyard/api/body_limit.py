@@ -6,17 +6,16 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuyard.api.asgi import HttpMiddleware
 from gpuyard.api.problems import Problem, problem_response
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+        super().__init__(app)
+        self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._refuse(scope, receive, send)

@@ -7,29 +7,22 @@ from __future__ import annotations
 import re
 import uuid
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from gpuyard.api.asgi import HttpMiddleware, on_response_start
 from gpuyard.observability import logs
 
 HEADER = b"x-request-id"
 _USABLE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
-class RequestId:
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestId(HttpMiddleware):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = next((value for name, value in scope["headers"] if name == HEADER), b"")
         request_id = given.decode() if _USABLE.fullmatch(given) else uuid.uuid4().hex
 
-        async def answer(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (HEADER, request_id.encode())]
-            await send(message)
+        def tag(start: Message) -> None:
+            start["headers"] = [*start.get("headers", ()), (HEADER, request_id.encode())]
 
         with logs.context(request_id=request_id):
-            await self.app(scope, receive, answer)
+            await self.app(scope, receive, on_response_start(send, tag))

@@ -188,9 +188,7 @@ def put_secret(
     caller: Principal = Depends(principal),
 ) -> SecretOut:
     """Create or replace a secret of the team (team admins). The value is never shown again."""
-    require_team_admin(caller, team)
-    _check_name("team", team)
-    _check_name("name", name)
+    _check_secret_admin(caller, team, name)
     with ctx.engine.connect() as conn:
         if team_store.get_team(conn, team) is None:
             raise not_found(f"team {team}")
@@ -205,12 +203,17 @@ def delete_secret(
     ctx: ApiContext = Depends(context),
     caller: Principal = Depends(principal),
 ) -> Response:
-    require_team_admin(caller, team)
-    _check_name("team", team)
-    _check_name("name", name)
+    _check_secret_admin(caller, team, name)
     if not _secret_store(ctx).delete(team, name):
         raise not_found(f"secret {name} of team {team}")
     return Response(status_code=204)
+
+
+def _check_secret_admin(caller: Principal, team: str, name: str) -> None:
+    """A write to secret `name` of `team`: by one of the team's admins, with names a Secret can have."""
+    require_team_admin(caller, team)
+    _check_name("team", team)
+    _check_name("name", name)
 
 
 def _check_name(path: str, value: str) -> None:

@@ -7,19 +7,29 @@ id, the worker's credential for heartbeats) and a secret's value are never in on
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from gpuyard.domain.admission import AdmissionPolicy
 from gpuyard.domain.feasibility import TeamQuota
-from gpuyard.domain.model import Attempt, Event, Job
 from gpuyard.domain.spec import JobSpec, Name, Text
 from gpuyard.store.jobs import JobDetail
-from gpuyard.store.teams import Role, TokenInfo
+from gpuyard.store.teams import Role
 
 
-class JobOut(BaseModel):
+class _Mirror(BaseModel):
+    """A response that shows a record: the fields it declares, read by name from the record (an enum
+    as its value), and nothing else the record holds (an attempt's fencing token stays out)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, record: object) -> Self:
+        return cls.model_validate(record)
+
+
+class JobOut(_Mirror):
     id: str
     team: str
     name: str
@@ -33,25 +43,8 @@ class JobOut(BaseModel):
     cancel_requested: bool
     reason: str | None
 
-    @classmethod
-    def of(cls, job: Job) -> JobOut:
-        return cls(
-            id=job.id,
-            team=job.team,
-            name=job.name,
-            state=job.state.value,
-            spec=job.spec,
-            created_by=job.created_by,
-            created_at=job.created_at,
-            updated_at=job.updated_at,
-            failures=job.failures,
-            attempt_count=job.attempt_count,
-            cancel_requested=job.cancel_requested,
-            reason=job.reason,
-        )
 
-
-class AttemptOut(BaseModel):
+class AttemptOut(_Mirror):
     id: str
     number: int
     state: str
@@ -67,36 +60,13 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None = None
     progress_lost_s: float | None = Field(None, description="Work since the last checkpoint, lost at its end")
 
-    @classmethod
-    def of(cls, attempt: Attempt) -> AttemptOut:
-        return cls(
-            id=attempt.id,
-            number=attempt.number,
-            state=attempt.state.value,
-            placement=attempt.placement,
-            created_at=attempt.created_at,
-            updated_at=attempt.updated_at,
-            exit_code=attempt.exit_code,
-            reason=attempt.reason,
-            step=attempt.step,
-            checkpoint_url=attempt.checkpoint_url,
-            checkpoint_step=attempt.checkpoint_step,
-            started_at=attempt.started_at,
-            ended_at=attempt.ended_at,
-            progress_lost_s=attempt.progress_lost_s,
-        )
 
-
-class EventOut(BaseModel):
+class EventOut(_Mirror):
     seq: int
     type: str
     attempt_id: str | None
     data: dict[str, Any]
     at: datetime | None
-
-    @classmethod
-    def of(cls, event: Event) -> EventOut:
-        return cls(seq=event.seq, type=event.type, attempt_id=event.attempt_id, data=event.data, at=event.at)
 
 
 class JobDetailOut(JobOut):
@@ -144,7 +114,7 @@ class TokenOut(BaseModel):
     token: str
 
 
-class TokenInfoOut(BaseModel):
+class TokenInfoOut(_Mirror):
     id: str
     team: str
     role: str
@@ -153,19 +123,6 @@ class TokenInfoOut(BaseModel):
     expires_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
-
-    @classmethod
-    def of(cls, info: TokenInfo) -> TokenInfoOut:
-        return cls(
-            id=info.id,
-            team=info.team,
-            role=info.role.value,
-            description=info.description,
-            created_at=info.created_at,
-            expires_at=info.expires_at,
-            last_used_at=info.last_used_at,
-            revoked_at=info.revoked_at,
-        )
 
 
 class SecretIn(BaseModel):

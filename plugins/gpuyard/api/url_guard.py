@@ -6,31 +6,28 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from gpuyard.api.asgi import HttpMiddleware
 from gpuyard.api.problems import Problem, problem_response
 
 
-class RefuseNulInUrl:
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            where = None
-            if "\x00" in scope["path"]:
-                where = "path"
-            elif b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
-                where = "query"
-            if where is not None:
-                problem = Problem(
-                    422,
-                    "Invalid request",
-                    f"{where}: NUL characters (%00) are not allowed",
-                    kind="/problems/invalid",
-                    errors=[{"path": where, "rule": "NUL characters (%00) are not allowed"}],
-                )
-                response: Any = problem_response(problem, None)
-                await response(scope, receive, send)
-                return
+class RefuseNulInUrl(HttpMiddleware):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        where = None
+        if "\x00" in scope["path"]:
+            where = "path"
+        elif b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+            where = "query"
+        if where is not None:
+            problem = Problem(
+                422,
+                "Invalid request",
+                f"{where}: NUL characters (%00) are not allowed",
+                kind="/problems/invalid",
+                errors=[{"path": where, "rule": "NUL characters (%00) are not allowed"}],
+            )
+            response: Any = problem_response(problem, None)
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)

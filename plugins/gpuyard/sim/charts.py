@@ -17,6 +17,7 @@ says so.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt
-from gpuyard.sim.engine import LeaseRecord, SimResult
+from gpuyard.domain.fleet import Fleet
+from gpuyard.sim.engine import LeaseRecord, SimConfig, SimResult
+from gpuyard.sim.metrics import Summary, summarize
+from gpuyard.sim.run import simulate
+from gpuyard.sim.trace import TraceJob
 
 POINTS = 400  # samples of the curves over time
 TEAMS = 12  # the busiest teams in the wait panel
@@ -40,6 +45,35 @@ class Recorder:
     def record(self, lease: LeaseRecord) -> None:
         sign = 1 if lease.kind == "start" else -1
         self.leases.append((lease.at_s, sign * lease.placement.gpus, lease.job_id))
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """One policy's replay, its leases recorded: a line of the chart and a row of the table."""
+
+    result: SimResult
+    recorder: Recorder
+    summary: Summary
+    wall_s: float  # simulating and summarizing
+
+
+def run_recorded(
+    trace: list[TraceJob],
+    fleet: Fleet,
+    policy: str,
+    config: SimConfig,
+    *,
+    quota_rule: str = "share",
+    progress: bool = False,
+) -> RecordedRun:
+    """`simulate` under `policy` with a Recorder as its observer, summarized and timed."""
+    began = time.perf_counter()
+    recorder = Recorder()
+    result = simulate(
+        trace, fleet, policy, config, quota_rule=quota_rule, progress=progress, observer=recorder.record
+    )
+    summary = summarize(result)
+    return RecordedRun(result, recorder, summary, time.perf_counter() - began)
 
 
 def _steps(events: list[tuple[float, float]], times: list[float]) -> list[float]:

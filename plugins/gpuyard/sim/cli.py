@@ -7,7 +7,6 @@ A plain function with typer annotations; the CLI registers it as a command.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -15,8 +14,8 @@ import typer
 from gpuyard.domain.fleet import load_fleet
 from gpuyard.sim.engine import SimConfig, SimulationError
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import COLUMNS, summarize
-from gpuyard.sim.run import POLICY_NAMES, check_policy, simulate
+from gpuyard.sim.metrics import COLUMNS
+from gpuyard.sim.run import POLICY_NAMES, check_policy
 from gpuyard.sim.trace import TraceError, parse_time, read_trace
 from rich.console import Console
 from rich.table import Table
@@ -75,7 +74,7 @@ def sim(
     ] = None,
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
-    from gpuyard.sim.charts import Recorder, write_chart  # matplotlib: only when a sim runs
+    from gpuyard.sim.charts import run_recorded, write_chart  # matplotlib: only when a sim runs
 
     try:
         policies = [check_policy(name.strip()) for name in policy.split(",") if name.strip()]
@@ -90,20 +89,11 @@ def sim(
         )
         summaries, runs = [], []
         for chosen in policies:
-            began = time.perf_counter()
-            recorder = Recorder()
-            result = simulate(
-                jobs,
-                chosen_fleet,
-                chosen,
-                config,
-                quota_rule=quota_rule,
-                progress=not as_json,
-                observer=recorder.record,
+            run = run_recorded(
+                jobs, chosen_fleet, chosen, config, quota_rule=quota_rule, progress=not as_json
             )
-            summary = summarize(result)
-            summaries.append((summary, time.perf_counter() - began))
-            runs.append((result, recorder))
+            summaries.append((run.summary, run.wall_s))
+            runs.append((run.result, run.recorder))
     except (TraceError, ValueError, SimulationError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None

@@ -24,7 +24,6 @@ these formats and any window of it can be replayed; a bad row stops the run nami
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.sim.fleet_builder import ON_DEMAND_PRICE
-from gpuyard.sim.trace import TraceError, TraceJob
+from gpuyard.sim.trace import TraceError, TraceJob, csv_rows
 
 POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time")
 NODE_COLUMNS = ("sn", "gpu", "model")
@@ -53,22 +52,7 @@ class PodCounts:
 
 
 def _rows(path: Path, required: tuple[str, ...], what: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV file that has the `required` columns."""
-    try:
-        handle = path.open(newline="")
-    except OSError as error:
-        raise TraceError(f"{what} {path}: {error}") from error
-    with handle:
-        reader = csv.DictReader(handle)
-        header = [name.strip() for name in reader.fieldnames or []]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(
-                f"{path}: missing column(s) {missing}; an OpenB {what} has {list(required)}, "
-                f"this file has {header}"
-            )
-        reader.fieldnames = header
-        yield from enumerate(reader, start=2)  # line 1 is the header
+    return csv_rows(path, required, what, f"an OpenB {what} has {list(required)}")
 
 
 def _maybe_number(

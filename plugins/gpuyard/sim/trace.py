@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +51,25 @@ def _row_error(path: Path, line: int, column: str, expected: str, got: str) -> T
     return TraceError(f"{path}: row {line}, column {column!r}: expected {expected}, got {got!r}")
 
 
+def csv_rows(
+    path: Path, required: tuple[str, ...], what: str, has: str
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV file that has the `required` columns (names stripped). Errors name
+    the file as `what` (`trace`, `pod list`) and, for a missing column, say what such a file `has`."""
+    try:
+        handle = path.open(newline="")
+    except OSError as error:
+        raise TraceError(f"{what} {path}: {error}") from error
+    with handle:
+        reader = csv.DictReader(handle)
+        header = [name.strip() for name in reader.fieldnames or []]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {missing}; {has}, this file has {header}")
+        reader.fieldnames = header
+        yield from enumerate(reader, start=2)  # line 1 is the header
+
+
 def read_trace(
     path: Path,
     start: datetime | None = None,
@@ -60,37 +80,24 @@ def read_trace(
 
     Every row is validated, also those outside the window, so a broken file fails whatever the window.
     """
-    try:
-        handle = path.open(newline="")
-    except OSError as error:
-        raise TraceError(f"trace {path}: {error}") from error
     jobs: list[TraceJob] = []
-    with handle:
-        reader = csv.DictReader(handle)
-        header = [name.strip() for name in reader.fieldnames or []]
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise TraceError(
-                f"{path}: missing column(s) {missing}; a Philly-format trace has {list(REQUIRED_COLUMNS)} "
-                f"(gpu_time optional), this file has {header}"
-            )
-        reader.fieldnames = header
-        for line, row in enumerate(reader, start=2):  # line 1 is the header
-            jobs_row = _parse_row(path, line, row)
-            if jobs_row is None:
-                continue
-            if start is not None and jobs_row.submitted_at < start:
-                continue
-            if end is not None and jobs_row.submitted_at >= end:
-                continue
-            if jobs_row.duration_s < min_duration_s:
-                continue
-            jobs.append(jobs_row)
+    has = f"a Philly-format trace has {list(REQUIRED_COLUMNS)} (gpu_time optional)"
+    for line, row in csv_rows(path, REQUIRED_COLUMNS, "trace", has):
+        jobs_row = _parse_row(path, line, row)
+        if jobs_row is None:
+            continue
+        if start is not None and jobs_row.submitted_at < start:
+            continue
+        if end is not None and jobs_row.submitted_at >= end:
+            continue
+        if jobs_row.duration_s < min_duration_s:
+            continue
+        jobs.append(jobs_row)
     jobs.sort(key=lambda j: (j.submitted_at, j.id))
     return jobs
 
 
-def _parse_row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob | None:
+def _parse_row(path: Path, line: int, row: Mapping[str, str | None]) -> TraceJob | None:
     if all(not (v or "").strip() for v in row.values() if isinstance(v, str)):
         return None  # a blank line
     raw = {c: (row.get(c) or "").strip() for c in REQUIRED_COLUMNS}

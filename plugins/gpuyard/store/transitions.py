@@ -53,7 +53,7 @@ def move_job(
         job_id=job_id,
         attempt_id=attempt_id,
         at=at,
-        data={"from": expected.value, "to": target.value, **({"reason": reason} if reason else {})},
+        data=_edge_data(expected, target, reason),
     )
 
 
@@ -92,7 +92,6 @@ def move_jobs(
         states = dict(conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(ids))).all())
         stale = next(m.job_id for m in moves if states.get(m.job_id) != target.value)
         raise StaleState("job", stale, expected, states.get(stale))
-    edge = {"from": expected.value, "to": target.value}
     append_events(
         conn,
         [
@@ -101,7 +100,7 @@ def move_jobs(
                 "job_id": m.job_id,
                 "attempt_id": m.attempt_id,
                 "at": at,
-                "data": {**edge, **({"reason": m.reason} if m.reason else {})},
+                "data": _edge_data(expected, target, m.reason),
             }
             for m in moves
         ],
@@ -142,6 +141,13 @@ def move_attempt(
         job_id=row.job_id,
         attempt_id=attempt_id,
         at=at,
-        data={"from": expected.value, "to": target.value} | ({"reason": reason} if reason else {}) | progress,
+        data=_edge_data(expected, target, reason) | progress,
     )
     return str(row.job_id)
+
+
+def _edge_data(
+    expected: JobState | AttemptState, target: JobState | AttemptState, reason: str | None
+) -> dict[str, Any]:
+    """A transition's event data: the state left, the state entered, and the reason when there is one."""
+    return {"from": expected.value, "to": target.value, **({"reason": reason} if reason else {})}
