@@ -33,16 +33,22 @@ demo: $(STAMP)
 ui: $(STAMP)
 	$(BIN)/python -m pipelines.ui
 
-test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/pytest
+# The suite runs on WORKERS pytest-xdist processes; a module's or folder's heavy fixture keeps its
+# tests on one of them (--dist loadgroup, tests/conftest.py). Layout and budgets: tests/README.md.
+WORKERS ?= 4
+PYTEST_PARALLEL := -n $(WORKERS) --dist loadgroup
 
-# While iterating: skip the slow suites (make test runs them).
+test: lint
+	$(BIN)/pytest $(PYTEST_PARALLEL)
+
+# While iterating (under 2 minutes): no test that starts a heavy system (make test runs them all).
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not slow" -x -q
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow" -x -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/submit_throughput.py

@@ -109,6 +109,20 @@ def without_gpuyard_settings(**extra: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUYARD_")} | extra
 
 
+def production_settings(
+    database_url: str, redis_url: str, redis_stream: str, home: Path, **extra: str
+) -> dict[str, str]:
+    """The GPUYARD_* settings of a production-profile server process: its PostgreSQL, its Redis stream
+    and its home, plus `extra`."""
+    return {
+        "GPUYARD_PROFILE": "production",
+        "GPUYARD_DATABASE_URL": database_url,
+        "GPUYARD_REDIS_URL": redis_url,
+        "GPUYARD_REDIS_STREAM": redis_stream,
+        "GPUYARD_HOME": str(home),
+    } | extra
+
+
 def job_state(home: Path, job_id: str) -> str:
     """A job's state from the `gpuyard up` of `home`, asked over HTTP as its platform admin: a poll
     costs a request, not a CLI process."""

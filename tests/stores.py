@@ -1,10 +1,14 @@
-"""The control plane's store for tests: a migrated SQLite template to copy, an empty PostgreSQL schema."""
+"""The control plane's store for tests: a migrated SQLite template to copy, an empty PostgreSQL schema,
+and what a worker reports to it."""
 
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
+from gpuyard.domain.model import Attempt
+from gpuyard.store.attempts import heartbeat
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.tables import metadata
 from sqlalchemy import Engine, text
@@ -29,3 +33,16 @@ def empty_store(engine: Engine) -> None:
         else:
             for table in reversed(metadata.sorted_tables):
                 conn.execute(table.delete())
+
+
+def report_checkpoint(engine: Engine, attempt: Attempt, url: str, step: int, at: datetime) -> None:
+    """The attempt's worker reports, in a heartbeat at `at`, the checkpoint of `step` it saved at `url`."""
+    heartbeat(
+        engine,
+        attempt.id,
+        attempt.fencing_token,
+        step=step,
+        checkpoint={"url": url, "step": step, "saved_at": at},
+        at=at,
+        lease_ttl_s=60,
+    )

@@ -317,28 +317,43 @@ def parked(world: World, dag: str, run: str) -> None:
     )
 
 
+APPROVAL = "case_approval"
+
+
+def at_the_gate(world: World) -> tuple[str, str]:
+    """A newly registered version's approval run, parked at its gate: (version, run)."""
+    version, parent = registered_version(world)
+    run = world.airflow.trigger(APPROVAL, {"mlflow_run_id": parent, "verdict": verdict_for(version, parent)})
+    parked(world, APPROVAL, run)
+    return version, run
+
+
+def gate_path(run: str) -> str:
+    """The approval run's human-in-the-loop details, as the Airflow API serves them."""
+    return f"/dags/{APPROVAL}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails"
+
+
+def answer_gate(world: World, run: str, option: str) -> str | None:
+    """Choose `option` at the gate; the state the publish task then ends in."""
+    answer = world.airflow.api.patch(gate_path(run), json={"chosen_options": [option]})
+    assert answer.status_code == 200, answer.text
+    return world.airflow.wait_ti(APPROVAL, run, "publish", DONE | {"skipped"})["state"]
+
+
 def test_the_approval_gate_blocks_publication_until_approved(world: World) -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(world.mlflow_uri)
-    version, parent = registered_version(world)
-    dag = "case_approval"
-    run = world.airflow.trigger(dag, {"mlflow_run_id": parent, "verdict": verdict_for(version, parent)})
-    parked(world, dag, run)
-    hitl = world.airflow.api.get(f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails").json()
+    version, run = at_the_gate(world)
+    hitl = world.airflow.api.get(gate_path(run)).json()
     assert f"Promote cases-model version {version} to champion?" == hitl["subject"]
     assert f"candidate (version {version})" in hitl["body"] and hitl["options"] == ["Approve", "Reject"]
-    assert world.airflow.ti(dag, run, "publish")["state"] is None  # blocked behind the gate
+    assert world.airflow.ti(APPROVAL, run, "publish")["state"] is None  # blocked behind the gate
     with pytest.raises(MlflowException):
         mlflow.get_model_version_by_alias("cases-model", "champion")
 
-    answer = world.airflow.api.patch(
-        f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails",
-        json={"chosen_options": ["Approve"]},
-    )
-    assert answer.status_code == 200, answer.text
-    assert world.airflow.wait_ti(dag, run, "publish", DONE | {"skipped"})["state"] == "success"
+    assert answer_gate(world, run, "Approve") == "success"
     champion = mlflow.get_model_version_by_alias("cases-model", "champion")
     assert str(champion.version) == version and "Approve" in champion.tags["approval"]
 
@@ -347,15 +362,8 @@ def test_a_rejection_at_the_gate_is_recorded_and_publishes_nothing(world: World)
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(world.mlflow_uri)
-    version, parent = registered_version(world)
-    dag = "case_approval"
-    run = world.airflow.trigger(dag, {"mlflow_run_id": parent, "verdict": verdict_for(version, parent)})
-    parked(world, dag, run)
-    answer = world.airflow.api.patch(
-        f"/dags/{dag}/dagRuns/{run}/taskInstances/approve/-1/hitlDetails", json={"chosen_options": ["Reject"]}
-    )
-    assert answer.status_code == 200, answer.text
-    assert world.airflow.wait_ti(dag, run, "publish", DONE | {"skipped"})["state"] == "skipped"
+    version, run = at_the_gate(world)
+    assert answer_gate(world, run, "Reject") == "skipped"
     rejected = mlflow.get_model_version("cases-model", version)
     assert "but not approved by" in rejected.tags["rejected"]
     assert rejected.aliases == []  # not the champion, whether or not another version is

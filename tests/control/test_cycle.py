@@ -16,23 +16,10 @@ from gpuyard.scheduler.policy import POLICIES, Policy, fifo_order, las_order
 from gpuyard.scheduler.preemption import RULES
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 
+from .test_scheduler_service import two_domains
+
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
-# two domains of two 8-GPU nodes each
-FLEET = Fleet(
-    nodes=tuple(
-        Node(
-            name=f"d{d}n{i}",
-            site="east",
-            cluster="c",
-            domain=f"d{d}",
-            gpu_type="a100",
-            gpus=8,
-            gpu_memory_gb=80,
-        )
-        for d in range(2)
-        for i in range(2)
-    )
-)
+FLEET = two_domains(8)  # 8 GPUs a node
 QUOTAS = {"a": TeamQuota(gpu_quota=16, cohort="all"), "b": TeamQuota(gpu_quota=16, cohort="all")}
 
 

@@ -130,6 +130,16 @@ def test_a_replica_that_lost_and_regained_the_lead_between_two_looks_recovers(
 pg = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
 
+def led_by_one(engine: Engine, ttl_s: float = 30) -> tuple[Lead, str]:
+    """An emptied store with team a and one pending job, and replica "one" holding the lead: (lead, job)."""
+    empty_store(engine)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
+    lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=ttl_s)
+    assert lead is not None
+    return lead, pending_job(engine)
+
+
 def lapse(engine: Engine) -> None:
     """The leader's lease passes now, on the database's clock (as if its renewals stopped)."""
     with engine.begin() as conn:
@@ -152,12 +162,7 @@ def test_a_callers_skewed_clock_neither_takes_a_live_lease_nor_writes_a_past_exp
 
 @pg
 def test_reservations_under_a_lead_that_passed_raise_and_write_nothing(engine: Engine) -> None:
-    empty_store(engine)
-    with engine.begin() as conn:
-        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
-    old = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30)
-    assert old is not None
-    job_id = pending_job(engine)
+    old, job_id = led_by_one(engine)
     lapse(engine)
     assert leadership.hold(engine, "scheduler", "two", now=utcnow(), ttl_s=30) == Lead("scheduler", "two", 2)
     with pytest.raises(NotLeading):
@@ -184,12 +189,7 @@ def test_a_reservation_begun_under_a_lead_that_then_passed_writes_nothing(engine
     transaction is held as it begins, the lease passes on the database's clock and another replica
     takes the lead; then the reservation goes on, and must raise and write nothing. With the other
     interleaving (the lead confirmed first) the takeover waits for it: the test below."""
-    empty_store(engine)
-    with engine.begin() as conn:
-        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
-    lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=30)
-    assert lead is not None
-    job_id = pending_job(engine)
+    lead, job_id = led_by_one(engine)
     paused = make_engine(engine.url.render_as_string(hide_password=False), pool_size=2)
     pause = PauseAtBegin(paused)
     wanted = [Reservation(job_id, PLACEMENT, False)]
@@ -212,12 +212,7 @@ def test_the_lead_cannot_change_hands_while_a_reservation_under_it_commits(engin
     """The reservation confirmed its lead and is paused; the lease then passes on the database's
     clock, and the next replica's takeover waits on the lease row's lock (probed in pg_stat_activity)
     until the reservation commits: so the new leader's recovery sees that attempt."""
-    empty_store(engine)
-    with engine.begin() as conn:
-        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
-    lead = leadership.hold(engine, "scheduler", "one", now=utcnow(), ttl_s=1.0)
-    assert lead is not None
-    job_id = pending_job(engine)
+    lead, job_id = led_by_one(engine, ttl_s=1.0)
 
     def reserve(paused: Engine) -> object:
         (reserved,) = reserve_batch(

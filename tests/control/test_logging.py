@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from gpuyard.observability import logs
-from servers import GpuyardUp, wait_until, without_gpuyard_settings
+from servers import GpuyardUp, production_settings, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 
 from .test_relay import submit_jobs, unpublished
@@ -115,14 +115,8 @@ def test_a_production_relay_writes_json_lines_at_the_level_set(
     engine: Engine, database_url: str, redis_url: str, redis_stream: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "relay.log"
-    env = {
-        "GPUYARD_PROFILE": "production",
-        "GPUYARD_DATABASE_URL": database_url,
-        "GPUYARD_REDIS_URL": redis_url,
-        "GPUYARD_REDIS_STREAM": redis_stream,
-        "GPUYARD_HOME": str(tmp_path),
-        "GPUYARD_RELAY_PROBE_PORT": "0",  # any free port: another relay on this machine may hold 9102
-    }
+    # the probe on any free port: another relay on this machine may hold 9102
+    env = production_settings(database_url, redis_url, redis_stream, tmp_path, GPUYARD_RELAY_PROBE_PORT="0")
     relay = gpuyard(["relay"], log, **env)
     try:
         wait_until(lambda: any("relay started" in x for x in lines(log)), timeout_s=60, what="relay started")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -26,6 +27,8 @@ from sqlalchemy.exc import OperationalError
 
 from .conftest import EXAMPLE_SPEC, bearer
 
+Proxy = TypeVar("Proxy", TcpProxy, FaultProxy)
+
 
 def counts(engine: Engine) -> tuple[int, int]:
     with engine.connect() as conn:
@@ -34,13 +37,18 @@ def counts(engine: Engine) -> tuple[int, int]:
     return int(job_count or 0), int(submitted or 0)
 
 
+def in_front_of(database_url: str, kind: type[Proxy]) -> tuple[Proxy, str]:
+    """A started proxy of `kind` in front of the database, and the database's URL through the proxy."""
+    target = urlsplit(database_url)
+    proxy = kind(target.hostname or "127.0.0.1", target.port or 5432).start()
+    return proxy, database_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
+
+
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_database_unreachable_answers_503_and_writes_nothing_half(
     database_url: str, engine: Engine, make_token: Callable[..., str], tmp_path: Path
 ) -> None:
-    target = urlsplit(database_url)
-    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432).start()
-    proxied_url = database_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
+    proxy, proxied_url = in_front_of(database_url, TcpProxy)
     settings = load_settings(home=tmp_path, database_url=proxied_url)
     proxied = make_engine(proxied_url, pool_size=4)
     token = make_token("a")
@@ -178,9 +186,7 @@ def test_a_black_holed_database_fails_within_the_client_bound_and_the_store_reco
 ) -> None:
     # A link that accepts and never answers: the server never sees the statement (no statement
     # timeout fires) and a cancel request would vanish the same way, so the client must give up.
-    target = urlsplit(database_url)
-    proxy = FaultProxy(target.hostname or "127.0.0.1", target.port or 5432).start()
-    proxied_url = database_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
+    proxy, proxied_url = in_front_of(database_url, FaultProxy)
     bounds = DbBounds(statement_timeout_s=1)
     proxied = make_engine(proxied_url, pool_size=4, bounds=bounds)
     token = make_token("a")

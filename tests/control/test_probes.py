@@ -26,7 +26,7 @@ from gpuyard.domain.states import JobState
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port, wait_until
+from servers import free_port, production_settings, wait_until
 from sqlalchemy import Engine
 
 from .conftest import EXAMPLE_SPEC
@@ -72,11 +72,7 @@ def production(database_url: str, redis_url: str, redis_stream: str, tmp_path: P
     fleet.write_text(yaml.safe_dump({"nodes": [node]}))
     return {
         **os.environ,
-        "GPUYARD_PROFILE": "production",
-        "GPUYARD_DATABASE_URL": database_url,
-        "GPUYARD_REDIS_URL": redis_url,
-        "GPUYARD_REDIS_STREAM": redis_stream,
-        "GPUYARD_HOME": str(tmp_path / "home"),
+        **production_settings(database_url, redis_url, redis_stream, tmp_path / "home"),
         "GPUYARD_LAUNCHER": "local",
         "GPUYARD_FLEET_FILE": str(fleet),
         "GPUYARD_API_URL": "http://127.0.0.1:9",  # the workers here send no heartbeats

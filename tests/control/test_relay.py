@@ -23,7 +23,7 @@ from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.tables import events
-from servers import RedisServer, wait_until
+from servers import RedisServer, production_settings, wait_until
 from sqlalchemy import Engine, func, select, text
 
 from .conftest import EXAMPLE_SPEC
@@ -95,14 +95,7 @@ def test_relay_killed_between_publish_and_mark_loses_nothing(
     engine: Engine, database_url: str, redis_url: str, redis_stream: str, tmp_path: Path
 ) -> None:
     submit_jobs(engine, 40)
-    env = {
-        **os.environ,
-        "GPUYARD_PROFILE": "production",
-        "GPUYARD_DATABASE_URL": database_url,
-        "GPUYARD_REDIS_URL": redis_url,
-        "GPUYARD_REDIS_STREAM": redis_stream,
-        "GPUYARD_HOME": str(tmp_path),
-    }
+    env = {**os.environ, **production_settings(database_url, redis_url, redis_stream, tmp_path)}
     command = [sys.executable, "-m", "gpuyard.cli", "relay"]
     # Hold a SHARE lock: the relay can lock rows and publish, but its UPDATE (the mark) must wait.
     with engine.connect() as blocker:

@@ -36,21 +36,27 @@ from training import exit_codes
 
 from .conftest import EXAMPLE_SPEC
 
-FLEET = Fleet(
-    nodes=tuple(
-        Node(
-            name=f"d{d}n{i}",
-            site="east",
-            cluster="c",
-            domain=f"d{d}",
-            gpu_type="a100",
-            gpus=4,
-            gpu_memory_gb=80,
+
+def two_domains(gpus_per_node: int) -> Fleet:
+    """Two domains (d0, d1) of two a100 nodes each (d0n0, d0n1, d1n0, d1n1), in site east, cluster c."""
+    return Fleet(
+        nodes=tuple(
+            Node(
+                name=f"d{d}n{i}",
+                site="east",
+                cluster="c",
+                domain=f"d{d}",
+                gpu_type="a100",
+                gpus=gpus_per_node,
+                gpu_memory_gb=80,
+            )
+            for d in range(2)
+            for i in range(2)
         )
-        for d in range(2)
-        for i in range(2)
     )
-)
+
+
+FLEET = two_domains(4)
 
 
 class Clock:
@@ -138,6 +144,25 @@ def service(engine: Engine, launcher: RecordingLauncher, clock: Clock) -> Schedu
 def submit(engine: Engine, clock: Clock, data: dict[str, Any]) -> str:
     job, _ = job_store.submit(engine, parse_spec(data), idempotency_key=None, created_by="t", at=clock())
     return job.id
+
+
+def beat(
+    engine: Engine,
+    request: LaunchRequest,
+    clock: Clock,
+    step: int,
+    checkpoint: dict[str, Any] | None = None,
+) -> attempt_store.Beat:
+    """A heartbeat of the attempt's worker at `clock`'s now, reporting `checkpoint` if it has one."""
+    return attempt_store.heartbeat(
+        engine,
+        request.attempt_id,
+        request.fencing_token,
+        step=step,
+        checkpoint=checkpoint,
+        at=clock(),
+        lease_ttl_s=60,
+    )
 
 
 def state(engine: Engine, job_id: str) -> str:
@@ -229,15 +254,8 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
     job_id = submit(engine, clock, spec())
     service.step()
     first = next(iter(launcher.launched.values()))
-    attempt_store.heartbeat(
-        engine,
-        first.attempt_id,
-        first.fencing_token,
-        step=120,
-        checkpoint={"url": "file:///tmp/gpuyard-ckpt/flights/120", "step": 120, "saved_at": clock()},
-        at=clock(),
-        lease_ttl_s=60,
-    )
+    saved = {"url": "file:///tmp/gpuyard-ckpt/flights/120", "step": 120, "saved_at": clock()}
+    beat(engine, first, clock, 120, saved)
     clock.advance(61)  # silence: the worker died with its node
     service.step()
     with engine.connect() as conn:
@@ -256,15 +274,7 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
         and retry.checkpoint_url == "file:///tmp/gpuyard-ckpt/flights/120"
     )
     with pytest.raises(attempt_store.StaleToken):  # the old worker, back from the dead, is refused
-        attempt_store.heartbeat(
-            engine,
-            first.attempt_id,
-            first.fencing_token,
-            step=130,
-            checkpoint=None,
-            at=clock(),
-            lease_ttl_s=60,
-        )
+        beat(engine, first, clock, step=130)
 
 
 def test_a_repeated_checkpoint_does_not_move_the_point_lost_progress_counts_from(
@@ -277,23 +287,11 @@ def test_a_repeated_checkpoint_does_not_move_the_point_lost_progress_counts_from
     first = next(iter(launcher.launched.values()))
     attempt_store.mark_running(engine, first.attempt_id, clock())
     saved = {"url": "file:///tmp/gpuyard-ckpt/flights/120", "step": 120}
-
-    def beat() -> None:
-        attempt_store.heartbeat(
-            engine,
-            first.attempt_id,
-            first.fencing_token,
-            step=120,
-            checkpoint=saved,
-            at=clock(),
-            lease_ttl_s=60,
-        )
-
     clock.advance(5)
-    beat()
+    beat(engine, first, clock, 120, saved)
     saved_at = clock()
     clock.advance(8)
-    beat()  # the same checkpoint again
+    beat(engine, first, clock, 120, saved)  # the same checkpoint again
     with engine.begin() as conn:
         events = conn.execute(
             select(func.count())
@@ -391,10 +389,7 @@ def test_priority_preemption_stops_the_victim_then_places_the_job(
     victim_id, grace = launcher.cancelled[0]
     assert grace == service.grace_s
     victim = launcher.launched[victim_id]
-    beat = attempt_store.heartbeat(
-        engine, victim_id, victim.fencing_token, step=5, checkpoint=None, at=clock(), lease_ttl_s=60
-    )
-    assert beat.action == "checkpoint_and_stop"
+    assert beat(engine, victim, clock, step=5).action == "checkpoint_and_stop"
     service.step()
     assert len(launcher.cancelled) == 1  # no second victim while the first one stops
     launcher.pending_reports.append(WorkerReport(victim_id, Outcome.PREEMPTED, clock(), 75, "saved"))
@@ -603,15 +598,8 @@ def test_platform_metrics_summarize_what_happened(
     service.step()
     first = next(iter(launcher.launched.values()))
     attempt_store.mark_running(engine, first.attempt_id, clock())
-    attempt_store.heartbeat(
-        engine,
-        first.attempt_id,
-        first.fencing_token,
-        step=50,
-        checkpoint={"url": "file:///tmp/gpuyard-ckpt/flights/50", "step": 50, "saved_at": clock()},
-        at=clock(),
-        lease_ttl_s=60,
-    )
+    saved = {"url": "file:///tmp/gpuyard-ckpt/flights/50", "step": 50, "saved_at": clock()}
+    beat(engine, first, clock, 50, saved)
     clock.advance(100)  # 100 s after the checkpoint the node is lost
     launcher.pending_reports.append(WorkerReport(first.attempt_id, Outcome.LOST, clock(), None, "node lost"))
     service.step()
@@ -633,18 +621,6 @@ def test_platform_metrics_summarize_what_happened(
         assert summary["fair_share_attainment"] == {"a": pytest.approx(1.0)}
         scraped = api.get("/metrics").text
         assert "gpuyard_goodput_ratio 0.75" in scraped
-
-
-def beat(engine: Engine, request: LaunchRequest, clock: Clock, step: int) -> attempt_store.Beat:
-    return attempt_store.heartbeat(
-        engine,
-        request.attempt_id,
-        request.fencing_token,
-        step=step,
-        checkpoint=None,
-        at=clock(),
-        lease_ttl_s=60,
-    )
 
 
 def test_a_plain_command_lives_on_its_launchers_renewals_alone(

@@ -27,8 +27,9 @@ from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.reservations import Reservation, reserve_batch
-from servers import wait_until
+from servers import production_settings, wait_until
 from sqlalchemy import Engine
+from stores import report_checkpoint
 
 from .conftest import EXAMPLE_SPEC
 
@@ -77,15 +78,7 @@ def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Pat
     step.mkdir(parents=True)
     (step / "trainer.pt").write_bytes(b"trainer")
     os.mkfifo(step / "weights.bin")
-    attempt_store.heartbeat(
-        engine,
-        first.id,
-        first.fencing_token,
-        step=10,
-        at=utcnow(),
-        lease_ttl_s=60,
-        checkpoint={"url": step.as_uri(), "step": 10, "saved_at": utcnow()},
-    )
+    report_checkpoint(engine, first, step.as_uri(), 10, utcnow())
     attempt_store.finish(engine, first.id, AttemptState.LOST, at=utcnow(), reason="node drained")
     return job.id, step / "weights.bin"
 
@@ -96,11 +89,7 @@ def scheduler_env(
 ) -> Iterator[dict[str, str]]:
     env = {
         **os.environ,
-        "GPUYARD_PROFILE": "production",
-        "GPUYARD_DATABASE_URL": postgres_url,
-        "GPUYARD_REDIS_URL": redis_url,
-        "GPUYARD_REDIS_STREAM": redis_stream,
-        "GPUYARD_HOME": str(tmp_path / "home"),
+        **production_settings(postgres_url, redis_url, redis_stream, tmp_path / "home"),
         "GPUYARD_LAUNCHER": "local",
         "GPUYARD_FLEET_FILE": str(fleet_file(tmp_path)),
         "GPUYARD_API_URL": "http://127.0.0.1:9",  # the worker here sends no heartbeats

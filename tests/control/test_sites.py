@@ -18,6 +18,7 @@ from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.reservations import Reservation, reserve_batch
 from sqlalchemy import Engine
+from stores import report_checkpoint
 
 from .test_scheduler_service import Clock, RecordingLauncher, spec, submit
 
@@ -79,15 +80,7 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     (first,) = reserve_batch(engine, [Reservation(job_id, east, False)], at=clock(), lease_ttl_s=60)
     assert first is not None
     step_url = write_checkpoint(tmp_path / "east" / "mine" / "step-000000120", 120, corrupt=corrupt)
-    attempt_store.heartbeat(
-        engine,
-        first.id,
-        first.fencing_token,
-        step=120,
-        at=clock(),
-        lease_ttl_s=60,
-        checkpoint={"url": step_url, "step": 120, "saved_at": clock()},
-    )
+    report_checkpoint(engine, first, step_url, 120, clock())
     blocker = submit(engine, clock, spec(name="blocker", gpus=4))
     # east is busy with another job when ours is lost: the scheduler can only place it in the west
     attempt_store.finish(engine, first.id, AttemptState.LOST, at=clock(), reason="node lost")

@@ -180,37 +180,28 @@ def duplicate_bus_messages(target: Target, rng: random.Random) -> str | None:
     return f"{len(copies)} copies of bus messages, reordered"
 
 
-def _degrade(link: FaultProxy, rng: random.Random, mode: str, seconds: tuple[float, float]) -> str:
-    duration = rng.uniform(*seconds)
-    delay = rng.uniform(0.05, 0.4) if mode == "delay" else 0.0
-    link.set(mode, delay_s=delay)  # type: ignore[arg-type]
-    time.sleep(duration)
-    link.heal()
-    return f"{link.name}: {mode}{f' {delay * 1000:.0f} ms' if delay else ''} for {duration:.1f}s"
+def degrade(link: Callable[[Target], FaultProxy], mode: str, seconds: tuple[float, float]) -> Fault:
+    """The fault that sets one of the target's links to `mode` for a while (`seconds`: the shortest and
+    the longest), then heals it."""
+
+    def fault(target: Target, rng: random.Random) -> str:
+        proxy = link(target)
+        duration = rng.uniform(*seconds)
+        delay = rng.uniform(0.05, 0.4) if mode == "delay" else 0.0
+        proxy.set(mode, delay_s=delay)  # type: ignore[arg-type]
+        time.sleep(duration)
+        proxy.heal()
+        return f"{proxy.name}: {mode}{f' {delay * 1000:.0f} ms' if delay else ''} for {duration:.1f}s"
+
+    return fault
 
 
-def delay_postgres(target: Target, rng: random.Random) -> str:
-    return _degrade(target.postgres_link, rng, "delay", (3, 8))
+def _postgres(target: Target) -> FaultProxy:
+    return target.postgres_link
 
 
-def blackhole_postgres(target: Target, rng: random.Random) -> str:
-    return _degrade(target.postgres_link, rng, "blackhole", (2, 18))
-
-
-def cut_postgres(target: Target, rng: random.Random) -> str:
-    return _degrade(target.postgres_link, rng, "cut", (1, 6))
-
-
-def delay_redis(target: Target, rng: random.Random) -> str:
-    return _degrade(target.redis_link, rng, "delay", (3, 8))
-
-
-def blackhole_redis(target: Target, rng: random.Random) -> str:
-    return _degrade(target.redis_link, rng, "blackhole", (2, 12))
-
-
-def cut_redis(target: Target, rng: random.Random) -> str:
-    return _degrade(target.redis_link, rng, "cut", (1, 6))
+def _redis(target: Target) -> FaultProxy:
+    return target.redis_link
 
 
 def skew_clock(target: Target, rng: random.Random) -> str:
@@ -234,12 +225,12 @@ FAULTS: dict[str, tuple[float, Fault]] = {  # kind -> (relative frequency, fault
     "restart-redis": (0.7, restart_redis),
     "flush-redis": (0.7, flush_redis),
     "duplicate-bus-messages": (1, duplicate_bus_messages),
-    "delay-postgres": (0.7, delay_postgres),
-    "blackhole-postgres": (0.7, blackhole_postgres),
-    "cut-postgres": (0.7, cut_postgres),
-    "delay-redis": (0.5, delay_redis),
-    "blackhole-redis": (0.5, blackhole_redis),
-    "cut-redis": (0.5, cut_redis),
+    "delay-postgres": (0.7, degrade(_postgres, "delay", (3, 8))),
+    "blackhole-postgres": (0.7, degrade(_postgres, "blackhole", (2, 18))),
+    "cut-postgres": (0.7, degrade(_postgres, "cut", (1, 6))),
+    "delay-redis": (0.5, degrade(_redis, "delay", (3, 8))),
+    "blackhole-redis": (0.5, degrade(_redis, "blackhole", (2, 12))),
+    "cut-redis": (0.5, degrade(_redis, "cut", (1, 6))),
     "skew-clock": (1, skew_clock),
 }
 

@@ -15,11 +15,13 @@ import itertools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import kmock
 import kubernetes_validate
 import pytest
+import yaml
 from gpuyard.settings.kubernetes import KubernetesConfig
 from kmock import action
 from kubernetes import client as k8s
@@ -124,6 +126,22 @@ class Cluster:
                 self.emulator.namespaces[obj["metadata"]["name"]] = obj
             else:
                 k8s_utils.create_from_dict(self.api.api_client, obj)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file pointing at this API double, as an operator's ~/.kube/config would."""
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+                    "users": [{"name": "gpuyard", "user": {"token": "t"}}],
+                    "contexts": [{"name": "double", "context": {"cluster": "double", "user": "gpuyard"}}],
+                    "current-context": "double",
+                }
+            )
+        )
+        return path
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)

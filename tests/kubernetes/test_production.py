@@ -43,32 +43,16 @@ TEAM_NS = "gpuyard-team-ml"
 ATTEMPT_PLURALS = ("pods", "services", "secrets", "networkpolicies")
 
 
-def running() -> dict[str, Any]:
+def pod_status(phase: str, state: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
+    """A pod's status as its kubelet reports it: the phase, and its one container (`worker`) in `state`."""
     return {
-        "phase": "Running",
+        "phase": phase,
         "containerStatuses": [
             {
                 "name": "worker",
                 "image": IMAGE,
                 "imageID": "",
-                "ready": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": "2026-12-01T10:00:00Z"}},
-            }
-        ],
-    }
-
-
-def exited(code: int) -> dict[str, Any]:
-    state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
-    return {
-        "phase": "Succeeded" if code == 0 else "Failed",
-        "containerStatuses": [
-            {
-                "name": "worker",
-                "image": IMAGE,
-                "imageID": "",
-                "ready": False,
+                "ready": ready,
                 "restartCount": 0,
                 "state": state,
             }
@@ -76,24 +60,21 @@ def exited(code: int) -> dict[str, Any]:
     }
 
 
+def running() -> dict[str, Any]:
+    return pod_status("Running", {"running": {"startedAt": "2026-12-01T10:00:00Z"}}, ready=True)
+
+
+def exited(code: int) -> dict[str, Any]:
+    state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+    return pod_status("Succeeded" if code == 0 else "Failed", state)
+
+
 class Platform:
     """The control plane's processes, and the calls the test makes as users, kubelets and operators."""
 
     def __init__(self, cluster: Cluster, database_url: str, redis_url: str, run: Path):
         self.cluster, self.database_url, self.run = cluster, database_url, run
-        kubeconfig = run / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "double", "cluster": {"server": cluster.url}}],
-                    "users": [{"name": "gpuyard", "user": {"token": "t"}}],
-                    "contexts": [{"name": "double", "context": {"cluster": "double", "user": "gpuyard"}}],
-                    "current-context": "double",
-                }
-            )
-        )
+        kubeconfig = cluster.write_kubeconfig(run / "kubeconfig")
         self.api_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
         self.env = {
@@ -313,22 +294,8 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
     # An image that cannot be pulled: the job fails, naming the image and the reason.
     jobs["pull"] = platform.submit("pull")
     (pod,) = platform.until_pods(jobs["pull"], 1)
-    platform.set_status(
-        [pod],
-        {
-            "phase": "Pending",
-            "containerStatuses": [
-                {
-                    "name": "worker",
-                    "image": IMAGE,
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {"waiting": {"reason": "ErrImagePull", "message": f"pull {IMAGE}: not found"}},
-                }
-            ],
-        },
-    )
+    pulling = {"waiting": {"reason": "ErrImagePull", "message": f"pull {IMAGE}: not found"}}
+    platform.set_status([pod], pod_status("Pending", pulling))
     failed = platform.until_state(jobs["pull"], "FAILED")
     assert "image pull failed: ErrImagePull" in failed["attempts"][0]["reason"]
 

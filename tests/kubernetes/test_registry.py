@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import NAMESPACE, Cluster
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 from gpuyard.launchers.registry import LAUNCHERS
@@ -18,20 +17,7 @@ from gpuyard.settings import SettingsError, load_settings
 @pytest.fixture
 def kubeconfig(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kubeconfig file pointing at the API double, as an operator's ~/.kube/config would."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "double", "cluster": {"server": cluster.url}}],
-                "users": [{"name": "gpuyard", "user": {"token": "t"}}],
-                "contexts": [{"name": "double", "context": {"cluster": "double", "user": "gpuyard"}}],
-                "current-context": "double",
-            }
-        )
-    )
-    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setenv("KUBECONFIG", str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
 
 
 def test_every_launcher_is_one_entry_with_its_fleet_and_logs() -> None:

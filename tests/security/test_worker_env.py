@@ -56,15 +56,19 @@ def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_ser
     tmp_path: Path, secrets: FileSecretStore, attempt_id: str
 ) -> None:
     job = request(attempt_id, env={"MODE": "fast"}, env_from_secret={"API_KEY": "api-key"})
-    sandbox = worker_env.prepare(
-        job,
-        tmp_path / "attempts",
-        secrets,
-        team_users=False,
-        workdir=tmp_path,
-        inherited=SERVER_ENV,
-        passthrough=("TZ", "NOPE"),
-    )
+
+    def prepare(*passthrough: str) -> worker_env.WorkerSandbox:
+        return worker_env.prepare(
+            job,
+            tmp_path / "attempts",
+            secrets,
+            team_users=False,
+            workdir=tmp_path,
+            inherited=SERVER_ENV,
+            passthrough=passthrough,
+        )
+
+    sandbox = prepare("TZ", "NOPE")
     env = sandbox.environment({"RANK": "0", "GPUYARD_ATTEMPT_ID": attempt_id})
     assert env["LANG"] == "C.UTF-8" and env["TZ"] == "UTC"
     assert env["MODE"] == "fast" and env["API_KEY"] == "the-value"
@@ -75,15 +79,7 @@ def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_ser
     assert leaked == [] and "GPUYARD_HOME" not in env and "PYTHONPATH" not in env and "NOPE" not in env
     assert stat.S_IMODE(sandbox.directory.stat().st_mode) == 0o700
     assert sandbox.directory.parent == worker_env.sandboxes_root()
-    passed = worker_env.prepare(
-        job,
-        tmp_path / "attempts",
-        secrets,
-        team_users=False,
-        workdir=tmp_path,
-        inherited=SERVER_ENV,
-        passthrough=("PYTHONPATH",),
-    )
+    passed = prepare("PYTHONPATH")
     assert passed.environment({})["PYTHONPATH"] == "/srv/gpuyard/plugins"  # the operator chose to
 
 

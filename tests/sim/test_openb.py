@@ -14,16 +14,13 @@ from gpuyard.sim.openb import read_nodes, read_pods
 from gpuyard.sim.run import simulate
 from gpuyard.sim.trace import TraceError, TraceJob
 
+from .test_simulator import write_trace
+
 POD_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
     "creation_time,deletion_time,scheduled_time"
 )
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
-
-
-def write(path: Path, header: str, rows: list[str]) -> Path:
-    path.write_text("\n".join([header, *rows]) + "\n")
-    return path
 
 
 PODS = [
@@ -37,7 +34,7 @@ PODS = [
 
 
 def test_pods_become_jobs_with_their_models_and_the_rest_is_counted(tmp_path: Path) -> None:
-    path = write(tmp_path / "pods.csv", POD_HEADER, PODS)
+    path = write_trace(tmp_path / "pods.csv", PODS, POD_HEADER)
     jobs, counts = read_pods(path, end_s=5000)
     assert [(j.id, j.team, j.gpus, j.gpu_types, j.duration_s, j.gpu_share) for j in jobs] == [
         ("p-whole", "LS", 2, (), 1000.0, 1.0),
@@ -55,19 +52,20 @@ def test_pods_become_jobs_with_their_models_and_the_rest_is_counted(tmp_path: Pa
 
 
 def test_bad_pod_and_node_rows_are_named(tmp_path: Path) -> None:
-    bad = write(tmp_path / "bad.csv", POD_HEADER, [PODS[0], "p2,1,1,two,1000,,LS,Running,1,2,1"])
+    bad = write_trace(tmp_path / "bad.csv", [PODS[0], "p2,1,1,two,1000,,LS,Running,1,2,1"], POD_HEADER)
     with pytest.raises(TraceError, match=r"row 3, column 'num_gpu': expected a whole number >= 0, got 'two'"):
         read_pods(bad)
-    backwards = write(tmp_path / "back.csv", POD_HEADER, ["p,1,1,1,1000,,LS,Running,10,5,10"])
+    backwards = write_trace(tmp_path / "back.csv", ["p,1,1,1,1000,,LS,Running,10,5,10"], POD_HEADER)
     with pytest.raises(TraceError, match=r"row 2, column 'deletion_time': expected >= scheduled_time 10"):
         read_pods(backwards)
-    twice = write(tmp_path / "twice.csv", POD_HEADER, [PODS[0], PODS[0]])
+    twice = write_trace(tmp_path / "twice.csv", [PODS[0], PODS[0]], POD_HEADER)
     with pytest.raises(TraceError, match=r"row 3, column 'name'.*'p-whole' is on row 2"):
         read_pods(twice)
-    missing = write(tmp_path / "cols.csv", "name,num_gpu", ["p,1"])
+    missing = write_trace(tmp_path / "cols.csv", ["p,1"], "name,num_gpu")
     with pytest.raises(TraceError, match=r"missing column\(s\) \['gpu_milli', 'creation_time'"):
         read_pods(missing)
-    nodes = write(tmp_path / "nodes.csv", NODE_HEADER, ["n1,64000,262144,2,T4", "n2,64000,262144,8,nan"])
+    rows = ["n1,64000,262144,2,T4", "n2,64000,262144,8,nan"]
+    nodes = write_trace(tmp_path / "nodes.csv", rows, NODE_HEADER)
     with pytest.raises(TraceError, match=r"row 3, column 'model': expected a GPU model"):
         read_nodes(nodes)
     with pytest.raises(ValueError, match="speedup must be > 0"):
@@ -76,7 +74,7 @@ def test_bad_pod_and_node_rows_are_named(tmp_path: Path) -> None:
 
 def test_a_share_of_the_nodes_keeps_the_mix(tmp_path: Path) -> None:
     rows = [f"t{i},1,1,2,T4" for i in range(8)] + [f"g{i},1,1,8,G2" for i in range(4)] + ["c,1,1,0,nan"]
-    path = write(tmp_path / "nodes.csv", NODE_HEADER, rows)
+    path = write_trace(tmp_path / "nodes.csv", rows, NODE_HEADER)
     whole = read_nodes(path)
     assert len(whole.nodes) == 12 and len(whole.domains()) == 12  # no CPU-only node; each its own domain
     quarter = read_nodes(path, share=0.25)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trainkit import write_flights
 
-from training.data import write_synthetic
 
-
-@pytest.fixture(scope="session")
-def flights_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "flights.parquet"
-    write_synthetic(str(path), rows=600, features=6, seed=3)
-    return path
+@pytest.fixture
+def flights_parquet(tmp_path: Path) -> Path:
+    """600 synthetic rows, written for each test: cheap, and a session-wide fixture would keep every
+    training test on one xdist worker (tests/conftest.py groups the tests of a shared fixture)."""
+    return write_flights(tmp_path / "flights.parquet")

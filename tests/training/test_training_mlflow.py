@@ -38,11 +38,9 @@ def test_attempts_of_one_job_share_one_run_found_by_job_tag(tmp_path: Path) -> N
 
 
 def test_lost_node_then_resume_continues_the_same_mlflow_run(tmp_path: Path, flights_parquet: Path) -> None:
-    work = tmp_path / "work"
-    cfg = write_config(
-        tmp_path / "c.yaml",
+    cfg, work = write_config(
+        tmp_path,
         flights_parquet,
-        work,
         train={"max_steps": 12, "step_sleep_s": 0.2},
         checkpoint={"interval_steps": 4},
         mlflow={

@@ -83,11 +83,9 @@ def test_a_training_job_logs_its_run_and_model_to_the_tracking_server(
     mlflow_server: tuple[str, Path], tmp_path: Path, flights_parquet: Path
 ) -> None:
     url, object_store = mlflow_server
-    work = tmp_path / "work"
-    config = write_config(
-        tmp_path / "c.yaml",
+    config, work = write_config(
+        tmp_path,
         flights_parquet,
-        work,
         train={"max_steps": 6},
         mlflow={
             "enabled": True,

@@ -27,11 +27,10 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
     def answer(n: int, body: dict[str, object]) -> tuple[int, dict[str, object]]:
         return lease("checkpoint_and_stop" if int(body["step"]) >= 12 else "continue", interval=0.5)
 
-    work, ckpt_dir = tmp_path / "work", tmp_path / "bucket"
-    cfg = write_config(
-        tmp_path / "c.yaml",
+    ckpt_dir = tmp_path / "bucket"
+    cfg, work = write_config(
+        tmp_path,
         flights_parquet,
-        work,
         train={"max_steps": 500, "step_sleep_s": 0.1},
         checkpoint={"interval_steps": None, "interval_s": "auto", "auto_fallback_s": 1e6},
         heartbeat={"interval_s": 0.2},
@@ -56,11 +55,9 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
 
 
 def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_parquet: Path) -> None:
-    work = tmp_path / "work"
-    cfg = write_config(
-        tmp_path / "c.yaml",
+    cfg, work = write_config(
+        tmp_path,
         flights_parquet,
-        work,
         parallel={"strategy": "auto"},
         train={"max_steps": 500, "step_sleep_s": 0.05},
         checkpoint={"interval_steps": None},
@@ -82,11 +79,9 @@ def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(
 ) -> None:
     """A pod eviction: SIGTERM reaches torchrun, which forwards it to its workers; they finish the step,
     write a complete checkpoint and exit 75."""
-    work = tmp_path / "work"
-    cfg = write_config(
-        tmp_path / "c.yaml",
+    cfg, work = write_config(
+        tmp_path,
         flights_parquet,
-        work,
         parallel={"strategy": "fsdp"},
         train={"max_steps": 500, "step_sleep_s": 0.1},
         checkpoint={"interval_steps": None},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainkit import launch, losses, read_events, run_workers, write_config
+from trainkit import launch, losses, read_events, run_workers, write_config, write_flights
 
 from training import exit_codes
 from training.checkpoint import CheckpointStore, read_model_state
@@ -26,11 +26,10 @@ def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
 
 def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: float = 0.1) -> Path:
     """An uninterrupted run; its periodic checkpoints (steps 4 and 8) are asynchronous."""
-    work = tmp_path / f"baseline-{strategy}-{nproc}"
-    cfg = write_config(
-        tmp_path / f"baseline-{strategy}.yaml",
+    cfg, work = write_config(
+        tmp_path,
         data,
-        work,
+        f"baseline-{strategy}-{nproc}",
         parallel={"strategy": strategy},
         model={"dropout": dropout},
         checkpoint={"async_save": True},
@@ -42,11 +41,10 @@ def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: flo
 def preempt_then_resume(
     tmp_path: Path, data: Path, strategy: str, first: int, second: int, dropout: float = 0.1
 ) -> Path:
-    work = tmp_path / f"resumed-{strategy}-{first}-{second}"
-    cfg = write_config(
-        tmp_path / f"resumed-{strategy}.yaml",
+    cfg, work = write_config(
+        tmp_path,
         data,
-        work,
+        f"resumed-{strategy}-{first}-{second}",
         parallel={"strategy": strategy},
         train={"step_sleep_s": 0.25},
         model={"dropout": dropout},
@@ -83,12 +81,14 @@ References = dict[tuple[str, float], Path]
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory, flights_parquet: Path) -> References:
-    """Uninterrupted 2-worker runs, made on first use per (strategy, dropout) and shared by the tests."""
+def references(tmp_path_factory: pytest.TempPathFactory) -> References:
+    """Uninterrupted 2-worker runs, made on first use per (strategy, dropout) and shared by the tests,
+    on a copy of the tests' data set of their own (the same rows as each test's `flights_parquet`)."""
+    data = write_flights(tmp_path_factory.mktemp("ref-data") / "flights.parquet")
 
     class Lazy(dict[tuple[str, float], Path]):
         def __missing__(self, key: tuple[str, float]) -> Path:
-            self[key] = baseline(tmp_path_factory.mktemp("ref"), flights_parquet, key[0], 2, key[1])
+            self[key] = baseline(tmp_path_factory.mktemp("ref"), data, key[0], 2, key[1])
             return self[key]
 
     return Lazy()

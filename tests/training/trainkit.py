@@ -19,14 +19,26 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 
+def write_flights(path: Path) -> Path:
+    """The training tests' data set: the same rows wherever it is written (seeded)."""
+    from training.data import write_synthetic
+
+    write_synthetic(str(path), rows=600, features=6, seed=3)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def write_config(path: Path, data: Path, workdir: Path, **sections: Mapping[str, Any]) -> Path:
-    """A small config: tiny MLP, MLflow off unless a section turns it on."""
+def write_config(
+    root: Path, data: Path, name: str = "work", **sections: Mapping[str, Any]
+) -> tuple[Path, Path]:
+    """A small config, `root/<name>.yaml`, for a run in the workdir `root/<name>`: tiny MLP, MLflow off
+    unless a section turns it on. Returns (config, workdir)."""
+    workdir = root / name
     raw: dict[str, Any] = {
         "seed": 7,
         "workdir": str(workdir),
@@ -37,10 +49,11 @@ def write_config(path: Path, data: Path, workdir: Path, **sections: Mapping[str,
         "checkpoint": {"interval_steps": 4, "keep_last": 3},
         "mlflow": {"enabled": False},
     }
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return path
+    return path, workdir
 
 
 @dataclass
