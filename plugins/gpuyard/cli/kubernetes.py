@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from gpuyard.cli.common import Home, fail, settings_for, store
-from gpuyard.store import teams as team_store
 
 app = typer.Typer(help="The Kubernetes launcher's cluster objects.", no_args_is_help=True)
 
@@ -26,6 +25,7 @@ def kubernetes_namespaces(
     import yaml
 
     from gpuyard.launchers.kubernetes import manifests
+    from gpuyard.store import teams as team_store
 
     settings = settings_for(home)
     with store(settings).connect() as conn:

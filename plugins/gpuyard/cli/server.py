@@ -1,13 +1,14 @@
-"""`gpuyard up | api | scheduler | relay | migrate`: run the control plane's processes."""
+"""`gpuyard up | api | scheduler | relay | migrate`: run the control plane's processes.
+
+Each command imports what it runs (uvicorn, the bus, the services) when it runs: every `gpuyard`
+command imports this module, and `gpuyard jobs` should not pay for a server's start-up."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
-import uvicorn
 
-from gpuyard.bus.factory import make_bus
 from gpuyard.cli.common import Home, fail, hidden, log, out, server_settings, store
 from gpuyard.settings import SettingsError
 
@@ -23,7 +24,10 @@ def up(
     """Run the embedded all-in-one control plane: API, outbox relay, scheduler and local launcher."""
     import threading
 
+    import uvicorn
+
     from gpuyard.api.app import create_app
+    from gpuyard.bus.factory import make_bus
     from gpuyard.services import (
         AnnouncingServer,
         background,
@@ -91,6 +95,7 @@ def scheduler(home: Home = None) -> None:
     import signal
     import threading
 
+    from gpuyard.bus.factory import make_bus
     from gpuyard.services import build_launcher, build_scheduler, fleet_source, probes
 
     settings = server_settings(home)
@@ -128,6 +133,8 @@ def api(
     settings = server_settings(home)
     if settings.bus == "memory" and workers > 1:
         fail("bus=memory lives inside one process: use `gpuyard up`, or set GPUYARD_BUS=redis")
+    import uvicorn
+
     from gpuyard.services import multiprocess_metrics
 
     store(settings).dispose()  # the schema is at head (or migrated, embedded) before workers start
@@ -150,6 +157,7 @@ def relay(home: Home = None) -> None:
     import signal
     import threading
 
+    from gpuyard.bus.factory import make_bus
     from gpuyard.services import probes, relay_loop, relay_metrics
 
     settings = server_settings(home)

@@ -13,7 +13,6 @@ from gpuyard.cli.common import Api, AsJson, Home, api_command, err, fail, out, p
 from gpuyard.clock import utcnow
 from gpuyard.domain.tokens import TokenLifetimeError
 from gpuyard.domain.units import parse_duration
-from gpuyard.store import teams as team_store
 
 app = typer.Typer(help="API tokens.", no_args_is_help=True)
 
@@ -31,6 +30,7 @@ def token_create(
 ) -> None:
     """Create a token directly in the store and print it once (it is stored only as a hash)."""
     from gpuyard.domain.spec import dns_label
+    from gpuyard.store import teams as team_store
 
     try:
         parsed_role = team_store.Role(role)

@@ -14,7 +14,6 @@ import typer
 from gpuyard.domain.fleet import load_fleet
 from gpuyard.sim.engine import SimConfig, SimulationError
 from gpuyard.sim.fleet_builder import standard_fleet
-from gpuyard.sim.metrics import COLUMNS
 from gpuyard.sim.run import POLICY_NAMES, check_policy
 from gpuyard.sim.trace import TraceError, parse_time, read_trace
 from rich.console import Console
@@ -74,7 +73,9 @@ def sim(
     ] = None,
 ) -> None:
     """Replay a trace through the real scheduling cycle with a virtual clock."""
-    from gpuyard.sim.charts import run_recorded, write_chart  # matplotlib: only when a sim runs
+    # numpy and matplotlib: only when a sim runs (every `gpuyard` command imports this module)
+    from gpuyard.sim.charts import run_recorded, write_chart
+    from gpuyard.sim.metrics import COLUMNS
 
     try:
         policies = [check_policy(name.strip()) for name in policy.split(",") if name.strip()]
