@@ -15,13 +15,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from gpuyard.store.db import make_engine, migrate
 from servers import RedisServer, answers, free_port, open_directory
 from sqlalchemy import Engine
-from stores import empty_store, migrated_sqlite
+from stores import empty_store, migrated_sqlite, throwaway_database
 
 
 def _start_postgres(directory: Path) -> str:
@@ -78,12 +77,8 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def postgres_url(postgres_server: str) -> Iterator[str]:
     """A database of its own for this test session, dropped at the end."""
-    name = f"gpuyard_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield postgres_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database(postgres_server, "gpuyard_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

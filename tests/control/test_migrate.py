@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 from gpuyard.store.db import MIGRATION_LOCK, current_revision, head_revision, make_engine
 from servers import wait_until
+from stores import throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -24,12 +24,8 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 def fresh_database(postgres_server: str) -> Iterator[str]:
     """A database nothing has migrated, dropped afterwards."""
-    name = f"gpuyard_migrate_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield postgres_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database(postgres_server, "gpuyard_migrate") as url:
+        yield url
 
 
 def gpuyard(command: str, database_url: str, home: Path, **env: str) -> subprocess.Popen[str]:
