@@ -6,7 +6,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from airflow_harness import PYTHON, ROOT, run_python
+
+pytestmark = pytest.mark.slow  # Airflow's plugin manager in processes
 
 LOAD = """
 import json, sys

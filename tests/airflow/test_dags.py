@@ -10,6 +10,8 @@ from airflow_harness import ROOT, run_python
 
 from pipelines.definition import load_definition
 
+pytestmark = pytest.mark.slow  # Airflow's DAG processor and `dags test`
+
 SHAPE = """
 import json
 from airflow.dag_processing.dagbag import DagBag

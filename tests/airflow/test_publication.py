@@ -14,6 +14,8 @@ from pipelines import publish
 from pipelines.definition import PipelineDefinition, load_definition
 from pipelines.evaluate import Scored, Verdict, decide
 
+pytestmark = pytest.mark.slow  # MLflow stores and the publication steps
+
 
 @pytest.fixture
 def definition(tmp_path: Path) -> PipelineDefinition:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from servers import GpuyardUp, job_state, wait_until
 
+pytestmark = pytest.mark.slow  # a `gpuyard up` and a CLI process per command
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "flights-delay.yaml"
 

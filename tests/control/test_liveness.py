@@ -31,6 +31,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from stores import empty_store
 
+pytestmark = pytest.mark.slow  # a `gpuyard up` running jobs for several lease periods
+
 CPU = LocalInventory("cpu", 1, 0.0, False)
 
 

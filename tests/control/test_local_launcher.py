@@ -32,6 +32,8 @@ from sqlalchemy import Engine
 
 from training import exit_codes
 
+pytestmark = pytest.mark.slow  # real worker processes
+
 WORKER = Path(__file__).parent / "workers" / "checkpointing_worker.py"
 CPU = LocalInventory("cpu", 2, 0.0, False)
 

@@ -94,6 +94,7 @@ def info_lines(log: Path, logger: str, message: str) -> list[str]:
     return [x for x in lines(log) if f"level=INFO logger={logger} " in x and message in x]
 
 
+@pytest.mark.slow
 def test_gpuyard_up_logs_the_relays_and_the_schedulers_info_lines(tmp_path: Path) -> None:
     up = GpuyardUp(tmp_path / "home", without_gpuyard_settings(GPUYARD_LOG_FORMAT="text"))
     try:
@@ -110,6 +111,7 @@ def test_gpuyard_up_logs_the_relays_and_the_schedulers_info_lines(tmp_path: Path
         up.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_a_production_relay_writes_json_lines_at_the_level_set(
     engine: Engine, database_url: str, redis_url: str, redis_stream: str, tmp_path: Path

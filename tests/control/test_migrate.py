@@ -18,7 +18,7 @@ from gpuyard.store.db import MIGRATION_LOCK, current_revision, head_revision, ma
 from servers import wait_until
 from stores import throwaway_database
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # migrations as processes, racing for the lock
 
 
 @pytest.fixture

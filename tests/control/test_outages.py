@@ -27,6 +27,8 @@ from sqlalchemy.exc import OperationalError
 
 from .conftest import EXAMPLE_SPEC, bearer
 
+pytestmark = pytest.mark.slow  # proxies, throwaway servers and waits for client bounds
+
 Proxy = TypeVar("Proxy", TcpProxy, FaultProxy)
 
 

@@ -32,7 +32,10 @@ from sqlalchemy import Engine
 from .conftest import EXAMPLE_SPEC
 from .test_relay import all_seqs, submit_jobs, unpublished
 
-pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+pytestmark = [
+    pytest.mark.parametrize("database_url", ["postgres"], indirect=True),
+    pytest.mark.slow,
+]  # API workers and scheduler replicas as processes
 
 
 def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -65,6 +65,7 @@ def test_relay_publishes_batches_and_marks_them(engine: Engine) -> None:
     assert {d.message.event_seq for d in bus.read("g", "c", count=100, block_s=0)} == all_seqs(engine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_concurrent_relays_lose_nothing_and_skip_each_others_rows(
     engine: Engine, redis_url: str, redis_stream: str
@@ -90,6 +91,7 @@ def test_concurrent_relays_lose_nothing_and_skip_each_others_rows(
     assert max(published.values()) == 1  # SKIP LOCKED: no replica published another's batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_relay_killed_between_publish_and_mark_loses_nothing(
     engine: Engine, database_url: str, redis_url: str, redis_stream: str, tmp_path: Path
@@ -198,6 +200,7 @@ def test_relay_outlives_a_redis_that_refuses_writes(
         admin.close()
 
 
+@pytest.mark.slow
 def test_relay_rejects_the_in_process_bus_as_a_separate_process(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuyard.cli", "relay", "--home", str(tmp_path)],

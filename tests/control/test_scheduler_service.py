@@ -525,6 +525,7 @@ def test_two_replicas_run_concurrently_and_launch_each_job_once(
         max_size=30,
     )
 )
+@pytest.mark.slow
 def test_no_gpu_is_ever_leased_twice_and_gangs_stay_in_one_domain(
     tmp_path_factory: Any, operations: Any
 ) -> None:

@@ -33,6 +33,8 @@ from stores import report_checkpoint
 
 from .conftest import EXAMPLE_SPEC
 
+pytestmark = pytest.mark.slow  # scheduler processes killed and restarted
+
 STEP = "step-000000010"
 
 

@@ -11,6 +11,8 @@ import pytest
 from pipelines import ingest, storage, validate
 from pipelines.errors import ValidationFailed
 
+pytestmark = pytest.mark.slow  # Great Expectations on the Spark-prepared sample
+
 DAY = dt.date(2013, 1, 5)
 
 

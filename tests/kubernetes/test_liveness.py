@@ -32,6 +32,8 @@ from test_launcher import running, terminated
 
 from training import exit_codes
 
+pytestmark = pytest.mark.slow  # commands run for several lease periods
+
 LEASE_S = 2.0
 
 

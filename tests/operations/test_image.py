@@ -21,6 +21,8 @@ import pytest
 import yaml
 from gpuyard.settings import load_settings
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

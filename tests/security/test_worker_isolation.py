@@ -34,6 +34,8 @@ from sqlalchemy import create_engine, text
 
 from training.data import write_synthetic
 
+pytestmark = pytest.mark.slow  # workers as their teams' users
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = "planted-secret-0d5e1c7a9b"
 SERVER_CREDENTIAL = "server-credential-4b8f"

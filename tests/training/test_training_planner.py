@@ -177,6 +177,7 @@ print(sum(p.numel() for p in kept[0].parameters()), peak - base, psutil.Process(
 """
 
 
+@pytest.mark.slow
 def test_model_state_estimate_matches_measured_memory_on_cpu() -> None:
     """fp32 AdamW: weights 4 + gradients 4 + two moments 8 = 16 bytes per parameter, against the resident
     memory growth of a fresh process over one training step: at steady state (tight), and at its peak

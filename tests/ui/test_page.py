@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gpuyard.client import Endpoint, GpuyardClient
 from servers import wait_until
 from stack import GPUYARD, Gpuyard
+
+pytestmark = pytest.mark.slow  # a `gpuyard up` and Chromium
 
 WORKER = "tests/control/workers/checkpointing_worker.py"
 WAIT_MS = 30_000
