@@ -197,7 +197,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.iter_markers("xdist_group")) and (group := shared_fixture_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
-    # The slow tests first (a stable sort: each keeps its place among its kind): xdist hands out tests
-    # in this order, so the long ones start at once and the short ones fill the workers at the end,
-    # instead of one long test (a browser, an Airflow) starting last and running alone.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

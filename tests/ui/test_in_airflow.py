@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from stack import AirflowStack, Gpuyard
 
-WAIT_MS = 30_000
+WAIT_MS = 60_000  # Airflow's UI under the whole suite's load (4 workers on 2 cores) loads slowly
 JOB = {
     "name": "waits-in-airflow",
     "team": "a",
