@@ -127,6 +127,11 @@ class SchedulerService:
         for placed, attempt in zip(result.placed, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
                 metrics.scheduler_placements.inc()
+                # A pass can outlast the lead (a loaded machine): a replica that lost it leaves the
+                # launch to the next leader's recovery, which launches reserved attempts (NotLeading
+                # stops the pass). Narrows the window to this check; the launcher's own idempotency
+                # covers what is left (issue 28: fence the launch itself).
+                self.confirm_lead()
                 if self.launch(attempt, by_id[placed.job.id]):
                     launched.append(attempt.id)
         attempt_store.mark_launching(self.engine, launched, self.clock())
@@ -143,6 +148,12 @@ class SchedulerService:
                     self.engine, victim, at=now, why=eviction.reason, kind=StopReason.PREEMPT
                 )
         return result
+
+    def confirm_lead(self) -> None:
+        """Raise NotLeading when this replica's lead has passed (nothing when it runs without one)."""
+        if self.lead is not None:
+            with self.engine.begin() as conn:
+                leadership.confirm(conn, self.lead, now=self.clock())
 
     def launch(self, attempt: Attempt, job: Job) -> bool:
         """Start the attempt's workers; True when a reserved (CREATED) attempt was launched, for the
