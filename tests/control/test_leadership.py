@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.base import LaunchRequest
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.store import jobs as job_store
 from gpuyard.store import leadership
@@ -26,11 +28,12 @@ from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, leaders
 from servers import wait_until
 from sqlalchemy import Engine, event, func, select, text, update
+from sqlalchemy.exc import DBAPIError
 from stores import empty_store
 
 from .conftest import EXAMPLE_SPEC
 from .test_scheduler_service import FLEET, Clock, RecordingLauncher
-from .test_store_races import interleave
+from .test_store_races import interleave, waits_on_a_lock
 
 PLACEMENT = Placement("local", "local", "local", (NodeSlice("node-1", (0,)),))
 
@@ -234,3 +237,108 @@ def test_the_lead_cannot_change_hands_while_a_reservation_under_it_commits(engin
     reserved, (taken, seen) = interleave(engine, reserve, r"(?s)FROM leaders.*FOR SHARE", take_over)
     assert reserved is not None
     assert taken == Lead("scheduler", "two", 2) and seen == 1
+
+
+# -- side effects are fenced: a launch happens under the lead that claimed it, or not at all -------
+
+
+class BlockingLauncher(RecordingLauncher):
+    """A launch that takes as long as the test says: it is inside the launcher until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def launch(self, request: LaunchRequest) -> None:
+        super().launch(request)
+        self.inside.set()
+        assert self.go.wait(20), "the test never let the launch finish"
+
+
+def replica(engine: Engine, holder: str, launcher: RecordingLauncher, lease_ttl_s: float) -> SchedulerService:
+    return SchedulerService(
+        engine, launcher, FLEET, api_url=lambda: "http://api", holder=holder, lease_ttl_s=lease_ttl_s
+    )
+
+
+def reserved_under(engine: Engine, service: SchedulerService) -> tuple[Attempt, Job]:
+    """`service` takes the lead and reserves a pending job under it (launched by nobody yet)."""
+    empty_store(engine)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), utcnow())
+    job_id = pending_job(engine)
+    assert service.hold_lead()
+    (attempt,) = reserve_batch(
+        engine, [Reservation(job_id, PLACEMENT, False)], at=utcnow(), lease_ttl_s=60, lead=service.lead
+    )
+    assert attempt is not None
+    with engine.connect() as conn:
+        job = job_store.get(conn, job_id)
+    assert job is not None
+    return attempt, job
+
+
+def attempt_state(engine: Engine, attempt_id: str) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(select(attempts.c.state).where(attempts.c.id == attempt_id)).scalar_one())
+
+
+@pg
+def test_a_launch_under_a_lead_that_passed_starts_nothing(engine: Engine) -> None:
+    one = replica(engine, "one", RecordingLauncher(), lease_ttl_s=30)
+    attempt, job = reserved_under(engine, one)
+    lapse(engine)
+    assert leadership.hold(engine, "scheduler", "two", now=utcnow(), ttl_s=30) is not None
+    with pytest.raises(NotLeading):
+        one.launch(attempt, job)
+    assert one.launcher.launch_calls == [] and attempt_state(engine, attempt.id) == "CREATED"
+
+
+@pg
+def test_the_lead_cannot_change_hands_while_a_launch_under_it_runs(engine: Engine) -> None:
+    """One's launch is held inside the launcher; the next replica's takeover waits on the lease row
+    (probed in pg_stat_activity) until it returns and its claim commits, so the new leader's recovery
+    sees the attempt launched and launches nothing."""
+    one = replica(engine, "one", BlockingLauncher(), lease_ttl_s=30)
+    two = replica(engine, "two", RecordingLauncher(), lease_ttl_s=30)
+    attempt, job = reserved_under(engine, one)
+
+    def take_over() -> bool:
+        lapse(engine)  # the lease passes, on the database's clock
+        return two.hold_lead()
+
+    with ThreadPoolExecutor(2) as pool:
+        launching = pool.submit(one.launch, attempt, job)
+        wait_until(one.launcher.inside.is_set, what="one's launch to be inside the launcher")
+        taking = pool.submit(take_over)
+        try:
+            wait_until(lambda: waits_on_a_lock(engine), what="the takeover to wait on the lease row")
+        finally:
+            one.launcher.go.set()
+        launching.result(timeout=20)
+        assert taking.result(timeout=20) and two.lead is not None and two.lead.epoch == 2
+    assert attempt_state(engine, attempt.id) == "LAUNCHING" and attempt_count(engine) == 1
+    assert (one.launcher.launch_calls, two.launcher.launch_calls) == ([attempt.id], [])
+
+
+@pg
+def test_a_replica_paused_mid_launch_loses_its_claim_and_the_next_leader_launches_that_attempt(
+    engine: Engine,
+) -> None:
+    """One stops inside the launcher for longer than half a lease: the server ends its transaction,
+    which frees the lead and undoes its claim (still CREATED); the next leader's recovery launches the
+    same attempt (a launcher adopts what one made, by name), and one's late commit fails."""
+    one = replica(engine, "one", BlockingLauncher(), lease_ttl_s=2)  # its transaction: 1 s of idleness
+    two = replica(engine, "two", RecordingLauncher(), lease_ttl_s=30)
+    attempt, job = reserved_under(engine, one)
+    with ThreadPoolExecutor(1) as pool:
+        launching = pool.submit(one.launch, attempt, job)
+        try:
+            wait_until(one.launcher.inside.is_set, what="one's launch to be inside the launcher")
+            wait_until(two.hold_lead, what="two to take the lead once one's transaction is ended")
+        finally:
+            one.launcher.go.set()
+        with pytest.raises(DBAPIError):
+            launching.result(timeout=20)
+    assert two.launcher.launch_calls == [attempt.id] and attempt_count(engine) == 1
+    assert attempt_state(engine, attempt.id) == "LAUNCHING"

@@ -22,10 +22,23 @@ import kmock
 import kubernetes_validate
 import pytest
 import yaml
+from gpuyard.clock import utcnow
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.spec import parse_spec
+from gpuyard.launchers.kubernetes import manifests as m
+from gpuyard.launchers.kubernetes.fleet import fleet_from_nodes
+from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
+from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings.kubernetes import KubernetesConfig
+from gpuyard.store import jobs as job_store
+from gpuyard.store import teams as team_store
+from gpuyard.store.db import make_engine
+from gpuyard.store.jobs import JobDetail
 from kmock import action
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
+from servers import wait_until
+from sqlalchemy import Engine
 
 NAMESPACE = "gpuyard"  # the control plane's
 SERVED = (  # served even before the first object
@@ -256,3 +269,66 @@ def config() -> KubernetesConfig:
 def assert_valid(obj: dict[str, Any]) -> None:
     """Valid against the Kubernetes 1.37 schemas, strictly (unknown fields are errors)."""
     kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+# The real scheduler and store (SQLite) over the launcher, for the tests that run both.
+LEASE_S = 2.0
+
+
+@pytest.fixture
+def engine(sqlite_url: str) -> Iterator[Engine]:
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=16, max_gpus_per_job=8), utcnow())
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def service(cluster: Cluster, config: KubernetesConfig, engine: Engine) -> Iterator[SchedulerService]:
+    cluster.add_node("gpu-a", domain="rack-1")
+    cluster.add_node("gpu-b", domain="rack-2")
+    cluster.apply(m.build_team_namespace("a", 16, config))
+    with KubernetesLauncher(config, cluster.api, teams=lambda: ["a"], backoff_s=0.05) as launcher:
+        yield SchedulerService(
+            engine,
+            launcher,
+            lambda: fleet_from_nodes(cluster.api, config),
+            api_url=lambda: "http://api",
+            lease_ttl_s=LEASE_S,
+            grace_s=0,
+        )
+
+
+def submit(engine: Engine, command: list[str]) -> str:
+    spec = {
+        "name": "plain",
+        "team": "a",
+        "image": "registry.example/train:1",
+        "command": command,
+        "resources": {"gpus": 8, "gpu_types": ["h100"]},
+    }
+    job, _ = job_store.submit(engine, parse_spec(spec), idempotency_key=None, created_by="t", at=utcnow())
+    return job.id
+
+
+def detail(engine: Engine, job_id: str) -> JobDetail:
+    found = job_store.detail(engine, job_id)
+    assert found is not None
+    return found
+
+
+def pods_of(cluster: Cluster, attempt_id: str) -> list[str]:
+    return [
+        p["metadata"]["name"]
+        for p in cluster.pods()
+        if (p["metadata"].get("annotations") or {}).get(m.ATTEMPT_ID_ANNOTATION) == attempt_id
+    ]
+
+
+def step_until(service: SchedulerService, condition: object, what: str, timeout_s: float = 15.0) -> None:
+    def stepped() -> object:
+        service.step()
+        return condition()  # type: ignore[operator]
+
+    wait_until(stepped, timeout_s=timeout_s, interval_s=0.1, what=what)

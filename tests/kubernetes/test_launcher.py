@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import kmock
@@ -416,7 +417,8 @@ def test_reconcile_after_restart(
     cluster.api.delete_namespaced_pod(pod_names("att-half")[1], TEAM_NS)
 
     with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
-        reports = restarted.reconcile({r.attempt_id: r for r in (live, vanished, half)})
+        launched = (replace(r, launched_before=True) for r in (live, vanished, half))
+        reports = restarted.reconcile({r.attempt_id: r for r in launched})
         for report in reports:
             restarted.acknowledge(report)  # the scheduler does, once the store has them
         by_attempt = {r.attempt_id: r for r in reports}

@@ -100,7 +100,9 @@ class Launcher(Protocol):
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
         """After a restart: adopt workers of `live` attempts, stop those of any other attempt,
-        and report LOST for live attempts that have no workers any more."""
+        and report LOST for launched live attempts (`launched_before`) that have no workers any
+        more. One reserved but not launched is never lost: whatever of it exists is kept for its
+        launch, which follows and completes it."""
         ...
 
     def logs(self, attempt_id: str, *, follow: bool = False) -> Iterator[str]:

@@ -6,7 +6,11 @@ workers the launcher sees alive, asks attempts to stop that must (cancelled, hun
 reaps expired leases, runs the cycle, reserves and launches its placements, and signals every
 attempt asked to stop. Bus messages only wake the loop early; a lost message costs a delay, never a
 job. Replicas elect one leader by a lease row, judged by the database's clock and fenced by an epoch
-(`store/leadership.py`): a pass begun under a lead that has since passed reserves nothing.
+(`store/leadership.py`). Every write of the scheduler confirms its lead in its own transaction, and
+every side effect outside the store (a launch, a stop signal, a release) is made inside the fenced
+transaction that records it: a replica whose lead passed writes nothing and starts nothing, and the
+lead cannot change hands while a launch is under way, so the next leader's recovery sees each attempt
+either launched (LAUNCHING) or not (CREATED, launched then by that recovery, once).
 
 Work on one attempt runs inside `attempt_context`: every line logged meanwhile, the launcher's too,
 carries its job_id and attempt_id as fields (observability/logs.py).
@@ -21,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -123,18 +127,10 @@ class SchedulerService:
         # (store/reservations.py); NotLeading stops the pass, keeping the batches committed before.
         wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
         made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
-        launched = []
         for placed, attempt in zip(result.placed, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
                 metrics.scheduler_placements.inc()
-                # A pass can outlast the lead (a loaded machine): a replica that lost it leaves the
-                # launch to the next leader's recovery, which launches reserved attempts (NotLeading
-                # stops the pass). Narrows the window to this check; the launcher's own idempotency
-                # covers what is left (issue 28: fence the launch itself).
-                self.confirm_lead()
-                if self.launch(attempt, by_id[placed.job.id]):
-                    launched.append(attempt.id)
-        attempt_store.mark_launching(self.engine, launched, self.clock())
+                self.launch(attempt, by_id[placed.job.id])
         self.waits.record(reasons(result, by_id), by_id, at=now, lead=self.lead)
         metrics.scheduler_evictions.inc(len(result.evicted))
         waiting = Counter(reason_code(text) for text in result.waiting.values())
@@ -145,51 +141,50 @@ class SchedulerService:
             with attempt_context(victim):
                 log.info("preempting attempt %s: %s", victim, eviction.reason)
                 attempt_store.request_stop(
-                    self.engine, victim, at=now, why=eviction.reason, kind=StopReason.PREEMPT
+                    self.engine, victim, at=now, why=eviction.reason, kind=StopReason.PREEMPT, lead=self.lead
                 )
         return result
 
-    def confirm_lead(self) -> None:
-        """Raise NotLeading when this replica's lead has passed (nothing when it runs without one)."""
-        if self.lead is not None:
-            with self.engine.begin() as conn:
-                leadership.confirm(conn, self.lead, now=self.clock())
+    def fenced(self) -> AbstractContextManager[Connection]:
+        """A transaction under this replica's lead (`leadership.fenced`), for a write and the side
+        effect it records; a replica paused inside loses it after half a lease (the lead's period)."""
+        return leadership.fenced(self.engine, self.lead, now=self.clock(), hold_s=self.lease_ttl_s / 2)
 
-    def launch(self, attempt: Attempt, job: Job) -> bool:
-        """Start the attempt's workers; True when a reserved (CREATED) attempt was launched, for the
-        caller to mark LAUNCHING with the rest of its pass (store: `mark_launching`)."""
+    def launch(self, attempt: Attempt, job: Job) -> None:
+        """Start the workers of a reserved (CREATED) attempt, claimed in the transaction around the
+        launcher's call: launched once, by the replica that leads while it happens."""
         with attempt_context(attempt.id, job.id):
-            return self._launch(attempt, job)
+            self._launch(attempt, job)
 
-    def _launch(self, attempt: Attempt, job: Job) -> bool:
+    def _launch(self, attempt: Attempt, job: Job) -> None:
         request = self.launch_request(attempt, job)
         nodes = ", ".join(s.node for s in request.placement.slices)
-        log.info(
-            "launching attempt %d of job %s on %s (%s)",
-            attempt.number,
-            job.id,
-            nodes,
-            "placed" if attempt.state == AttemptState.CREATED else "again after a restart",
-        )
-        if attempt.state == AttemptState.CREATED:
-            try:
-                request = self.bring_checkpoint(attempt, job, request)
-            except TransferError as error:
-                self.not_started(attempt, f"checkpoint transfer failed: {error}")
-                return False
+        log.info("launching attempt %d of job %s on %s", attempt.number, job.id, nodes)
         try:
-            self.launcher.launch(request)
-        except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
-            self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
-            self.not_started(attempt, f"launch failed: {error}")
-            return False
-        return attempt.state == AttemptState.CREATED
+            request = self.bring_checkpoint(attempt, job, request)
+        except TransferError as error:
+            self.not_started(attempt, f"checkpoint transfer failed: {error}")
+            return
+        with self.fenced() as conn:
+            if not attempt_store.claim_launch(conn, attempt.id, self.clock()):
+                log.info("attempt %s is not CREATED any more: nothing to launch", attempt.id)
+                return
+            try:
+                self.launcher.launch(request)
+            except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
+                self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
+                self.not_started(attempt, f"launch failed: {error}", conn)
 
-    def not_started(self, attempt: Attempt, reason: str) -> None:
+    def not_started(self, attempt: Attempt, reason: str, conn: Connection | None = None) -> None:
         """The attempt could not start. It counts as a failure, with the job's backoff: a cause that
-        persists (a corrupt checkpoint, a refused pod) ends the job instead of retrying every pass."""
+        persists (a corrupt checkpoint, a refused pod) ends the job instead of retrying every pass.
+        In `conn` (the launch's claim) when given, else under this replica's lead."""
         log.warning("attempt %s did not start: %s", attempt.id, reason)  # in the attempt's context
-        attempt_store.finish(self.engine, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
+        if conn is not None:
+            attempt_store.finish_in(conn, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
+            return
+        with self.fenced() as fenced:
+            attempt_store.finish_in(fenced, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
         """Before an attempt starts at another site than the job's newest checkpoint, copy it to that
@@ -233,6 +228,7 @@ class SchedulerService:
             api_url=self.api_url(),
             checkpoint_url=checkpoint,
             env=env,
+            launched_before=attempt.state != AttemptState.CREATED,
         )
 
     def apply(self, reports: list[WorkerReport]) -> None:
@@ -246,7 +242,8 @@ class SchedulerService:
         # Each report in a savepoint of its own: one the store refuses is left out, not the batch.
         recorded: list[tuple[WorkerReport, bool]] = []
         try:
-            with attempt_store.batch(self.engine, [r.attempt_id for r in reports]) as conn:
+            ids = [r.attempt_id for r in reports]
+            with attempt_store.batch(self.engine, ids, lead=self.lead, now=self.clock()) as conn:
                 for report in reports:
                     with attempt_context(report.attempt_id):
                         try:
@@ -258,6 +255,8 @@ class SchedulerService:
                                 report.attempt_id,
                                 report,
                             )
+        except NotLeading:
+            raise  # the pass stops: the next leader records them (the launcher repeats them)
         except Exception:
             log.exception(
                 "%d report(s) not recorded: their transaction failed; they come again", len(reports)
@@ -303,7 +302,8 @@ class SchedulerService:
             for a, token in alive.items()
             if a not in self._renewed or now - self._renewed[a] >= every
         }
-        for attempt_id in attempt_store.renew(self.engine, due, at=now, lease_ttl_s=self.lease_ttl_s):
+        renewed = attempt_store.renew(self.engine, due, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
+        for attempt_id in renewed:
             self._renewed[attempt_id] = now
             metrics.scheduler_leases_renewed.inc()
         for attempt_id in set(self._renewed) - set(alive):
@@ -317,12 +317,14 @@ class SchedulerService:
         for item in live:
             with attempt_context(item.attempt.id, item.job.id):
                 if item.job.cancel_requested:
-                    attempt_store.request_stop(
-                        self.engine, item.attempt.id, at=now, why="job cancelled", kind=StopReason.CANCEL
-                    )
+                    why, kind = "job cancelled", StopReason.CANCEL
                 elif (limit := overdue(item.job, item.attempt, now)) is not None:
                     kind, why = limit
-                    attempt_store.request_stop(self.engine, item.attempt.id, at=now, why=why, kind=kind)
+                else:
+                    continue
+                attempt_store.request_stop(
+                    self.engine, item.attempt.id, at=now, why=why, kind=kind, lead=self.lead
+                )
 
     def deliver_stops(self) -> None:
         """Signal every live attempt asked to stop (by the cycle, a cancel, a limit or an admin): the
@@ -331,7 +333,7 @@ class SchedulerService:
         with self.engine.connect() as conn:
             asked = attempt_store.asked_to_stop(conn)
         for attempt_id in asked - self._signalled:
-            with attempt_context(attempt_id):
+            with attempt_context(attempt_id), self.fenced():
                 self.launcher.cancel(attempt_id, grace_s=self.grace_s)
         self._signalled &= asked
         self._signalled |= asked
@@ -348,43 +350,50 @@ class SchedulerService:
                 self._reap(attempt_id, now)
 
     def _reap(self, attempt_id: str, now: datetime) -> None:
-        if not self.launcher.release(attempt_id):
-            log.warning("attempt %s: lease expired, but its workers may still run; not replaced", attempt_id)
-            return
         reason = "lease expired: neither its workers nor its launcher renewed it within the lease"
-        if attempt_store.finish(
-            self.engine, attempt_id, AttemptState.LOST, at=now, reason=reason, disrupted=True
-        ):
-            log.warning("attempt %s lost: %s", attempt_id, reason)
+        with self.fenced() as conn:
+            if not self.launcher.release(attempt_id):
+                log.warning(
+                    "attempt %s: lease expired, but its workers may still run; not replaced", attempt_id
+                )
+                return
+            if attempt_store.finish_in(
+                conn, attempt_id, AttemptState.LOST, at=now, reason=reason, disrupted=True
+            ):
+                log.warning("attempt %s lost: %s", attempt_id, reason)
         metrics.scheduler_leases_reaped.inc()
 
     def recover(self) -> None:
         """On taking the lead (each new epoch: a replica that lost and regained it may have missed
-        anything): adopt or clean up workers, and launch attempts reserved but not launched."""
+        anything): adopt or clean up workers, then launch the attempts reserved but not launched. A
+        CREATED attempt was never claimed for a launch (`_launch`), or its claim was undone with the
+        transaction of a replica that stopped mid-launch: whatever of it exists is completed by its
+        launch here, never taken for lost (`LaunchRequest.launched_before`)."""
         self._renewed.clear()
         self._signalled.clear()
         self.waits.forget()
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
-        requests = {item.attempt.id: self.launch_request(item.attempt, item.job) for item in live}
-        self.apply(self.launcher.reconcile(requests))
-        launched = [
-            item.attempt.id
-            for item in live
-            # idempotent in the launcher: never a second set of workers
-            if item.attempt.state == AttemptState.CREATED and self.launch(item.attempt, item.job)
-        ]
-        attempt_store.mark_launching(self.engine, launched, self.clock())
+        self.apply(
+            self.launcher.reconcile({i.attempt.id: self.launch_request(i.attempt, i.job) for i in live})
+        )
+        for item in live:
+            if item.attempt.state == AttemptState.CREATED:
+                self.launch(item.attempt, item.job)
 
     def hold_lead(self) -> bool:
-        """Take or renew the lead; under each new epoch, recover before anything else."""
+        """Take or renew the lead; under each new epoch, recover (fenced by it) before anything else."""
         lead = leadership.hold(
             self.engine, "scheduler", self.holder, now=self.clock(), ttl_s=self.lease_ttl_s / 2
         )
         if lead is not None and lead != self.lead:
             log.info("scheduler %s leads (epoch %d)", self.holder, lead.epoch)
-            self.lead = None  # not leading until recovered: a failed recovery is retried
-            self.recover()
+            self.lead = lead
+            try:
+                self.recover()
+            except BaseException:
+                self.lead = None  # not leading until recovered: a failed recovery is retried
+                raise
         self.lead = lead
         return lead is not None
 

@@ -31,6 +31,7 @@ from gpuyard.domain.states import (
 )
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
+from gpuyard.store.leadership import Lead, fenced
 from gpuyard.store.outbox import append_event
 from gpuyard.store.tables import attempts, jobs, leases
 from gpuyard.store.transitions import move_attempt, move_job
@@ -125,11 +126,14 @@ def _extend_lease(conn: Connection, attempt_id: str, token: int, expires: dateti
 
 
 @contextmanager
-def batch(engine: Engine, attempt_ids: Sequence[str]) -> Iterator[Connection]:
+def batch(
+    engine: Engine, attempt_ids: Sequence[str], *, lead: Lead | None = None, now: datetime
+) -> Iterator[Connection]:
     """One transaction for changes to many attempts, their jobs locked up front in id order: each
     attempt's own change (which locks its job, then itself) may then follow in any order without
-    deadlocking a writer of one of them. One commit for a batch instead of one per attempt."""
-    with engine.begin() as conn:
+    deadlocking a writer of one of them. One commit for a batch instead of one per attempt. With
+    `lead`, only under that lead (`leadership.fenced`)."""
+    with fenced(engine, lead, now=now) as conn:
         job_ids = conn.execute(select(attempts.c.job_id).where(attempts.c.id.in_(attempt_ids))).scalars()
         conn.execute(
             select(jobs.c.id).where(jobs.c.id.in_(sorted(set(job_ids)))).order_by(jobs.c.id).with_for_update()
@@ -137,15 +141,15 @@ def batch(engine: Engine, attempt_ids: Sequence[str]) -> Iterator[Connection]:
         yield conn
 
 
-def mark_launching(engine: Engine, attempt_ids: Sequence[str], at: datetime) -> None:
-    """The launcher took these attempts' workers (CREATED -> LAUNCHING; others are left as they are)."""
-    if not attempt_ids:
-        return
-    with batch(engine, attempt_ids) as conn:
-        for attempt_id in attempt_ids:
-            locked = _locked(conn, attempt_id)
-            if locked is not None and locked[1].state == AttemptState.CREATED:
-                move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+def claim_launch(conn: Connection, attempt_id: str, at: datetime) -> bool:
+    """CREATED -> LAUNCHING, in the caller's (fenced) transaction, before the launcher starts anything
+    of the attempt: the one claim on launching it. False when it is not CREATED any more (another
+    replica claimed it, or it ended: a cancel, a reap), and nothing may be started for it."""
+    locked = _locked(conn, attempt_id)
+    if locked is None or locked[1].state != AttemptState.CREATED:
+        return False
+    move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+    return True
 
 
 def _mark_running(conn: Connection, job: Job, found: Attempt, at: datetime) -> None:
@@ -181,14 +185,21 @@ def mark_running_in(conn: Connection, attempt_id: str, at: datetime) -> None:
         _mark_running(conn, *locked, at)
 
 
-def renew(engine: Engine, tokens: Mapping[str, int], *, at: datetime, lease_ttl_s: float) -> set[str]:
+def renew(
+    engine: Engine,
+    tokens: Mapping[str, int],
+    *,
+    at: datetime,
+    lease_ttl_s: float,
+    lead: Lead | None = None,
+) -> set[str]:
     """The launcher's renewal: it sees these attempts' workers alive. Renews the lease of each that is
     still live with the given fencing token (a launcher renews only the attempt it launched), marks it
-    RUNNING if it was not yet, and returns the ids renewed."""
+    RUNNING if it was not yet, and returns the ids renewed. With `lead`, only under that lead."""
     if not tokens:
         return set()
     expires = at + timedelta(seconds=lease_ttl_s)
-    with engine.begin() as conn:
+    with fenced(engine, lead, now=at) as conn:
         rows = conn.execute(
             select(attempts.c.id, attempts.c.job_id, attempts.c.state).where(
                 tuple_(attempts.c.id, attempts.c.fencing_token).in_(list(tokens.items())),
@@ -293,11 +304,18 @@ def heartbeat(
 
 
 def request_stop(
-    engine: Engine, attempt_id: str, *, at: datetime, why: str, kind: StopReason = StopReason.PREEMPT
+    engine: Engine,
+    attempt_id: str,
+    *,
+    at: datetime,
+    why: str,
+    kind: StopReason = StopReason.PREEMPT,
+    lead: Lead | None = None,
 ) -> bool:
     """Ask a live attempt to checkpoint and stop (its next heartbeat answer says so, and the scheduler
-    signals its workers). The first reason asked wins; False if it was asked before or has ended."""
-    with engine.begin() as conn:
+    signals its workers). The first reason asked wins; False if it was asked before or has ended.
+    With `lead` (the scheduler's stops and evictions), only under that lead."""
+    with fenced(engine, lead, now=at) as conn:
         locked = _locked(conn, attempt_id)
         if locked is None or locked[1].state not in LIVE_STATES or locked[1].stop_requested is not None:
             return False
@@ -326,14 +344,15 @@ def finish(
     exit_code: int | None = None,
     reason: str | None = None,
     disrupted: bool = False,
+    lead: Lead | None = None,
 ) -> bool:
     """End the attempt, free its leases, and move its job as the retry policy says. Idempotent:
-    returns False when the attempt had already ended.
+    returns False when the attempt had already ended. With `lead` (the scheduler's), only under it.
 
     `disrupted`: the launcher saw the platform stop or lose the workers (its own signal, an eviction,
     a node gone). With the attempt's `stop_requested`, it decides whether a preemption or loss is
     not the job's fault (domain/retry.attribute)."""
-    with engine.begin() as conn:
+    with fenced(engine, lead, now=at) as conn:
         return finish_in(
             conn, attempt_id, outcome, at=at, exit_code=exit_code, reason=reason, disrupted=disrupted
         )

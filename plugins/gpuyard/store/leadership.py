@@ -11,6 +11,10 @@ safe when statements are held up on the network and clocks are skewed:
   only the leader may make (`confirm`) proves, inside its own transaction, that its epoch is still
   the current one: it locks the lease row, so the lead cannot change hands until the write commits,
   and the next leader's recovery sees whatever it wrote.
+- A side effect outside the database (a launch, a stop signal, a release) is made inside such a
+  transaction (`fenced`), after the write that records it: the lead cannot change hands while it
+  happens, and a replica paused in the middle loses its transaction (and so its record) after
+  `hold_s`, when the server ends it and the lead is free again.
 
 On SQLite (one machine, one file) the database's clock is the caller's, passed as `now`.
 
@@ -20,11 +24,13 @@ lease or fencing row (docs/concepts.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, case, func, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, case, func, literal, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpuyard.store.tables import UtcDateTime, leaders
@@ -88,3 +94,23 @@ def confirm(conn: Connection, lead: Lead, *, now: datetime) -> None:
     row = conn.execute(query).one_or_none()
     if row is None or (row[0], int(row[1])) != (lead.holder, lead.epoch) or not row[2]:
         raise NotLeading(f"{lead.holder} no longer leads {lead.name!r} (epoch {lead.epoch})")
+
+
+@contextmanager
+def fenced(
+    engine: Engine, lead: Lead | None, *, now: datetime, hold_s: float | None = None
+) -> Iterator[Connection]:
+    """A transaction that only `lead` may commit: it confirms the lead first and holds the lease row
+    until it commits, so whatever is written and done inside happens under that lead or not at all.
+    `hold_s` bounds how long the transaction may wait on its caller (PostgreSQL ends it after that
+    much idleness, releasing the lease row: a paused replica cannot hold the lead for ever). Without
+    `lead` (one scheduler, no leaders) a plain transaction."""
+    with engine.begin() as conn:
+        if lead is not None:
+            if hold_s is not None and conn.dialect.name == "postgresql":
+                conn.execute(
+                    text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
+                    {"ms": str(max(1000, round(hold_s * 1000)))},
+                )
+            confirm(conn, lead, now=now)
+        yield conn

@@ -71,9 +71,7 @@ def reserve_batch(
         raise ValueError(f"batch must be at least 1 gang, got {batch}")
     reserved: list[Attempt | None] = []
     for first in range(0, len(wanted), batch):
-        with engine.begin() as conn:
-            if lead is not None:
-                leadership.confirm(conn, lead, now=at)
+        with leadership.fenced(engine, lead, now=at) as conn:
             reserved += reserve_in(conn, wanted[first : first + batch], at=at, lease_ttl_s=lease_ttl_s)
     return reserved
 

@@ -33,9 +33,7 @@ def record(
     """Replace the rows of `changed` and delete those of `gone`, in one transaction under `lead`."""
     if not changed and not gone:
         return
-    with engine.begin() as conn:
-        if lead is not None:
-            leadership.confirm(conn, lead, now=now)
+    with leadership.fenced(engine, lead, now=now) as conn:
         stale = [*gone, *changed]
         for first in range(0, len(stale), CHUNK):
             conn.execute(delete(waits).where(waits.c.job_id.in_(stale[first : first + CHUNK])))

@@ -566,9 +566,10 @@ class KubernetesLauncher:
     # ----------------------------------------------------------------------------- reconcile
 
     def reconcile(self, live: Mapping[str, LaunchRequest]) -> list[WorkerReport]:
-        """Adopt complete gangs of live attempts; delete everything of other attempts (in every team
-        namespace known); LOST for live attempts whose gang is gone or incomplete (a half-launched
-        gang cannot rendezvous)."""
+        """Adopt complete gangs of launched live attempts; delete everything of other attempts (in
+        every team namespace known); LOST for launched live attempts whose gang is gone or incomplete
+        (a half-launched gang cannot rendezvous). An attempt reserved but not launched keeps whatever
+        of it exists: its launch follows, and adopts what is there (same names) and adds the rest."""
         self.start()
         wanted: dict[str, str] = {}  # attempt id -> its namespace
         for attempt_id, request in live.items():
@@ -611,6 +612,8 @@ class KubernetesLauncher:
 
         reports: list[WorkerReport] = []
         for attempt_id, request in live.items():
+            if not request.launched_before:
+                continue  # a replica that stopped mid-launch left part of it: the launch completes it
             key, ns = m.attempt_key(attempt_id), wanted[attempt_id]
             gang = len(request.placement.slices)
             found = {rank for pod in by_attempt.get(attempt_id, []) if (rank := _rank(pod)) is not None}
