@@ -377,6 +377,48 @@ def test_a_worker_that_stops_unasked_spends_the_budget_with_backoff(
     assert len(live_attempts(engine, twice)) == 1
 
 
+def test_a_job_lost_again_and_again_backs_off_and_is_capped_per_hour(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """A flapping node: each attempt is lost as soon as it runs. The first loss resumes at once, the
+    next ones wait 10 s, 20 s, 40 s, 80 s; the sixth within the hour waits until the first is an hour
+    old. Each wait is in the job's reason (and its event)."""
+    job_id = submit(engine, clock, spec(retry={"lost_backoff": "10s", "lost_per_hour": 6}))
+    first_loss = None
+    waits = []
+    for _ in range(6):
+        service.step()
+        (current,) = live_attempts(engine, job_id)
+        report = WorkerReport(current.attempt.id, Outcome.LOST, clock(), None, "node d0n0 NotReady")
+        launcher.pending_reports.append(report)
+        service.step()
+        first_loss = first_loss or clock()
+        with engine.connect() as conn:
+            job = job_store.get(conn, job_id)
+            (why,) = conn.execute(  # the job's event for this loss
+                select(events_table.c.data["reason"].as_string())
+                .where(events_table.c.job_id == job_id, events_table.c.type == "job.pending")
+                .order_by(events_table.c.seq.desc())
+                .limit(1)
+            ).one()
+        assert job is not None and job.failures == 0
+        wait = (
+            (job.not_before - clock()).total_seconds() if job.not_before and job.not_before > clock() else 0
+        )
+        waits.append((round(wait), why))
+        if wait:
+            service.step()
+            assert live_attempts(engine, job_id) == []  # not placed again within the wait
+            clock.advance(wait)
+    assert [w for w, _ in waits] == [0, 10, 20, 40, 80, 3600 - 150]
+    assert waits[0][1] == "lost: node d0n0 NotReady; resumes"
+    assert waits[1][1] == "lost: node d0n0 NotReady; lost 2 times within an hour: resumes in 10s"
+    assert "lost 6 times within an hour (retry.lost_per_hour 6): resumes in 3450s" in (waits[5][1] or "")
+    assert clock() == first_loss + timedelta(hours=1)  # six losses, and the next attempt an hour on
+    service.step()
+    assert len(live_attempts(engine, job_id)) == 1
+
+
 def test_priority_preemption_stops_the_victim_then_places_the_job(
     engine: Engine, settings: Settings, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
 ) -> None:

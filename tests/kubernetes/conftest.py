@@ -41,6 +41,7 @@ from servers import wait_until
 from sqlalchemy import Engine
 
 NAMESPACE = "gpuyard"  # the control plane's
+KUBELET_FINALIZER = "kubelet.test/terminating"  # holds a deleted pod for its grace period
 SERVED = (  # served even before the first object
     "v1/pods",
     "v1/services",
@@ -180,6 +181,19 @@ class Cluster:
     def set_pod_status(self, name: str, status: dict[str, Any]) -> None:
         (namespace,) = [p["metadata"]["namespace"] for p in self.pods() if p["metadata"]["name"] == name]
         self.api.patch_namespaced_pod_status(name, namespace, {"status": status}, _preload_content=False)
+
+    def hold_termination(self, name: str) -> None:
+        """The pod takes its grace period to stop, as a kubelet's pod does: a delete only marks it
+        (deletionTimestamp), until `finish_termination` (a finalizer stands for the kubelet)."""
+        self._patch_pod(name, {"metadata": {"finalizers": [KUBELET_FINALIZER]}})
+
+    def finish_termination(self, name: str) -> None:
+        """The pod's containers have stopped: the object goes."""
+        self._patch_pod(name, {"metadata": {"finalizers": None}})
+
+    def _patch_pod(self, name: str, patch: dict[str, Any]) -> None:
+        (namespace,) = [p["metadata"]["namespace"] for p in self.pods() if p["metadata"]["name"] == name]
+        self.api.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
 
     def add_node(self, name: str, **overrides: Any) -> None:
         self.api.create_node(node(name, **overrides))

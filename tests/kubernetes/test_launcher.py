@@ -21,6 +21,7 @@ from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher, LaunchError
 from gpuyard.settings.kubernetes import KubernetesConfig
 from kmock import action
+from servers import wait_until
 
 from training import exit_codes
 
@@ -398,6 +399,36 @@ def test_cancel_deletes_with_grace_and_reports_lost(cluster: Cluster, launcher: 
     assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]
     (report,) = collect(launcher, ended("att-7f3a"))
     assert report.outcome is Outcome.LOST and (report.reason or "").startswith("node rank 0: cancelled")
+
+
+def test_a_graceful_stop_keeps_the_attempts_network_until_its_pods_are_gone(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """The preemption checkpoint is written during the grace period: the policy that lets the pods
+    reach the store, the Service of their gang and the Secret stay until the last pod is gone."""
+    names = start_gang(cluster, launcher)
+    for name in names:
+        cluster.hold_termination(name)
+    key = m.attempt_key("att-7f3a")
+
+    def left() -> dict[str, list[str]]:
+        return {
+            plural: sorted(o["metadata"]["name"] for o in ours(cluster, plural)) for plural in ATTEMPT_PLURALS
+        }
+
+    launcher.cancel("att-7f3a", grace_s=45)
+    launcher.observe()  # a pass during the grace period deletes nothing more
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())  # SIGTERM sent
+    assert left() == {"pods": names, "networkpolicies": [key], "services": [key], "secrets": [key]}
+    cluster.finish_termination(names[0])
+    launcher.observe()
+    assert left() == {"pods": names[1:], "networkpolicies": [key], "services": [key], "secrets": [key]}
+    cluster.finish_termination(names[1])
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST
+    wait_until(lambda: launcher.observe() is not None and not any(left().values()), what="the objects to go")
+    deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
+    assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]  # never shortened
 
 
 def test_reconcile_after_restart(

@@ -4,6 +4,12 @@ Preemption and node loss are not the job's fault: they resume from the newest ch
 use up the failure budget. A failure of the job's own code counts, and the job fails once the
 budget is spent (or at once, for an exit code its policy does not retry).
 
+Losses are not the job's fault either, but they are not free: each one costs a restore and whatever
+ran since the last checkpoint, and a flapping node could bounce a job for ever. The first loss in an
+hour resumes at once; each further one waits `lost_backoff`, doubling (up to `MAX_LOST_BACKOFF_S`),
+and no job is lost more than `lost_per_hour` times in any hour: after that many it waits for the
+oldest of them to be an hour old.
+
 Only the platform can make an ending not the job's fault (`attribute`): a worker that exits 75
 ("preempted") when nobody asked it to stop, or 76 ("stale token") while its token was current,
 has failed, and is retried with backoff within its budget like any other failure.
@@ -12,12 +18,16 @@ has failed, and is retried with backoff within its budget like any other failure
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuyard.domain.spec import RetryPolicy
 from gpuyard.domain.states import AttemptState, JobState, StopReason
 from gpuyard.domain.units import parse_duration
 from training.exit_codes import PREEMPTED, STALE_FENCING_TOKEN
+
+LOSS_WINDOW_S = 3600.0  # the hour `lost_per_hour` counts in
+MAX_LOST_BACKOFF_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -63,13 +73,19 @@ def after_attempt(
     *,
     cancel_requested: bool,
     stop: StopReason | None = None,
+    earlier_losses_s: Sequence[float] = (),
 ) -> AfterAttempt:
+    """`earlier_losses_s`: for a LOST attempt, how long ago each earlier loss of the job within the
+    past hour was."""
     if cancel_requested:
         return AfterAttempt(JobState.CANCELLED, failures, 0.0, "cancelled")
     if outcome == AttemptState.SUCCEEDED:
         return AfterAttempt(JobState.SUCCEEDED, failures, 0.0, "attempt succeeded")
-    if outcome in (AttemptState.PREEMPTED, AttemptState.LOST):
-        return AfterAttempt(JobState.PENDING, failures, 0.0, f"{outcome.value.lower()}: {reason}; resumes")
+    if outcome == AttemptState.PREEMPTED:
+        return AfterAttempt(JobState.PENDING, failures, 0.0, f"preempted: {reason}; resumes")
+    if outcome == AttemptState.LOST:
+        wait_s, why = after_loss(policy, earlier_losses_s)
+        return AfterAttempt(JobState.PENDING, failures, wait_s, f"lost: {reason}; {why}")
     if outcome == AttemptState.CANCELLED:
         return AfterAttempt(JobState.CANCELLED, failures, 0.0, reason or "cancelled")
     count = failures + 1
@@ -83,6 +99,27 @@ def after_attempt(
             JobState.FAILED, count, 0.0, f"{reason}; failure {count} of {policy.max_failures} allowed"
         )
     return AfterAttempt(JobState.PENDING, count, parse_duration(policy.backoff), f"{reason}; retry {count}")
+
+
+def after_loss(policy: RetryPolicy, earlier_losses_s: Sequence[float]) -> tuple[float, str]:
+    """How long a job waits after a loss, and why, given the ages of its earlier losses within the
+    hour: the backoff, or longer when a loss right at resumption would make one too many in an hour
+    (the `lost_per_hour`-th newest loss, this one first, must be an hour old first)."""
+    ages = sorted([0.0, *(a for a in earlier_losses_s if 0 <= a < LOSS_WINDOW_S)])
+    count, cap = len(ages), policy.lost_per_hour
+    capped_s = LOSS_WINDOW_S - ages[cap - 1] if count >= cap else 0.0
+    backoff_s = (
+        min(MAX_LOST_BACKOFF_S, parse_duration(policy.lost_backoff) * 2 ** (count - 2)) if count > 1 else 0.0
+    )
+    if capped_s > backoff_s:
+        times = "once" if count == 1 else f"{count} times"
+        return (
+            capped_s,
+            f"lost {times} within an hour (retry.lost_per_hour {cap}): resumes in {capped_s:.0f}s",
+        )
+    if backoff_s == 0:
+        return 0.0, "resumes"
+    return backoff_s, f"lost {count} times within an hour: resumes in {backoff_s:.0f}s"
 
 
 def young_daly_interval_s(

@@ -198,12 +198,21 @@ class Resources(_Value):
 
 
 class RetryPolicy(_Value):
-    """Failures of the job's own code use up `max_failures`; preemption and node loss never do."""
+    """Failures of the job's own code use up `max_failures`; preemption and node loss never do. A
+    job lost again and again (a flapping node) backs off and is capped per hour instead."""
 
     max_failures: StrictInt = Field(2, ge=0, le=100)
     backoff: Duration = Field("30s", description="Wait before retrying after a failure.")
     retryable_exit_codes: tuple[Annotated[StrictInt, Field(ge=-255, le=255)], ...] | None = Field(
         None, max_length=256, description="Exit codes worth a retry; null retries any failure."
+    )
+    lost_backoff: Duration = Field(
+        "10s",
+        description="Wait before resuming after a second loss (a node gone, a lease expired) within an "
+        "hour, doubling with each further one; the first resumes at once.",
+    )
+    lost_per_hour: StrictInt = Field(
+        6, ge=1, le=1000, description="Losses in any hour at most: after that many, the job waits."
     )
 
 

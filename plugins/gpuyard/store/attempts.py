@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_, update
 
 from gpuyard.domain.model import Attempt, Job
-from gpuyard.domain.retry import after_attempt, attribute
+from gpuyard.domain.retry import LOSS_WINDOW_S, after_attempt, attribute
 from gpuyard.domain.states import (
     TERMINAL_ATTEMPT_STATES,
     AttemptState,
@@ -409,6 +409,9 @@ def finish_in(
         reason,
         cancel_requested=job.cancel_requested or stop == StopReason.CANCEL,
         stop=stop,
+        earlier_losses_s=_earlier_losses_s(conn, job.id, attempt_id, at)
+        if outcome == AttemptState.LOST
+        else (),
     )
     changes: dict[str, Any] = {
         "failures": decision.failures,
@@ -429,6 +432,20 @@ def finish_in(
             changes=changes,
         )
     return True
+
+
+def _earlier_losses_s(conn: Connection, job_id: str, attempt_id: str, at: datetime) -> list[float]:
+    """How long ago each other attempt of the job that was LOST within the past hour ended."""
+    since = at - timedelta(seconds=LOSS_WINDOW_S)
+    ended = conn.execute(
+        select(attempts.c.ended_at).where(
+            attempts.c.job_id == job_id,
+            attempts.c.id != attempt_id,
+            attempts.c.state == AttemptState.LOST,
+            attempts.c.ended_at > since,
+        )
+    ).scalars()
+    return [(at - when).total_seconds() for when in ended]
 
 
 def pool_mtbi_s(conn: Connection, nodes: set[str], *, since: datetime, prior_s: float) -> float:

@@ -119,6 +119,11 @@ def _key_selector(key: str) -> str:
     return f"{m.SELECTOR},{m.ATTEMPT_LABEL}={key}"
 
 
+def _terminating(pod: Mapping[str, Any] | None) -> bool:
+    """Deleted and in its grace period (a kubelet stops its containers, then the object goes)."""
+    return pod is not None and bool(_meta(pod).get("deletionTimestamp"))
+
+
 def _ours(obj: Mapping[str, Any]) -> bool:
     """Checked on our side too, so a list that ignored the label selector cannot hand us strangers."""
     return (_meta(obj).get("labels") or {}).get(m.MANAGED_BY) == "gpuyard" and _attempt_id(obj) is not None
@@ -151,8 +156,9 @@ class KubernetesLauncher:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, pod name) -> last seen object
         self._deleted: dict[tuple[str, str], dict[str, Any]] = {}  # its last object when it was deleted
         self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
-        # (namespace, key) -> (gang size, attempt id): objects to delete, the store having the ending
-        self._ended: dict[tuple[str, str], tuple[int, str]] = {}
+        # (namespace, key) -> attempt id: attempts being torn down (their ending in the store, or
+        # cancelled) whose policy, Service and Secret wait for their pods to be gone
+        self._tearing_down: dict[tuple[str, str], str] = {}
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -346,13 +352,23 @@ class KubernetesLauncher:
         for name in names:
             self._delete(self.api.delete_namespaced_pod, name, ns, grace_period_seconds=max(int(grace_s), 0))
 
-    def _delete_attempt_objects(self, ns: str, key: str, pod_names: list[str], grace_s: float) -> None:
-        """Pods with the grace period, then the NetworkPolicy and the Service, then the owner Secret
-        (the garbage collector would remove the dependents too; deleting them here does not wait)."""
-        self._delete_pods(ns, pod_names, grace_s)
+    def _tear_down(self, ns: str, key: str, attempt_id: str | None, grace_s: float) -> None:
+        """Delete the attempt's pods with the grace period (one already terminating keeps its own),
+        and its NetworkPolicy, Service and owner Secret once no pod of it remains: a pod in its grace
+        period may still write its preemption checkpoint (the policy lets it reach the store) and
+        meet its gang (the Service). Until then the attempt is torn down again each `observe`."""
+        self._delete_pods(
+            ns, [_meta(p)["name"] for p in self._key_pods(ns, key) if not _terminating(p)], grace_s
+        )
+        if self._key_pods(ns, key):
+            with self._lock:
+                self._tearing_down[(ns, key)] = attempt_id or ""
+            return
         self._delete(self.networking.delete_namespaced_network_policy, key, ns)
         self._delete(self.api.delete_namespaced_service, key, ns)
         self._delete(self.api.delete_namespaced_secret, key, ns, propagation_policy="Background")
+        with self._lock:
+            self._tearing_down.pop((ns, key), None)
 
     def _list(self, list_fn: Callable[..., Any], ns: str, selector: str = m.SELECTOR) -> list[dict[str, Any]]:
         """Our objects in `ns`; none when the namespace does not exist."""
@@ -390,6 +406,14 @@ class KubernetesLauncher:
                     return ns
         return None
 
+    def _key_pods(self, ns: str, key: str) -> list[dict[str, Any]]:
+        """The pods of the attempt named `key` (selected here too: an API double may ignore selectors)."""
+        return [
+            pod
+            for pod in self._list(self.api.list_namespaced_pod, ns, _key_selector(key))
+            if (_meta(pod).get("labels") or {}).get(m.ATTEMPT_LABEL) == key
+        ]
+
     def _attempt_pods(self, ns: str, attempt_id: str) -> list[dict[str, Any]]:
         selector = _key_selector(m.attempt_key(attempt_id))
         return [
@@ -399,7 +423,8 @@ class KubernetesLauncher:
         ]
 
     def cancel(self, attempt_id: str, *, grace_s: float) -> None:
-        """SIGTERM now (pod deletion), SIGKILL by the kubelet after `grace_s`; the attempt's objects go."""
+        """SIGTERM now (pod deletion), SIGKILL by the kubelet after `grace_s`; the attempt's other
+        objects go once its pods have (`_tear_down`)."""
         key = m.attempt_key(attempt_id)
         with self._lock:
             attempt = self._attempts.get(attempt_id)
@@ -408,8 +433,7 @@ class KubernetesLauncher:
         ns = self._namespace_of(attempt_id)
         if ns is None:
             return  # nothing of it in any team namespace
-        names = [_meta(pod)["name"] for pod in self._attempt_pods(ns, attempt_id)]
-        self._delete_attempt_objects(ns, key, names, grace_s)
+        self._tear_down(ns, key, attempt_id, grace_s)
 
     # ----------------------------------------------------------------------------- observe
 
@@ -494,12 +518,14 @@ class KubernetesLauncher:
                             fate.reason,
                             disrupted=fate.disrupted or attempt.cancelled,
                         )
-                        # The gang ended: stop every rank that has not (seen by the watch or not).
-                        teardown += [
-                            (attempt.namespace, m.pod_name(attempt.key, rank))
-                            for rank in range(attempt.gang_size)
-                            if rank not in fates or not fates[rank].ended
-                        ]
+                        # The gang ended: stop every rank that has not (seen by the watch or not),
+                        # leaving one already stopping its own grace period (a shorter one cuts it).
+                        for rank in range(attempt.gang_size):
+                            where = (attempt.namespace, m.pod_name(attempt.key, rank))
+                            if (rank not in fates or not fates[rank].ended) and not _terminating(
+                                self._pods.get(where)
+                            ):
+                                teardown.append(where)
                 if attempt.ending is not None:
                     reports.append(attempt.ending)
                 elif attempt.running and not attempt.running_acknowledged:
@@ -519,19 +545,18 @@ class KubernetesLauncher:
                 attempt.running_acknowledged = True
                 return
             del self._attempts[report.attempt_id]
-            self._ended[(attempt.namespace, attempt.key)] = (attempt.gang_size, attempt.attempt_id)
+            self._tearing_down[(attempt.namespace, attempt.key)] = attempt.attempt_id
         self._clean_up()
 
     def _clean_up(self) -> None:
-        """Delete the objects of every attempt whose ending the store has. A pod being
-        stopped keeps its grace period (an equal one does not shorten it); an API error leaves the
-        attempt for the next observe, and a restarted launcher's reconcile deletes what is not live."""
+        """Tear down every attempt whose ending the store has, or that was cancelled and still has
+        pods. An API error leaves the attempt for the next observe, and a restarted launcher's
+        reconcile deletes what is not live."""
         with self._lock:
-            ended = dict(self._ended)
-        for (ns, key), (gang_size, attempt_id) in ended.items():
-            names = [m.pod_name(key, rank) for rank in range(gang_size)]
+            tearing_down = dict(self._tearing_down)
+        for (ns, key), attempt_id in tearing_down.items():
             try:
-                self._delete_attempt_objects(ns, key, names, self.config.termination_grace_s)
+                self._tear_down(ns, key, attempt_id, self.config.termination_grace_s)
             except Exception as error:  # API errors, connection resets: retried next pass
                 log.warning(
                     "cleaning up attempt objects %s/%s: %s; retrying",
@@ -540,9 +565,6 @@ class KubernetesLauncher:
                     error,
                     extra={"attempt_id": attempt_id},
                 )
-                continue
-            with self._lock:
-                self._ended.pop((ns, key), None)
 
     def alive(self) -> dict[str, int]:
         """Attempts whose every pod runs (worker container not terminated) on a Ready node."""
@@ -601,7 +623,7 @@ class KubernetesLauncher:
                         len(names),
                         extra={"attempt_id": owner},
                     )
-                    self._delete_attempt_objects(ns, key, names, grace)
+                    self._tear_down(ns, key, owner, grace)
                     by_attempt.pop(owner or "", None)
             if pods or ns in wanted.values():
                 self.watch_namespace(ns)
@@ -639,8 +661,7 @@ class KubernetesLauncher:
                 else f"only node ranks {sorted(found)} of {gang} found after a restart: the gang cannot meet"
             )
             if ns:
-                names = [_meta(pod)["name"] for pod in by_attempt.get(attempt_id, [])]
-                self._delete_attempt_objects(ns, key, names, grace)
+                self._tear_down(ns, key, attempt_id, grace)
             report = WorkerReport(attempt_id, Outcome.LOST, self._clock(), None, reason, disrupted=True)
             with self._lock:
                 self._attempts[attempt_id] = _Attempt(
