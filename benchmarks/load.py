@@ -95,6 +95,9 @@ class FastLauncher:
         with self.lock:
             return dict(self.tokens)
 
+    def starting(self) -> dict[str, int]:
+        return {}  # its workers start at once
+
     def release(self, attempt_id: str) -> bool:
         with self.lock:
             self.tokens.pop(attempt_id, None)

@@ -169,6 +169,9 @@ class FakeLauncher:
         with self.lock:
             return {k: a["token"] for k, a in self.attempts.items() if time.monotonic() < a["ends"]}
 
+    def starting(self) -> dict[str, int]:
+        return {}  # its workers start at once
+
     def release(self, attempt_id: str) -> bool:
         with self.lock:
             self.attempts.pop(attempt_id, None)

@@ -27,6 +27,7 @@ from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard.store.reservations import Reservation, reserve_batch
 from servers import GpuyardUp, wait_until, without_gpuyard_settings
 from sqlalchemy import Engine
 
@@ -214,10 +215,10 @@ def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_fo
     old, new = (LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path) for _ in range(2))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda launcher: launcher.launch(request), (old, new)))
-    followed = {tuple(launcher._attempts["shared"].pids) for launcher in (old, new)}
+    followed = {tuple(launcher._attempts["shared"].workers) for launcher in (old, new)}
     assert len(followed) == 1 and len(next(iter(followed))) == 2  # one gang of two, followed by both
     wait_until(lambda: len(shims("shared")) == 2, what="the gang's two shims to start")
-    assert set(shims("shared")) == set(next(iter(followed)))  # and no second gang
+    assert set(shims("shared")) == {w.pid for w in next(iter(followed))}  # and no second gang
     assert old.alive() == new.alive() == {"shared": 7}
     ended: list[Any] = []
     wait_until(
@@ -364,3 +365,77 @@ def test_a_worker_outliving_its_killed_shim_is_stopped_before_the_job_is_placed_
     assert job(engine, job_id).attempts[0].state.value == "LOST"
     assert overlaps == [[]], f"workers of the lost attempt still ran when the next one started: {overlaps}"
     assert not _processes_of(first.id)
+
+
+def test_a_worker_pid_reused_after_a_restart_is_not_taken_for_the_worker(tmp_path: Path) -> None:
+    """The machine restarted: the attempt's workers are gone and one of their pids now belongs to
+    a stranger (a process leading its own group, as a shim does). The restarted launcher adopts the
+    record but sees no worker alive: the attempt is LOST, and the stranger is never signalled."""
+    request = gang("reused", sleep_s=60, launched_before=True)
+    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    first.launch(request)
+    assert first.release("reused")  # the workers died with the machine
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record_path = tmp_path / "attempts" / "reused" / "workers.json"
+        record = json.loads(record_path.read_text())
+        record["pids"][0] = stranger.pid  # the kernel gave that pid to another process
+        record_path.write_text(json.dumps(record))
+        second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+        assert second.reconcile({"reused": request}) == []  # adopted: its record is there
+        assert second.alive() == {}
+        (report,) = [r for r in second.observe() if r.outcome != Outcome.RUNNING]
+        assert report.outcome == Outcome.LOST and "vanished" in (report.reason or "")
+        second.cancel("reused", grace_s=0)
+        second.release("reused")
+        assert stranger.poll() is None  # never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_paused_process_holding_a_launch_lock_holds_up_no_other_launch(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A replica paused in the middle of launching attempt one (SIGSTOP, holding its launch lock):
+    the next leader's recovery gives up on that attempt after the lock's wait, leaves it reserved,
+    and launches attempt two."""
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
+    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, launch_lock_wait_s=0.5)
+    service = SchedulerService(engine, launcher, CPU.fleet(), api_url=lambda: "http://127.0.0.1:9")
+    jobs = [submit(engine, f"j{i}", ["sleep", "60"]) for i in range(2)]
+    wanted = [
+        Reservation(j, Placement("local", "local", "local", (NodeSlice("local", (i,)),)), False)
+        for i, j in enumerate(jobs)
+    ]
+    one, two = reserve_batch(engine, wanted, at=utcnow(), lease_ttl_s=60)
+    assert one is not None and two is not None
+    lock = tmp_path / "attempts" / one.id / "launch.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, signal, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX);"
+            " print('locked', flush=True); os.kill(os.getpid(), signal.SIGSTOP)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        wait_until(
+            lambda: Path(f"/proc/{holder.pid}/stat").read_text().split(") ")[1][0] == "T", what="paused"
+        )
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(service.recover).result(timeout=20)  # never waits on the paused process
+        states = {a.id: a.state.value for j in jobs for a in job(engine, j).attempts}
+        assert states == {one.id: "CREATED", two.id: "LAUNCHING"}
+        assert len(shims(two.id)) == 1 and shims(one.id) == []
+    finally:
+        holder.kill()
+        holder.wait()
+        for attempt_id in (one.id, two.id):
+            for pid in _processes_of(attempt_id):
+                os.kill(pid, signal.SIGKILL)

@@ -101,6 +101,9 @@ class RecordingLauncher:
     def alive(self) -> dict[str, int]:
         return {a: self.launched[a].fencing_token for a in self.running}
 
+    def starting(self) -> dict[str, int]:
+        return {}  # its workers start at once
+
     def release(self, attempt_id: str) -> bool:
         self.released.append(attempt_id)
         self.running.discard(attempt_id)

@@ -15,6 +15,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,12 @@ class Cluster:
         (namespace,) = [p["metadata"]["namespace"] for p in self.pods() if p["metadata"]["name"] == name]
         self.api.patch_namespaced_pod_status(name, namespace, {"status": status}, _preload_content=False)
 
+    def bind(self, name: str) -> None:
+        """kube-scheduler's part: bind the pod to the node its required affinity names."""
+        (pod,) = [p for p in self.pods() if p["metadata"]["name"] == name]
+        node = pod["metadata"]["annotations"][m.NODE_ANNOTATION]
+        self._patch_pod(name, {"spec": {"nodeName": node}})
+
     def hold_termination(self, name: str) -> None:
         """The pod takes its grace period to stop, as a kubelet's pod does: a delete only marks it
         (deletionTimestamp), until `finish_termination` (a finalizer stands for the kubelet)."""
@@ -299,10 +306,24 @@ def engine(sqlite_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def service(cluster: Cluster, config: KubernetesConfig, engine: Engine) -> Iterator[SchedulerService]:
+def team_fleet(cluster: Cluster, config: KubernetesConfig) -> None:
+    """Two Ready 8-GPU nodes in two racks, and team a's namespace."""
     cluster.add_node("gpu-a", domain="rack-1")
     cluster.add_node("gpu-b", domain="rack-2")
     cluster.apply(m.build_team_namespace("a", 16, config))
+
+
+@pytest.fixture
+def service(
+    cluster: Cluster, config: KubernetesConfig, engine: Engine, team_fleet: None
+) -> Iterator[SchedulerService]:
+    with scheduler_on(cluster, config, engine) as service:
+        yield service
+
+
+@contextmanager
+def scheduler_on(cluster: Cluster, config: KubernetesConfig, engine: Engine) -> Iterator[SchedulerService]:
+    """The scheduler over a Kubernetes launcher of `config`, leases of LEASE_S."""
     with KubernetesLauncher(config, cluster.api, teams=lambda: ["a"], backoff_s=0.05) as launcher:
         yield SchedulerService(
             engine,

@@ -11,13 +11,13 @@ import sys
 import time
 
 import pytest
-from conftest import LEASE_S, Cluster, detail, pods_of, step_until, submit
+from conftest import LEASE_S, Cluster, detail, pods_of, scheduler_on, step_until, submit
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.observability import logs
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings.kubernetes import KubernetesConfig
 from sqlalchemy import Engine
-from test_launcher import running, terminated
+from test_launcher import running, terminated, waiting
 
 from training import exit_codes
 
@@ -101,3 +101,45 @@ def test_scheduler_lines_about_an_attempt_carry_its_job_and_attempt_ids(
     for record in records:  # no line outside an attempt's work carries one
         if "attempt_id" in record:
             assert attempt_id in record["msg"] or job_id in record["msg"], record
+
+
+def test_a_pod_that_takes_several_lease_periods_to_start_is_one_attempt(
+    cluster: Cluster, service: SchedulerService, engine: Engine
+) -> None:
+    """A large image pull: the pod is bound to its node and its container is being created for
+    three lease periods. Starting with progress is alive: the attempt stays LAUNCHING, is never
+    lost, and runs once the pull is done."""
+    job_id = submit(engine, ["sh", "-c", "sleep 600"])
+    step_until(service, lambda: detail(engine, job_id).attempts, "an attempt")
+    attempt_id = detail(engine, job_id).attempts[-1].id
+    step_until(service, lambda: pods_of(cluster, attempt_id), "its pod")
+    (pod,) = pods_of(cluster, attempt_id)
+    cluster.bind(pod)
+    cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image registry.example/train:1"))
+    ends = time.monotonic() + 3 * LEASE_S
+    while time.monotonic() < ends:  # real time must pass for a lease to
+        service.step()
+        assert [(a.id, a.state.value) for a in detail(engine, job_id).attempts] == [(attempt_id, "LAUNCHING")]
+        time.sleep(0.1)
+    cluster.set_pod_status(pod, running())
+    step_until(service, lambda: detail(engine, job_id).job.state.value == "RUNNING", "running")
+    assert [a.id for a in detail(engine, job_id).attempts] == [attempt_id]
+
+
+def test_a_start_past_its_deadline_fails_the_attempt_with_the_reason(
+    cluster: Cluster, config: KubernetesConfig, engine: Engine, team_fleet: None
+) -> None:
+    with scheduler_on(cluster, config.model_copy(update={"start_timeout_s": 1.5 * LEASE_S}), engine) as slow:
+        job_id = submit(engine, ["sh", "-c", "sleep 600"])
+        step_until(slow, lambda: detail(engine, job_id).attempts, "an attempt")
+        attempt_id = detail(engine, job_id).attempts[-1].id
+        step_until(slow, lambda: pods_of(cluster, attempt_id), "its pod")
+        (pod,) = pods_of(cluster, attempt_id)
+        cluster.bind(pod)
+        cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image"))
+        step_until(
+            slow, lambda: detail(engine, job_id).attempts[0].state.value == "FAILED", "the deadline", 10
+        )
+    (ended, *_) = detail(engine, job_id).attempts
+    assert ended.reason == "did not start within start_timeout_s (3 s): ContainerCreating"
+    assert detail(engine, job_id).job.failures == 1  # it counts against the job's budget

@@ -74,6 +74,11 @@ def outcome_of_exit(code: int) -> tuple[Outcome, str]:
     return Outcome.FAILED, f"exited {code}"
 
 
+class LaunchBusy(RuntimeError):
+    """Another process is launching this attempt and has not finished (it may be paused): nothing
+    was started. The attempt stays reserved; its launch is left to that process or to its lease."""
+
+
 class Launcher(Protocol):
     def launch(self, request: LaunchRequest) -> None:
         """Start the attempt's workers; launching an attempt that already has workers does nothing."""
@@ -91,6 +96,12 @@ class Launcher(Protocol):
     def alive(self) -> Mapping[str, int]:
         """Attempts whose workers this launcher sees alive now, with the fencing token it launched
         them with (the scheduler renews their leases with it)."""
+        ...
+
+    def starting(self) -> Mapping[str, int]:
+        """Attempts whose workers are on their way up with progress (a large image being pulled),
+        with their fencing token: the scheduler renews their leases, and they stay LAUNCHING. A
+        launcher whose workers start at once has none."""
         ...
 
     def release(self, attempt_id: str) -> bool:

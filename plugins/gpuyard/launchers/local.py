@@ -5,8 +5,9 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and gpuyard
 (GPUYARD_API_URL, GPUYARD_ATTEMPT_ID, GPUYARD_FENCING_TOKEN, GPUYARD_CHECKPOINT_URL, GPUYARD_JOB_ID),
 in the sandbox `worker_env` builds: an environment from nothing but an allowlist, the spec and its
 secrets, a directory of its own, and, where the launcher is root, its team's unprivileged user.
-Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (pids and fencing
-token), one log and one exit-status file per rank, and `ended` once the store has the attempt's
+Everything about an attempt lives in `<root>/<attempt id>/`: `workers.json` (each shim by pid and
+start time, so that a pid reused after a restart is never taken for it, and the fencing token), one
+log and one exit-status file per rank, and `ended` once the store has the attempt's
 end. That directory is what lets a restarted launcher (or another scheduler replica on this machine)
 adopt running workers, deliver an ending the store never got, or clean up orphans. Every worker
 process also carries its attempt id in its environment, a label found in /proc even when no pid
@@ -31,14 +32,20 @@ from gpuyard.clock import Clock, utcnow
 from gpuyard.launchers import worker_env
 from gpuyard.launchers.base import (
     EXIT_PREEMPTED,
+    LaunchBusy,
     LaunchRequest,
     Outcome,
     WorkerReport,
     outcome_of_exit,
 )
-from gpuyard.launchers.filelock import exclusive
+from gpuyard.launchers.filelock import LockBusy, exclusive
 from gpuyard.launchers.inventory import LocalInventory
+from gpuyard.launchers.processes import Proc
 from gpuyard.secrets.files import FileSecretStore, home_store
+
+# How long a launch waits for another process launching the same attempt: far longer than a launch
+# takes (spawning the gang), far shorter than a lease.
+LAUNCH_LOCK_WAIT_S = 5.0
 
 
 def _free_port() -> int:
@@ -91,10 +98,15 @@ def _kill_label(attempt_id: str, *, wait_s: float) -> bool:
         time.sleep(0.05)
 
 
-def _recorded_pids(directory: Path) -> list[int] | None:
-    """The worker pids an attempt's launch recorded, or None before any was (or once it was torn)."""
+def _recorded_workers(directory: Path) -> list[Proc] | None:
+    """The workers (shims) an attempt's launch recorded, by pid and start time; None before any was
+    (or once the record was torn)."""
     try:
-        return [int(pid) for pid in json.loads((directory / "workers.json").read_text())["pids"]]
+        record = json.loads((directory / "workers.json").read_text())
+        return [
+            Proc(int(pid), int(started))
+            for pid, started in zip(record["pids"], record["started"], strict=True)
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -102,7 +114,7 @@ def _recorded_pids(directory: Path) -> list[int] | None:
 @dataclass
 class _Attempt:
     directory: Path
-    pids: list[int]
+    workers: list[Proc]  # each rank's shim, the leader of its process group
     token: int
     children: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # ours, not adopted
     running_acknowledged: bool = False
@@ -118,7 +130,7 @@ class _Attempt:
             return int((self.directory / f"rank{rank}.exit").read_text())
         except (OSError, ValueError):
             pass
-        child = self.children.get(self.pids[rank])
+        child = self.children.get(self.workers[rank].pid)
         if child is None or child.returncode is None or child.returncode < 0:
             return None  # adopted, still running, or the shim itself was killed: no status
         code = child.returncode
@@ -136,8 +148,10 @@ class LocalLauncher:
         secrets: FileSecretStore | None = None,
         worker_users: worker_env.WorkerUsers = "auto",
         passthrough: tuple[str, ...] = (),
+        launch_lock_wait_s: float = LAUNCH_LOCK_WAIT_S,
     ):
         self.root, self.inventory, self.clock = root, inventory, clock
+        self.launch_lock_wait_s = launch_lock_wait_s
         self.workdir = workdir or Path.cwd()
         self.secrets = secrets or home_store(root.parent)  # root is <home>/attempts
         self.team_users = worker_env.team_users(worker_users, worker_env.python_job_needs(self.workdir))
@@ -153,12 +167,18 @@ class LocalLauncher:
         directory = self.root / request.attempt_id
         directory.mkdir(parents=True, exist_ok=True)
         # Two replicas may launch one attempt (one whose lead just passed, and the next leader's
-        # recovery): the first starts the workers, the second follows them. Never a second set.
-        with exclusive(directory / "launch.lock"):
-            if (pids := _recorded_pids(directory)) is not None:
-                self._attempts[request.attempt_id] = _Attempt(directory, pids, request.fencing_token)
-                return
-            self._start(request, directory)
+        # recovery): the first starts the workers, the second follows them. Never a second set. A
+        # holder that takes longer is stuck (paused): waiting for it would stop every other launch.
+        try:
+            with exclusive(directory / "launch.lock", wait_s=self.launch_lock_wait_s):
+                if (workers := _recorded_workers(directory)) is not None:
+                    self._attempts[request.attempt_id] = _Attempt(directory, workers, request.fencing_token)
+                    return
+                self._start(request, directory)
+        except LockBusy as busy:
+            raise LaunchBusy(
+                f"attempt {request.attempt_id} is being launched by another process ({busy})"
+            ) from busy
 
     def _start(self, request: LaunchRequest, directory: Path) -> None:
         # Secrets, identity and own directory first: a job that cannot have them does not start.
@@ -178,7 +198,7 @@ class LocalLauncher:
         world = max(1, sum(len(piece.gpu_indices) for piece in request.placement.slices))
         children: dict[int, subprocess.Popen[bytes]] = {}
         try:
-            self._spawn(request, directory, sandbox, world, children)
+            workers = self._spawn(request, directory, sandbox, world, children)
         except BaseException:
             # Nothing of a launch that failed half way may run on: the scheduler records it as not
             # started (a full disk refusing workers.json after the workers began, for one).
@@ -188,9 +208,7 @@ class LocalLauncher:
                 process.wait()
             worker_env.remove_sandbox(request.attempt_id)
             raise
-        self._attempts[request.attempt_id] = _Attempt(
-            directory, list(children), request.fencing_token, children
-        )
+        self._attempts[request.attempt_id] = _Attempt(directory, workers, request.fencing_token, children)
 
     def _spawn(
         self,
@@ -199,7 +217,7 @@ class LocalLauncher:
         sandbox: worker_env.WorkerSandbox,
         world: int,
         children: dict[int, subprocess.Popen[bytes]],
-    ) -> None:
+    ) -> list[Proc]:
         """Start the gang's workers into `children`, then record them in workers.json."""
         gpus = [gpu for piece in request.placement.slices for gpu in piece.gpu_indices]
         port = _free_port()
@@ -239,12 +257,17 @@ class LocalLauncher:
                     start_new_session=True,  # its own process group: signals reach the worker's children
                 )
             children[process.pid] = process
-        pids = list(children)
+        workers = [Proc.of(pid) for pid in children]  # not waited for yet: each at least a zombie
+        record = {
+            "pids": [w.pid for w in workers],
+            "started": [w.started for w in workers],
+            "job_id": request.job_id,
+            "fencing_token": request.fencing_token,
+        }
         partial = directory / "workers.tmp"
-        partial.write_text(
-            json.dumps({"pids": pids, "job_id": request.job_id, "fencing_token": request.fencing_token})
-        )
+        partial.write_text(json.dumps(record))
         os.replace(partial, directory / "workers.json")
+        return workers
 
     def cancel(self, attempt_id: str, *, grace_s: float) -> None:
         tracked = self._attempts.get(attempt_id)
@@ -262,9 +285,8 @@ class LocalLauncher:
 
     @staticmethod
     def _signal(tracked: _Attempt, signum: int) -> None:
-        for pid in tracked.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signum)
+        for worker in tracked.workers:
+            worker.signal_group(signum)
 
     # -- observing ------------------------------------------------------------------------------
 
@@ -290,11 +312,15 @@ class LocalLauncher:
         del self._attempts[report.attempt_id]
         worker_env.remove_sandbox(report.attempt_id)  # every worker ended: its HOME and TMPDIR go
 
+    def starting(self) -> dict[str, int]:
+        """None: a local worker is a process from its launch on (`alive` covers it)."""
+        return {}
+
     def alive(self) -> dict[str, int]:
         return {
             attempt_id: tracked.token
             for attempt_id, tracked in self._attempts.items()
-            if tracked.ending is None and any(_alive(pid) for pid in tracked.pids)
+            if tracked.ending is None and any(worker.alive() for worker in tracked.workers)
         }
 
     def release(self, attempt_id: str) -> bool:
@@ -313,18 +339,16 @@ class LocalLauncher:
             child.poll()  # collect exited children so they do not linger as zombies
         if tracked.kill_at is not None and time.monotonic() >= tracked.kill_at:
             self._signal(tracked, signal.SIGKILL)
-        alive = [pid for pid in tracked.pids if _alive(pid)]
-        statuses = [tracked.exit_status(rank) for rank in range(len(tracked.pids))]
+        alive = [worker.alive() for worker in tracked.workers]
+        statuses = [tracked.exit_status(rank) for rank in range(len(tracked.workers))]
         failed = [s for s in statuses if s is not None and s not in (0, EXIT_PREEMPTED)]
-        if alive and (
-            failed or any(s is None for s, pid in zip(statuses, tracked.pids, strict=True) if not _alive(pid))
-        ):
+        if any(alive) and (failed or any(s is None for s, up in zip(statuses, alive, strict=True) if not up)):
             # One worker of the gang is gone badly: the others cannot make progress alone.
             if not tracked.stopping_gang:
                 tracked.stopping_gang = True
                 self._stop(tracked, grace_s=10.0)
             return None
-        if alive:
+        if any(alive):
             return None
         if not _kill_label(attempt_id, wait_s=2.0):
             return None  # a worker outlived its killed shim and resists: not ended while it runs
@@ -361,16 +385,20 @@ class LocalLauncher:
             attempt_id = directory.name
             if attempt_id in self._attempts or (directory / "ended").exists():
                 continue
-            pids = _recorded_pids(directory)  # None: the launcher died mid-launch; launch() starts afresh
-            if attempt_id in live and pids is not None:
+            workers = _recorded_workers(
+                directory
+            )  # None: the launcher died mid-launch; launch() starts afresh
+            if attempt_id in live and workers is not None:
                 token = live[attempt_id].fencing_token
-                self._attempts[attempt_id] = _Attempt(directory, pids, token)  # adopt; observe() follows it
+                self._attempts[attempt_id] = _Attempt(
+                    directory, workers, token
+                )  # adopt; observe() follows it
             elif attempt_id not in live:  # an orphan: no live attempt owns these workers
-                for pid in {*(pids or ()), *_processes_of(attempt_id)}:
+                for worker in workers or ():
+                    worker.signal_group(signal.SIGKILL)
+                for pid in _processes_of(attempt_id):
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL) if pid in (pids or ()) else os.kill(
-                            pid, signal.SIGKILL
-                        )
+                        os.kill(pid, signal.SIGKILL)
                 (directory / "ended").write_text("ORPHAN")
                 worker_env.remove_sandbox(attempt_id)
         return [

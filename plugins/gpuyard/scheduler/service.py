@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -40,7 +40,7 @@ from gpuyard.domain.liveness import overdue
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, StopReason
-from gpuyard.launchers.base import Launcher, LaunchRequest, Outcome, WorkerReport
+from gpuyard.launchers.base import LaunchBusy, Launcher, LaunchRequest, Outcome, WorkerReport
 from gpuyard.memory import release_free_memory
 from gpuyard.observability import logs
 from gpuyard.scheduler import inputs
@@ -165,15 +165,22 @@ class SchedulerService:
         except TransferError as error:
             self.not_started(attempt, f"checkpoint transfer failed: {error}")
             return
-        with self.fenced() as conn:
-            if not attempt_store.claim_launch(conn, attempt.id, self.clock()):
-                log.info("attempt %s is not CREATED any more: nothing to launch", attempt.id)
-                return
-            try:
-                self.launcher.launch(request)
-            except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
-                self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
-                self.not_started(attempt, f"launch failed: {error}", conn)
+        try:
+            with self.fenced() as conn:
+                if not attempt_store.claim_launch(conn, attempt.id, self.clock()):
+                    log.info("attempt %s is not CREATED any more: nothing to launch", attempt.id)
+                    return
+                try:
+                    self.launcher.launch(request)
+                except LaunchBusy:
+                    raise  # nothing started: the claim is undone with the transaction
+                except Exception as error:  # the cluster refused, or broke mid-way (any launcher, any error)
+                    self.launcher.cancel(attempt.id, grace_s=0)  # whatever part of it did start
+                    self.not_started(attempt, f"launch failed: {error}", conn)
+        except LaunchBusy as busy:
+            # A stuck process (a paused replica) holds it: the other launches go on, and this attempt
+            # stays reserved, for that process to finish or for its lease to end it.
+            log.warning("attempt %s not launched: %s", attempt.id, busy)
 
     def not_started(self, attempt: Attempt, reason: str, conn: Connection | None = None) -> None:
         """The attempt could not start. It counts as a failure, with the job's backoff: a cause that
@@ -292,21 +299,27 @@ class SchedulerService:
         )
 
     def renew(self) -> None:
-        """Renew the leases of attempts whose workers the launcher sees alive, a third of a lease
-        period apart: with the workers' own heartbeats, one of the two sources of liveness."""
+        """Renew the leases of attempts whose workers the launcher sees alive (marked RUNNING) or
+        starting with progress (still LAUNCHING), a third of a lease period apart: with the workers'
+        own heartbeats, one of the two sources of liveness."""
         now = self.clock()
-        alive = self.launcher.alive()
+        alive, starting = self.launcher.alive(), self.launcher.starting()
         every = timedelta(seconds=self.lease_ttl_s / 3)
-        due = {
-            a: token
-            for a, token in alive.items()
-            if a not in self._renewed or now - self._renewed[a] >= every
-        }
-        renewed = attempt_store.renew(self.engine, due, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
+
+        def due(seen: Mapping[str, int]) -> dict[str, int]:
+            return {
+                a: t for a, t in seen.items() if a not in self._renewed or now - self._renewed[a] >= every
+            }
+
+        renewed = attempt_store.renew(
+            self.engine, due(alive), at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead
+        ) | attempt_store.renew(
+            self.engine, due(starting), at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead, running=False
+        )
         for attempt_id in renewed:
             self._renewed[attempt_id] = now
             metrics.scheduler_leases_renewed.inc()
-        for attempt_id in set(self._renewed) - set(alive):
+        for attempt_id in set(self._renewed) - set(alive) - set(starting):
             del self._renewed[attempt_id]
 
     def request_stops(self) -> None:

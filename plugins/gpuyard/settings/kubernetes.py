@@ -129,6 +129,13 @@ class KubernetesConfig(BaseModel):
     )
 
     termination_grace_s: int = Field(60, ge=0, description="Time a worker has to checkpoint after SIGTERM.")
+    start_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="Time an attempt's pods may take to start (image pull, container creation) while "
+        "they make progress; past it the attempt FAILS with the reason. A pod not bound to a node is "
+        "left to the lease.",
+    )
     watch_timeout_s: int = Field(300, ge=1, description="Server-side watch timeout; the watch then resumes.")
     request_timeout_s: float = Field(30.0, gt=0, description="Client-side timeout of one API request.")
 

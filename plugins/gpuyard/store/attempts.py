@@ -192,10 +192,12 @@ def renew(
     at: datetime,
     lease_ttl_s: float,
     lead: Lead | None = None,
+    running: bool = True,
 ) -> set[str]:
-    """The launcher's renewal: it sees these attempts' workers alive. Renews the lease of each that is
-    still live with the given fencing token (a launcher renews only the attempt it launched), marks it
-    RUNNING if it was not yet, and returns the ids renewed. With `lead`, only under that lead."""
+    """The launcher's renewal: it sees these attempts' workers alive (or, not `running`, starting).
+    Renews the lease of each that is still live with the given fencing token (a launcher renews only
+    the attempt it launched), marks it RUNNING if it was not yet and `running`, and returns the ids
+    renewed. With `lead`, only under that lead."""
     if not tokens:
         return set()
     expires = at + timedelta(seconds=lease_ttl_s)
@@ -206,7 +208,7 @@ def renew(
                 attempts.c.state.in_(LIVE),
             )
         ).all()
-        starting = {row.id: row.job_id for row in rows if row.state != AttemptState.RUNNING.value}
+        starting = {row.id: row.job_id for row in rows if running and row.state != AttemptState.RUNNING.value}
         for job_id in sorted(set(starting.values())):
             get(conn, job_id, lock=True)  # the lock order: these jobs before their attempts
         locked = conn.execute(

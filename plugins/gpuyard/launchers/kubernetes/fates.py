@@ -44,6 +44,8 @@ DISRUPTION_REASONS = frozenset(
 )
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CREATE_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+# Waiting reasons of a container on its way up on its node (pulling its image, init containers).
+STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 
 _SEVERITY = {Outcome.LOST: 3, Outcome.PREEMPTED: 2, Outcome.FAILED: 1}
 
@@ -133,6 +135,19 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
     if phase == "Running":
         return PodFate(Outcome.RUNNING)
     return PENDING
+
+
+def starting(pod: Mapping[str, Any], container: str = "worker") -> str | None:
+    """How a pod bound to its node is coming up (its worker's waiting reason, or "Pending" before the
+    kubelet's first status); None when it is not starting: running, ended, in error, or unbound."""
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return None  # not placed on a node yet (unschedulable, or no scheduler): nothing is under way
+    status = pod.get("status") or {}
+    state = _worker_status(status, container).get("state")
+    if state is None:
+        return "Pending" if status.get("phase", "Pending") == "Pending" else None
+    reason = (state.get("waiting") or {}).get("reason")
+    return reason if reason in STARTING_REASONS else None
 
 
 def attempt_fate(fates: Mapping[int, PodFate], gang_size: int) -> PodFate:

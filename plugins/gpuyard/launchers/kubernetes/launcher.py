@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuyard.clock import Clock, utcnow
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.launchers.kubernetes import manifests as m
-from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, gone_fate, pod_fate
+from gpuyard.launchers.kubernetes.fates import PodFate, attempt_fate, gone_fate, pod_fate, starting
 from gpuyard.settings.kubernetes import KubernetesConfig
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class _Attempt:
     token: int
     seen: set[int] = field(default_factory=set)
     running: bool = False  # every pod runs on a Ready node, as last observed
+    starting: str | None = None  # how its pods are coming up, while every one runs or starts
+    launched_at: float = field(default_factory=time.monotonic)  # (or adopted): its start deadline counts
     running_acknowledged: bool = False
     ending: WorkerReport | None = None  # repeated by observe() until acknowledged
     cancelled: bool = False
@@ -508,6 +510,13 @@ class KubernetesLauncher:
                     }
                     fate = attempt_fate(fates, attempt.gang_size)
                     attempt.running = fate.outcome is Outcome.RUNNING and self._on_ready_nodes(attempt)
+                    attempt.starting = None if attempt.running or fate.ended else self._starting(attempt)
+                    if not attempt.running and not fate.ended and self._past_start_deadline(attempt):
+                        fate = PodFate(
+                            Outcome.FAILED,
+                            f"did not start within start_timeout_s ({self.config.start_timeout_s:g} s): "
+                            f"{attempt.starting or 'its pods were not all placed and starting'}",
+                        )
                     if fate.ended:
                         assert fate.outcome is not None
                         attempt.ending = WorkerReport(
@@ -570,6 +579,31 @@ class KubernetesLauncher:
         """Attempts whose every pod runs (worker container not terminated) on a Ready node."""
         with self._lock:
             return {a.attempt_id: a.token for a in self._attempts.values() if a.running and a.ending is None}
+
+    def starting(self) -> dict[str, int]:
+        """Attempts whose every pod runs or is coming up (image pull, container creation) on a Ready
+        node, within the start deadline: a slow start is alive, not lost."""
+        with self._lock:
+            return {a.attempt_id: a.token for a in self._attempts.values() if a.starting and a.ending is None}
+
+    def _starting(self, attempt: _Attempt) -> str | None:
+        """How the attempt's pods are coming up ("node rank 1: ContainerCreating"), when each one
+        runs or starts on a Ready node; None otherwise."""
+        how: list[str] = []
+        for rank in range(attempt.gang_size):
+            pod = self._pods.get((attempt.namespace, m.pod_name(attempt.key, rank)))
+            if pod is None or self._nodes is None or not self._nodes.get(_pod_node(pod) or "", False):
+                return None
+            if pod_fate(pod, m.WORKER_CONTAINER).outcome is Outcome.RUNNING:
+                continue
+            reason = starting(pod, m.WORKER_CONTAINER)
+            if reason is None:
+                return None
+            how.append(f"node rank {rank}: {reason}" if attempt.gang_size > 1 else reason)
+        return ", ".join(how) or None
+
+    def _past_start_deadline(self, attempt: _Attempt) -> bool:
+        return time.monotonic() - attempt.launched_at > self.config.start_timeout_s
 
     def release(self, attempt_id: str) -> bool:
         """Delete the attempt's objects at once; True when none of its pods remains on a Ready node
