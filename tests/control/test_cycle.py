@@ -205,6 +205,27 @@ def test_placement_respects_type_and_spot_taints() -> None:
     }
 
 
+def test_a_job_is_placed_only_on_nodes_that_hold_its_cpu_and_memory() -> None:
+    """The small node is free and packs best, but could never hold the job's memory: a pod there
+    would wait Pending for ever. A node that does not say what it has is not held to it."""
+    nodes = [("small", 16, 64), ("large", 64, 512), ("unsaid", None, None)]
+    fleet = Fleet(
+        nodes=tuple(
+            Node(name=n, site="s", cluster="c", domain=n, gpu_type="a100", gpus=8, cpu=cpu, memory_gb=mem)
+            for n, cpu, mem in nodes
+        )
+    )
+
+    def placed_with_full(busy: str) -> list[tuple[str, ...]]:
+        state = ClusterState.empty(FleetIndex(fleet), {"a": TeamQuota(gpu_quota=24)})
+        state.take("a", Placement("s", "c", busy, (NodeSlice(busy, tuple(range(8))),)), borrowed=False)
+        hungry = replace(job(f"hungry-{busy}", 2), memory_gb=256.0, cpu=32.0)
+        return [p.placement.nodes for p in run_cycle([hungry], state, NOW, POLICIES["gpuyard"]).placed]
+
+    assert placed_with_full("unsaid") == [("large",)]
+    assert placed_with_full("large") == [("unsaid",)]
+
+
 def test_a_reserved_gang_holds_only_the_nodes_it_needs() -> None:
     # No node has 8 free GPUs: the 8-GPU gang reserves d0 (most free) but holds one node of it only,
     # so a 4-GPU job still starts on the other node of d0.

@@ -27,7 +27,8 @@ retry: {max_failures: 2}
 checkpoint: {url: "file:///tmp/gpuyard-ckpt/flights", interval: auto}
 """
 
-# Two sites; the biggest fast domain is 2 nodes x 8 a100 GPUs.
+# Two sites; the biggest fast domain is 2 nodes x 8 a100 GPUs, 96 CPUs and 512 GiB each; the t4
+# nodes do not say their CPU and memory.
 FLEET = Fleet(
     nodes=tuple(
         Node(
@@ -38,11 +39,13 @@ FLEET = Fleet(
             gpu_type=gpu_type,
             gpus=gpus,
             gpu_memory_gb=memory,
+            cpu=cpu,
+            memory_gb=host_memory,
         )
-        for site, domain, gpu_type, gpus, memory, count in [
-            ("east", "rack1", "a100", 8, 80, 2),
-            ("east", "rack2", "a100", 8, 80, 1),
-            ("west", "rack1", "t4", 4, 16, 4),
+        for site, domain, gpu_type, gpus, memory, cpu, host_memory, count in [
+            ("east", "rack1", "a100", 8, 80, 96, 512, 2),
+            ("east", "rack2", "a100", 8, 80, 32, 1024, 1),
+            ("west", "rack1", "t4", 4, 16, None, None, 4),
         ]
         for i in range(count)
     )
@@ -120,6 +123,19 @@ def test_not_a_mapping_is_rejected() -> None:
         ({"gpus": 24, "gpu_types": ["a100"], "nodes": 3}, "resources.nodes", "ONE fast domain"),
         ({"gpus": 1, "gpu_types": ["h100"]}, "resources.gpu_types", "no node in the fleet"),
         ({"gpus": 1, "gpu_types": ["t4"], "gpu_memory": "40Gi"}, "resources.gpu_memory", "40 GiB"),
+        ({"gpus": 8, "gpu_types": ["a100"], "cpu": 128}, "resources.cpu", "128 CPUs per node; the most any"),
+        ({"gpus": 8, "gpu_types": ["a100"], "memory": "2Ti"}, "resources.memory", "2048 GiB of memory"),
+        # each resource alone fits a node, but no node has both, nor a domain two such nodes
+        (
+            {"gpus": 8, "gpu_types": ["a100"], "cpu": 64, "memory": "600Gi"},
+            "resources.nodes",
+            "ONE fast domain",
+        ),
+        (
+            {"gpus": 16, "gpu_types": ["a100"], "nodes": 2, "memory": "600Gi"},
+            "resources.nodes",
+            "ONE fast domain",
+        ),
     ],
 )
 def test_requests_the_fleet_can_never_offer_are_rejected(
@@ -134,6 +150,12 @@ def test_requests_the_fleet_can_never_offer_are_rejected(
 def test_a_gang_that_fits_one_domain_is_feasible() -> None:
     spec = parse_spec(with_(resources={"gpus": 16, "gpu_types": ["a100"], "nodes": 2}))
     assert check_feasible(spec, FLEET) == []
+    roomy = parse_spec(
+        with_(resources={"gpus": 16, "gpu_types": ["a100"], "nodes": 2, "cpu": 90, "memory": "500Gi"})
+    )
+    assert check_feasible(roomy, FLEET) == []
+    unknown = parse_spec(with_(resources={"gpus": 4, "gpu_types": ["t4"], "cpu": 500}))
+    assert check_feasible(unknown, FLEET) == []  # nodes that do not say are not held to it
     pinned = parse_spec(with_(resources={"gpus": 4, "gpu_types": ["a100"]}, sites=["west"]))
     assert [v.path for v in check_feasible(pinned, FLEET)] == ["sites"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.fleet import Fleet, Node, holds_host_resources
 from gpuyard.domain.spec import JobSpec, SpecViolation, Text
 
 
@@ -54,6 +54,7 @@ def _fits_node(spec: JobSpec, node: Node) -> bool:
         (not res.gpu_types or node.gpu_type in res.gpu_types)
         and node.gpus >= res.gpus_per_node
         and (res.gpu_memory_bytes is None or node.gpu_memory_gb * 2**30 >= res.gpu_memory_bytes)
+        and holds_host_resources(node, res.cpu_cores, res.memory_gib)
         and (not spec.sites or node.site in spec.sites)
     )
 
@@ -96,6 +97,19 @@ def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
                 rule=f"asks for {memory / 2**30:g} GiB per GPU; the most any accepted node has is {best:g}",
             )
         ]
+    for path, asked, unit, has in (
+        ("resources.cpu", res.cpu_cores, "CPUs", lambda n: n.cpu),
+        ("resources.memory", res.memory_gib, "GiB of memory", lambda n: n.memory_gb),
+    ):
+        known = [has(n) for n in typed if has(n) is not None]
+        if asked and len(known) == len(typed) and max(known) < asked:
+            return [
+                SpecViolation(
+                    path=path,
+                    rule=f"asks for {asked:g} {unit} per node; the most any accepted node has is "
+                    f"{max(known):g}",
+                )
+            ]
     best_domain = 0
     for nodes in fleet.domains().values():
         fitting = sum(1 for n in nodes if _fits_node(spec, n))

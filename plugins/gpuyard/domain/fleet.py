@@ -23,8 +23,10 @@ class Node(BaseModel):
     gpu_type: StrictStr
     gpus: StrictInt = Field(ge=0)
     gpu_memory_gb: StrictFloat | StrictInt = Field(0, ge=0)
-    cpu: StrictFloat | StrictInt = Field(1, gt=0)
-    memory_gb: StrictFloat | StrictInt = Field(1, gt=0)
+    cpu: StrictFloat | StrictInt | None = Field(None, gt=0, description="Allocatable CPUs; null: not known.")
+    memory_gb: StrictFloat | StrictInt | None = Field(
+        None, gt=0, description="Allocatable memory in GiB; null: not known (neither is then checked)."
+    )
     labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     taints: tuple[StrictStr, ...] = ()
     price_per_gpu_hour: StrictFloat | StrictInt = Field(0.0, ge=0)
@@ -46,6 +48,12 @@ class Node(BaseModel):
     def domain_key(self) -> tuple[str, str, str]:
         """Domains are named within their cluster, which is named within its site."""
         return (self.site, self.cluster, self.domain)
+
+
+def holds_host_resources(node: Node, cpu: float, memory_gb: float) -> bool:
+    """`node` has this much CPU and memory to give, as far as it says (an unknown amount is not held
+    against it)."""
+    return (node.cpu is None or node.cpu >= cpu) and (node.memory_gb is None or node.memory_gb >= memory_gb)
 
 
 class Site(BaseModel):

@@ -196,6 +196,16 @@ class Resources(_Value):
     def gpu_memory_bytes(self) -> int | None:
         return None if self.gpu_memory is None else parse_bytes(self.gpu_memory)
 
+    @property
+    def cpu_cores(self) -> float:
+        """CPUs asked per node (0: none asked)."""
+        return 0.0 if self.cpu is None else parse_cpu(self.cpu)
+
+    @property
+    def memory_gib(self) -> float:
+        """Memory asked per node, in GiB (0: none asked)."""
+        return 0.0 if self.memory is None else parse_bytes(self.memory) / 2**30
+
 
 class RetryPolicy(_Value):
     """Failures of the job's own code use up `max_failures`; preemption and node loss never do. A

@@ -47,6 +47,8 @@ def pending_job(job: Job) -> PendingJob:
         preemptible=spec.preemptible,
         submitted_at=job.created_at,
         gpu_memory_gb=(spec.resources.gpu_memory_bytes or 0) / 2**30,
+        cpu=spec.resources.cpu_cores,
+        memory_gb=spec.resources.memory_gib,
         sites=spec.sites,
         tolerations=spec.tolerations,
         data_uris=tuple(d.uri for d in spec.data),

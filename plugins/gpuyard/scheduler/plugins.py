@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuyard.domain.fleet import Node
+from gpuyard.domain.fleet import Node, holds_host_resources
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
 SPOT_TAINT = "gpuyard.io/spot"
@@ -30,6 +30,12 @@ def gpu_type(job: PendingJob, node: Node, state: ClusterState) -> bool:
 
 def gpu_memory(job: PendingJob, node: Node, state: ClusterState) -> bool:
     return node.gpu_memory_gb >= job.gpu_memory_gb
+
+
+def host_resources(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    """The node can hold one node's share of the job's CPU and memory at all (where it says how much
+    it has): a pod that could never fit would wait Pending on it for ever."""
+    return holds_host_resources(node, job.cpu, job.memory_gb)
 
 
 def free_gpus(job: PendingJob, node: Node, state: ClusterState) -> bool:
@@ -55,6 +61,7 @@ def data_access(job: PendingJob, node: Node, state: ClusterState) -> bool:
 FILTERS: dict[str, Filter] = {
     "gpu_type": gpu_type,
     "gpu_memory": gpu_memory,
+    "host_resources": host_resources,
     "taints": taints,
     "site": site,
     "data_access": data_access,

@@ -83,7 +83,14 @@ def gpuyard_order(
 
 # The plugins a policy uses unless it names others: every filter, and the scores with their weights
 # (pack weighs most: best fit keeps whole domains free for gangs).
-DEFAULT_FILTERS: tuple[str, ...] = ("gpu_type", "gpu_memory", "taints", "site", "data_access")
+DEFAULT_FILTERS: tuple[str, ...] = (
+    "gpu_type",
+    "gpu_memory",
+    "host_resources",
+    "taints",
+    "site",
+    "data_access",
+)
 DEFAULT_SCORES: tuple[tuple[str, float], ...] = (
     ("pack", 3.0),
     ("checkpoint_locality", 2.0),

@@ -37,6 +37,8 @@ class PendingJob:
     preemptible: bool
     submitted_at: datetime
     gpu_memory_gb: float = 0.0
+    cpu: float = 0.0  # per node
+    memory_gb: float = 0.0  # per node
     sites: tuple[str, ...] = ()
     tolerations: tuple[str, ...] = ()
     data_uris: tuple[str, ...] = ()
@@ -55,6 +57,8 @@ class PendingJob:
         shape = (
             self.gpu_types,
             self.gpu_memory_gb,
+            self.cpu,
+            self.memory_gb,
             self.sites,
             self.tolerations,
             self.data_uris,

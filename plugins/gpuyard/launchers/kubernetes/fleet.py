@@ -67,10 +67,8 @@ def node_from_k8s(obj: Mapping[str, Any], config: KubernetesConfig) -> Node | No
         gpu_type=gpu_type,
         gpus=gpus,
         gpu_memory_gb=round(memory_mib / 1024, 1) if memory_mib else 0.0,
-        cpu=parse_cpu(allocatable["cpu"]) if allocatable.get("cpu") else 1,
-        memory_gb=max(round(parse_bytes(allocatable["memory"]) / 2**30, 1), 0.1)
-        if allocatable.get("memory")
-        else 1,
+        cpu=parse_cpu(allocatable["cpu"]) if allocatable.get("cpu") else None,
+        memory_gb=parse_bytes(allocatable["memory"]) / 2**30 if allocatable.get("memory") else None,
         labels=labels,
         taints=tuple(_taint(t) for t in spec.get("taints") or ()),
         price_per_gpu_hour=price if price is not None and price >= 0 else 0.0,
