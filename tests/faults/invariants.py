@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .history import FINAL_JOB_STATES, TERMINAL_ATTEMPT_EVENTS, AttemptRow, History, Record
+from .workload import writes_journal
 
 LIVE_ATTEMPT_STATES = {"CREATED", "LAUNCHING", "RUNNING"}
 # How late the platform may notice an end: a lease period, half of one for a new leader to take over
@@ -408,6 +409,58 @@ def no_worker_outlives_its_attempt(history: History) -> list[Violation]:
     return found
 
 
+def the_journal_covers_the_run(history: History) -> list[Violation]:
+    """The checks of what workers did read their journal, and an empty one passes them all (a worker
+    that is not the suite's, a journal written elsewhere): it must hold rank 0's records of every
+    attempt of the suite's worker that succeeded. (One killed before its first line may have none;
+    plain commands write none.)"""
+    if not history.journal and history.attempts:
+        return [
+            Violation(
+                "the journal covers the run",
+                None,
+                f"the workers' journal is empty after {len(history.attempts)} attempt(s): nothing the "
+                "workers did can be checked",
+            )
+        ]
+    journal = _records(history)
+    return [
+        Violation(
+            "the journal covers the run",
+            attempt.job_id,
+            f"attempt {attempt.number} SUCCEEDED but its rank 0 wrote nothing to the journal",
+        )
+        for attempt in history.attempts.values()
+        if attempt.state == "SUCCEEDED"
+        and not journal.get(attempt.id)
+        and attempt.job_id in history.jobs
+        and writes_journal(history.jobs[attempt.job_id].name)
+    ]
+
+
+def no_rank_started_twice(history: History) -> list[Violation]:
+    """Each rank of an attempt starts once. A second start is a relaunch (a paused replica launching
+    an attempt again, after it ended, or a second set of workers): after a job's last attempt no
+    successor's start would show it to the checks between attempts."""
+    starts: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for record in history.journal:
+        if record.e == "start":
+            starts[(record.attempt, record.rank)].append(record.t)
+    found = []
+    for (attempt_id, rank), times in sorted(starts.items()):
+        if len(times) > 1:
+            attempt = history.attempts.get(attempt_id)
+            found.append(
+                Violation(
+                    "no rank started twice",
+                    attempt.job_id if attempt else None,
+                    f"{attempt_id} rank {rank} started {len(times)} times, "
+                    f"{max(times) - min(times):.1f}s apart: a relaunch",
+                )
+            )
+    return found
+
+
 CHECKS: dict[str, Callable[[History], list[Violation]]] = {
     "accepted submissions exist": accepted_submissions_exist,
     "every job final": every_job_final,
@@ -421,6 +474,8 @@ CHECKS: dict[str, Callable[[History], list[Violation]]] = {
     "no zombie writes": no_zombie_writes,
     "no cancel lost": no_cancel_lost,
     "no worker outlives its attempt": no_worker_outlives_its_attempt,
+    "the journal covers the run": the_journal_covers_the_run,
+    "no rank started twice": no_rank_started_twice,
 }
 
 

@@ -123,6 +123,9 @@ def clean_story() -> Story:
     s.event("attempt.succeeded", "j1", second)
     s.event("job.submitted", "j2")
     s.event("job.scheduled", "j2", other)
+    s.record("start", other)
+    s.record("resume", other, step=0)
+    s.record("exit", other, code=0)
     s.event("attempt.succeeded", "j2", other)
     s.exits = {first: {0: 75}, second: {0: 0}, other: {0: 0}}
     s.job("j1")
@@ -226,6 +229,25 @@ def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_s
     story = clean_story()
     story.record("saved", "j1-a1", step=6)  # after j1-a2's start
     assert violated(story.history()) >= {"no zombie writes", "never two attempts running at once"}
+
+
+def test_the_checker_fails_on_an_empty_journal_or_a_success_it_has_no_record_of() -> None:
+    story = clean_story()
+    story.journal = []
+    (empty,) = [v for v in check(story.history()) if v.invariant == "the journal covers the run"]
+    assert "journal is empty after 3 attempt(s)" in empty.detail
+    story = clean_story()
+    story.journal = [r for r in story.journal if r.attempt != "j2-a1"]
+    assert violated(story.history()) == {"the journal covers the run"}
+
+
+def test_the_checker_catches_a_relaunch_after_the_last_attempt_ended() -> None:
+    """A paused replica resumes and launches j2's only attempt again after it succeeded: no successor
+    follows, so only the second start shows it."""
+    story = clean_story()
+    story.record("start", "j2-a1")
+    story.record("resume", "j2-a1", step=0)
+    assert violated(story.history()) == {"no rank started twice"}
 
 
 def test_the_checker_catches_a_lost_cancel_and_a_leftover_worker() -> None:

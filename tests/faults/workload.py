@@ -96,6 +96,11 @@ def _kind(rng: random.Random, kind: str, lease_s: float) -> dict[str, Any]:
 KINDS = {"resumer": 5, "long": 1, "gang": 1, "failing": 1, "plain": 1}  # relative frequency
 
 
+def writes_journal(job_name: str) -> bool:
+    """Every kind runs the suite's worker, which journals what it does, but plain commands."""
+    return not job_name.startswith("plain-")
+
+
 def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s: float) -> list[Plan]:
     rng = random.Random(f"workload-{seed}")
     plans, at = [], 0.0
