@@ -227,6 +227,11 @@ def test_200_concurrent_submissions_with_one_key_make_one_job(
         with httpx.Client(base_url=live_server, timeout=60) as client:
             start.wait()
             response = client.post("/v1/jobs", json=EXAMPLE_SPEC, headers=headers)
+            for _ in range(10):  # an overloaded database answers 503 Retry-After: clients ask again
+                if response.status_code != 503:
+                    break
+                time.sleep(float(response.headers.get("Retry-After", "1")))
+                response = client.post("/v1/jobs", json=EXAMPLE_SPEC, headers=headers)
         with lock:
             results.append((response.status_code, response.json().get("id", response.text)))
 
@@ -236,6 +241,6 @@ def test_200_concurrent_submissions_with_one_key_make_one_job(
     for thread in threads:
         thread.join()
     statuses = sorted(status for status, _ in results)
-    assert statuses == [200] * 199 + [201], statuses[:5]
+    assert statuses == [200] * 199 + [201], [r for r in results if r[0] not in (200, 201)][:5]
     assert len({job_id for _, job_id in results}) == 1
     assert counts(engine) == (1, 1)
