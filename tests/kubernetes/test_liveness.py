@@ -24,10 +24,25 @@ from training import exit_codes
 pytestmark = pytest.mark.slow  # commands run for several lease periods
 
 
-def run_pods(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> str:
+def launched(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> str:
+    """The job's attempt, once its pods exist."""
     step_until(service, lambda: detail(engine, job_id).attempts, "an attempt")
     attempt_id = detail(engine, job_id).attempts[-1].id
     step_until(service, lambda: pods_of(cluster, attempt_id), "its pod")
+    return attempt_id
+
+
+def pulling(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> tuple[str, str]:
+    """The job's attempt and its one pod, bound to its node and creating its container."""
+    attempt_id = launched(cluster, service, engine, job_id)
+    (pod,) = pods_of(cluster, attempt_id)
+    cluster.bind(pod)
+    cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image registry.example/train:1"))
+    return attempt_id, pod
+
+
+def run_pods(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> str:
+    attempt_id = launched(cluster, service, engine, job_id)
     for name in pods_of(cluster, attempt_id):
         cluster.set_pod_status(name, running())
     step_until(service, lambda: detail(engine, job_id).job.state.value == "RUNNING", "running")
@@ -110,12 +125,7 @@ def test_a_pod_that_takes_several_lease_periods_to_start_is_one_attempt(
     three lease periods. Starting with progress is alive: the attempt stays LAUNCHING, is never
     lost, and runs once the pull is done."""
     job_id = submit(engine, ["sh", "-c", "sleep 600"])
-    step_until(service, lambda: detail(engine, job_id).attempts, "an attempt")
-    attempt_id = detail(engine, job_id).attempts[-1].id
-    step_until(service, lambda: pods_of(cluster, attempt_id), "its pod")
-    (pod,) = pods_of(cluster, attempt_id)
-    cluster.bind(pod)
-    cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image registry.example/train:1"))
+    attempt_id, pod = pulling(cluster, service, engine, job_id)
     ends = time.monotonic() + 3 * LEASE_S
     while time.monotonic() < ends:  # real time must pass for a lease to
         service.step()
@@ -131,12 +141,7 @@ def test_a_start_past_its_deadline_fails_the_attempt_with_the_reason(
 ) -> None:
     with scheduler_on(cluster, config.model_copy(update={"start_timeout_s": 1.5 * LEASE_S}), engine) as slow:
         job_id = submit(engine, ["sh", "-c", "sleep 600"])
-        step_until(slow, lambda: detail(engine, job_id).attempts, "an attempt")
-        attempt_id = detail(engine, job_id).attempts[-1].id
-        step_until(slow, lambda: pods_of(cluster, attempt_id), "its pod")
-        (pod,) = pods_of(cluster, attempt_id)
-        cluster.bind(pod)
-        cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image"))
+        pulling(cluster, slow, engine, job_id)
         step_until(
             slow, lambda: detail(engine, job_id).attempts[0].state.value == "FAILED", "the deadline", 10
         )
