@@ -129,7 +129,7 @@ def test_a_launcher_cut_off_from_the_store_loses_its_attempt_and_no_second_one_r
     job, _ = job_store.submit(admin_engine, spec, idempotency_key=None, created_by="t", at=utcnow())
 
     def replica(engine: Engine, name: str) -> SchedulerService:
-        launcher = LocalLauncher(tmp_path / name, CPU, workdir=tmp_path)
+        launcher = LocalLauncher(tmp_path / name, CPU, workdir=tmp_path, worker_users="off")
         return SchedulerService(
             engine,
             launcher,

@@ -63,7 +63,7 @@ def scheduler(engine: Engine, api_url: str, tmp_path: Path) -> Iterator[Schedule
             TeamQuota(gpu_quota=2),
             utcnow(),
         )
-    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     service = SchedulerService(
         engine, launcher, CPU.fleet(), api_url=lambda: api_url, lease_ttl_s=30, grace_s=10
     )
@@ -187,12 +187,12 @@ def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> 
     def request(attempt_id: str) -> LaunchRequest:
         return gang(attempt_id, sleep_s=3, launched_before=True)
 
-    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     first.launch(request("kept"))
     first.launch(request("orphan"))
     assert len(_processes_of("kept")) >= 2 and len(_processes_of("orphan")) >= 2
     del first  # the launcher's process "died"; its workers did not
-    second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     reports = second.reconcile({"kept": request("kept"), "vanished": request("vanished")})
     assert [(r.attempt_id, r.outcome) for r in reports] == [("vanished", Outcome.LOST)]
     second.launch(request("kept"))  # a duplicate launch after the restart: no second set of workers
@@ -212,7 +212,9 @@ def test_two_replicas_launching_one_attempt_start_one_set_of_workers_and_both_fo
     """A replica whose lead passed mid-pass and the next leader's recovery both launch the attempt
     they see reserved: the launch lock makes the second follow the first's workers."""
     request = gang("shared", sleep_s=2)
-    old, new = (LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path) for _ in range(2))
+    old, new = (
+        LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off") for _ in range(2)
+    )
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda launcher: launcher.launch(request), (old, new)))
     followed = {tuple(launcher._attempts["shared"].workers) for launcher in (old, new)}
@@ -232,7 +234,7 @@ def test_a_launch_that_fails_half_way_leaves_no_worker_running(tmp_path: Path, s
     """The node's disk is full: the workers start, but their record (workers.json) cannot be
     written. The launch fails, and the workers it had started are gone: the scheduler records the
     attempt as not started, so nothing of it may run on."""
-    launcher = LocalLauncher(small_disk.path / "attempts", CPU, workdir=tmp_path)
+    launcher = LocalLauncher(small_disk.path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     small_disk.fill()
     with pytest.raises(OSError, match="No space left on device"):
         launcher.launch(gang("half-way", sleep_s=30))
@@ -372,7 +374,7 @@ def test_a_worker_pid_reused_after_a_restart_is_not_taken_for_the_worker(tmp_pat
     a stranger (a process leading its own group, as a shim does). The restarted launcher adopts the
     record but sees no worker alive: the attempt is LOST, and the stranger is never signalled."""
     request = gang("reused", sleep_s=60, launched_before=True)
-    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+    first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     first.launch(request)
     assert first.release("reused")  # the workers died with the machine
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -381,7 +383,7 @@ def test_a_worker_pid_reused_after_a_restart_is_not_taken_for_the_worker(tmp_pat
         record = json.loads(record_path.read_text())
         record["pids"][0] = stranger.pid  # the kernel gave that pid to another process
         record_path.write_text(json.dumps(record))
-        second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path)
+        second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
         assert second.reconcile({"reused": request}) == []  # adopted: its record is there
         assert second.alive() == {}
         (report,) = [r for r in second.observe() if r.outcome != Outcome.RUNNING]
@@ -402,7 +404,9 @@ def test_a_paused_process_holding_a_launch_lock_holds_up_no_other_launch(
     and launches attempt two."""
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
-    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, launch_lock_wait_s=0.5)
+    launcher = LocalLauncher(
+        tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off", launch_lock_wait_s=0.5
+    )
     service = SchedulerService(engine, launcher, CPU.fleet(), api_url=lambda: "http://127.0.0.1:9")
     jobs = [submit(engine, f"j{i}", ["sleep", "60"]) for i in range(2)]
     wanted = [

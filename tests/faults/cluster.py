@@ -74,6 +74,9 @@ class Cluster:
             "GPUYARD_GRACE_SECONDS": "5",
             "GPUYARD_DB_POOL_SIZE": "6",
             "GPUYARD_WORKER_DIR": str(run),
+            # The workers write their journal into the run's folder, the launcher's own (mode 0700):
+            # they run as the launcher's user, by the operator's explicit choice.
+            "GPUYARD_WORKER_USERS": "off",
             "LD_PRELOAD": LIBFAKETIME,
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "FAKETIME_CACHE_DURATION": "1",

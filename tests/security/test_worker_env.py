@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -17,10 +18,14 @@ from control.conftest import EXAMPLE_SPEC
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers import worker_env
-from gpuyard.launchers.base import LaunchRequest
+from gpuyard.launchers.base import LaunchRequest, Outcome
+from gpuyard.launchers.inventory import LocalInventory
+from gpuyard.launchers.local import LocalLauncher
 from gpuyard.secrets.files import FileSecretStore, SecretNotFound
+from servers import open_directory, wait_until
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="workers change user only where the launcher is root")
+LAUNCHERS_USER, TEAM_USERS = worker_env.UserRule(team_users=False), worker_env.UserRule(team_users=True)
 SERVER_ENV = {
     "GPUYARD_HOME": "/srv/gpuyard",
     "GPUYARD_DATABASE_URL": "postgresql://gpuyard:pw@db/gpuyard",
@@ -62,7 +67,7 @@ def test_a_worker_gets_the_allowlist_its_spec_and_secrets_and_nothing_of_the_ser
             job,
             tmp_path / "attempts",
             secrets,
-            team_users=False,
+            users=LAUNCHERS_USER,
             workdir=tmp_path,
             inherited=SERVER_ENV,
             passthrough=passthrough,
@@ -88,10 +93,10 @@ def test_a_job_naming_a_missing_secret_does_not_start(
 ) -> None:
     job = request(attempt_id, env_from_secret={"API_KEY": "api-key", "OTHER": "gone"})
     with pytest.raises(SecretNotFound, match="team a has no secret named 'gone'"):
-        worker_env.prepare(job, tmp_path / "attempts", secrets, team_users=False, workdir=tmp_path)
+        worker_env.prepare(job, tmp_path / "attempts", secrets, users=LAUNCHERS_USER, workdir=tmp_path)
     other_team = request(attempt_id, team="b", env_from_secret={"API_KEY": "api-key"})
     with pytest.raises(SecretNotFound):  # team b cannot name team a's secret
-        worker_env.prepare(other_team, tmp_path / "attempts", secrets, team_users=False, workdir=tmp_path)
+        worker_env.prepare(other_team, tmp_path / "attempts", secrets, users=LAUNCHERS_USER, workdir=tmp_path)
 
 
 @as_root
@@ -116,34 +121,45 @@ def test_each_team_gets_its_own_user_once_and_for_good(tmp_path: Path) -> None:
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
 
 
-@as_root
-def test_the_privilege_drop_leaves_no_group_no_new_privileges_and_a_private_umask() -> None:
-    uid = worker_env.WORKER_UID_BASE + 999_999
-    probe = "id -u; id -g; id -G; umask; grep NoNewPrivs /proc/self/status"
-    shown = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuyard.launchers.privilege_drop",
-            str(uid),
-            str(uid),
-            "--",
-            "/bin/sh",
-            "-c",
-            probe,
-        ],
+def shim(exit_file: Path, *argv: str, environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The launcher's shim run as the launcher runs it: isolated, the worker's environment on stdin."""
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "gpuyard.launchers.shim", str(exit_file), *argv],
+        input=json.dumps(environment),
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},
-        check=True,
-    ).stdout.split("\n")
-    assert shown[:4] == [str(uid), str(uid), str(uid), "0077"]
-    assert shown[4].split() == ["NoNewPrivs:", "1"]
-    refused = subprocess.run(
-        [sys.executable, "-m", "gpuyard.launchers.privilege_drop", "x", "1", "--", "true"],
-        capture_output=True,
     )
-    assert refused.returncode == 2
+
+
+@as_root
+def test_the_privilege_drop_leaves_no_group_no_new_privileges_and_a_private_umask(tmp_path: Path) -> None:
+    uid = worker_env.WORKER_UID_BASE + 999_999
+    probe = "id -u; id -g; id -G; umask; grep NoNewPrivs /proc/self/status; echo $MODE"
+    ran = shim(
+        tmp_path / "rank0.exit",
+        "--as",
+        f"{uid}:{uid}",
+        "--",
+        "/bin/sh",
+        "-c",
+        probe,
+        environment={"PATH": "/usr/bin:/bin", "MODE": "the job's"},
+    )
+    shown = ran.stdout.split("\n")
+    assert shown[:4] == [str(uid), str(uid), str(uid), "0077"], ran.stderr
+    assert shown[4].split() == ["NoNewPrivs:", "1"] and shown[5] == "the job's"
+    assert (tmp_path / "rank0.exit").read_text().strip() == "0"
+    for malformed in (["--as", "x:1", "--", "true"], ["--as", "1", "--", "true"], ["true"]):
+        refused = shim(tmp_path / "bad.exit", *malformed, environment={})
+        assert refused.returncode == 2 and "gpuyard:" in refused.stderr, malformed
+    not_json = subprocess.run(
+        [sys.executable, "-I", "-m", "gpuyard.launchers.shim", str(tmp_path / "x.exit"), "--", "true"],
+        input='["PATH"]',
+        capture_output=True,
+        text=True,
+    )
+    assert not_json.returncode == 2 and "JSON object of strings" in not_json.stderr
 
 
 @pytest.fixture
@@ -185,39 +201,38 @@ def test_the_workers_own_directory_belongs_to_its_team_s_user(
 ) -> None:
     job = request(attempt_id, command=["sh", "-c", "true"])
     sandbox = worker_env.prepare(
-        job, tmp_path / "attempts", secrets, team_users=True, workdir=Path("/"), inherited={}
+        job, tmp_path / "attempts", secrets, users=TEAM_USERS, workdir=Path("/"), inherited={}
     )
     assert sandbox.identity is not None and sandbox.identity.name == "gpuyard-a"
     found = sandbox.directory.stat()
     assert (found.st_uid, found.st_gid) == (sandbox.identity.uid, sandbox.identity.gid)
-    drop = [sys.executable, "-m", "gpuyard.launchers.privilege_drop"]
-    assert sandbox.command(["sh", "-c", "true"]) == [
-        *drop,
-        str(sandbox.identity.uid),
-        str(sandbox.identity.gid),
-        "--",
-        "sh",
-        "-c",
-        "true",
-    ]
+    assert sandbox.shim_arguments() == ["--as", f"{sandbox.identity.uid}:{sandbox.identity.gid}"]
+    assert "PYTHONPATH" not in sandbox.helper_environment(attempt_id)
     with pytest.raises(worker_env.SandboxError, match="not found on the workers' PATH"):
         worker_env.prepare(
             request(attempt_id, command=["no-such-tool"]),
             tmp_path / "attempts",
             secrets,
-            team_users=True,
+            users=TEAM_USERS,
             workdir=Path("/"),
         )
 
 
 @as_root
-def test_auto_changes_users_only_where_every_user_may_reach_what_python_jobs_need(places: Path) -> None:
+def test_auto_changes_users_where_every_user_may_reach_what_python_jobs_need_and_else_refuses_jobs(
+    places: Path, tmp_path: Path, secrets: FileSecretStore, attempt_id: str
+) -> None:
     reachable = [places / "open" / "python", places / "open"]
-    assert worker_env.team_users("auto", reachable) and worker_env.team_users("on", reachable)
-    assert not worker_env.team_users("off", reachable)
+    assert worker_env.user_rule("auto", reachable) == worker_env.user_rule("on", reachable) == TEAM_USERS
+    assert worker_env.user_rule("off", reachable) == LAUNCHERS_USER  # the operator's explicit choice
     for closed in (places / "closed" / "python", places / "open" / "python-link", places / "closed"):
-        assert not worker_env.team_users("auto", [*reachable, closed])  # the launcher's user, warned
-        assert worker_env.team_users("on", [*reachable, closed])  # on: each job is checked at launch
+        rule = worker_env.user_rule("auto", [*reachable, closed])
+        assert not rule.team_users and rule.refusal is not None and str(places / "closed") in rule.refusal
+        with pytest.raises(worker_env.SandboxError, match="worker_users=auto: workers cannot run as"):
+            worker_env.prepare(
+                request(attempt_id), tmp_path / "attempts", secrets, users=rule, workdir=places
+            )
+        assert worker_env.user_rule("on", [*reachable, closed]) == TEAM_USERS  # each job checked at launch
 
 
 def test_what_python_jobs_need_is_this_environment_its_runtime_and_the_working_directory(
@@ -237,3 +252,64 @@ def test_what_python_jobs_need_is_this_environment_its_runtime_and_the_working_d
     assert shown[0] == sys.executable and shown[-2:] == [str(tmp_path), tempfile.gettempdir()]
     assert sysconfig.get_path("purelib") in shown
     assert {str(repository / "plugins" / "gpuyard"), str(repository / "training")} <= set(shown)
+
+
+PLANTED_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *record = fopen(RECORD, "a");
+    if (record) { fprintf(record, "preload %d\n", (int)geteuid()); fclose(record); }
+}
+"""
+PLANTED_PY = (
+    "import os\nwith open({record!r}, 'a') as f:\n    f.write(f'sitecustomize {{os.geteuid()}}\\n')\n"
+)
+
+
+@as_root
+def test_code_a_hostile_job_plants_in_its_environment_never_runs_as_root(attempt_id: str) -> None:
+    """A job names a library for the dynamic loader and a module every interpreter runs at start:
+    they run in its worker, as its team's user, and in no process of the launcher's (root)."""
+    with open_directory() as place:
+        record = place / "ran"
+        record.touch(mode=0o666)
+        record.chmod(0o666)
+        (place / "planted.c").write_text(PLANTED_C)
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                f'-DRECORD="{record}"',
+                "-o",
+                str(place / "planted.so"),
+                str(place / "planted.c"),
+            ],
+            check=True,
+        )
+        (place / "sitecustomize.py").write_text(PLANTED_PY.format(record=str(record)))
+        for planted in ("planted.so", "sitecustomize.py"):
+            (place / planted).chmod(0o755)
+        job = request(
+            attempt_id,
+            command=[sys.executable, "-c", "print('trained')"],
+            env={"LD_PRELOAD": str(place / "planted.so"), "PYTHONPATH": str(place)},
+        )
+        launcher = LocalLauncher(
+            place / "attempts",
+            LocalInventory("cpu", 1, 0.0, False),
+            workdir=Path("/"),
+            secrets=FileSecretStore(place / "secrets"),
+            worker_users="on",
+        )
+        launcher.launch(job)
+        ended = wait_until(
+            lambda: next((r for r in launcher.observe() if r.outcome != Outcome.RUNNING), None),
+            what="the job to end",
+        )
+        assert ended.outcome == Outcome.SUCCEEDED, ended
+        ran = record.read_text().split("\n")[:-1]
+    team_uid = str(worker_env.team_identity(place / "attempts", "a").uid)
+    # The plant works (the worker ran both, as its team's user), and nothing ran it as root.
+    assert sorted(ran) == sorted([f"preload {team_uid}", f"sitecustomize {team_uid}"]), ran

@@ -154,7 +154,7 @@ class LocalLauncher:
         self.launch_lock_wait_s = launch_lock_wait_s
         self.workdir = workdir or Path.cwd()
         self.secrets = secrets or home_store(root.parent)  # root is <home>/attempts
-        self.team_users = worker_env.team_users(worker_users, worker_env.python_job_needs(self.workdir))
+        self.users = worker_env.user_rule(worker_users, worker_env.python_job_needs(self.workdir))
         self.passthrough = passthrough
         self.root.mkdir(parents=True, exist_ok=True)
         self._attempts: dict[str, _Attempt] = {}
@@ -186,7 +186,7 @@ class LocalLauncher:
             request,
             self.root,
             self.secrets,
-            team_users=self.team_users,
+            users=self.users,
             workdir=self.workdir,
             passthrough=self.passthrough,
         )
@@ -243,20 +243,25 @@ class LocalLauncher:
                 process = subprocess.Popen(
                     [
                         sys.executable,
+                        "-I",  # isolated: the shim runs as the launcher, with nothing the job chose
                         "-m",
                         "gpuyard.launchers.shim",
                         str(directory / f"rank{rank}.exit"),
+                        *sandbox.shim_arguments(),
                         "--",
-                        *sandbox.command(request.spec.command),
+                        *request.spec.command,
                     ],
                     cwd=self.workdir,
-                    env=sandbox.environment(env),
+                    env=sandbox.helper_environment(request.attempt_id),
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     start_new_session=True,  # its own process group: signals reach the worker's children
                 )
             children[process.pid] = process
+            assert process.stdin is not None
+            with process.stdin:  # the worker's environment, which only its exec applies
+                process.stdin.write(json.dumps(sandbox.environment(env)).encode())
         workers = [Proc.of(pid) for pid in children]  # not waited for yet: each at least a zombie
         record = {
             "pids": [w.pid for w in workers],

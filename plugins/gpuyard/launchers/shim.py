@@ -1,7 +1,14 @@
 """Runs one worker command and records its exit status in a file, so a restarted launcher that
 adopts this process (not its child any more) still learns how the worker ended.
 
-    python -m gpuyard.launchers.shim EXIT_FILE -- COMMAND [ARG ...]
+    python -I -m gpuyard.launchers.shim EXIT_FILE [--as UID:GID] -- COMMAND [ARG ...]
+
+The shim is the launcher's helper and runs with the launcher's privileges (root, where workers run as
+their teams' users), so it never runs with anything a job chose: it is started in isolated mode
+(`-I`: no PYTHON* variable, no user site, no working directory on its path) with an environment of
+the launcher's own, and reads the worker's environment as JSON on its standard input. That
+environment is applied by the exec of COMMAND only, after `--as` dropped to the team's user
+(`privilege_drop`).
 
 SIGTERM and SIGINT are forwarded to the worker (the preemption notice). The status is the
 worker's exit code, or minus the signal that killed it, as subprocess reports it. Room for the
@@ -14,13 +21,18 @@ learns it even when the disk was full from the start.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from gpuyard.launchers.privilege_drop import exec_options
 
 STATUS_WIDTH = 16  # bytes: any status, padded with spaces (int() ignores them)
+USAGE = "usage: python -I -m gpuyard.launchers.shim EXIT_FILE [--as UID:GID] -- COMMAND [ARG ...]"
 
 
 def _reserve(partial: Path) -> bool:
@@ -35,16 +47,41 @@ def _reserve(partial: Path) -> bool:
         return False
 
 
+def _parse(argv: list[str]) -> tuple[Path, dict[str, Any], list[str]]:
+    """EXIT_FILE, the exec options of `--as` (none without it) and COMMAND; ValueError if malformed."""
+    exit_file, rest = Path(argv[0]) if argv else Path(), argv[1:]
+    options: dict[str, Any] = {}
+    if rest[:1] == ["--as"] and len(rest) > 1:
+        uid, _, gid = rest[1].partition(":")
+        if not (uid.isdigit() and gid.isdigit()):
+            raise ValueError(f"--as wants UID:GID, got {rest[1]!r}")
+        options, rest = exec_options(int(uid), int(gid)), rest[2:]
+    if not argv or rest[:1] != ["--"] or len(rest) < 2:
+        raise ValueError(USAGE)
+    return exit_file, options, rest[1:]
+
+
+def _environment(stream: Any) -> dict[str, str]:
+    environment = json.load(stream)
+    if not isinstance(environment, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in environment.items()
+    ):
+        raise ValueError("the worker's environment on standard input must be a JSON object of strings")
+    return environment
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m gpuyard.launchers.shim EXIT_FILE -- COMMAND [ARG ...]", file=sys.stderr)
+    try:
+        exit_file, options, command = _parse(argv)
+        environment = _environment(sys.stdin)
+    except ValueError as error:
+        print(f"gpuyard: {error}", file=sys.stderr, flush=True)
         return 2
-    exit_file, command = Path(argv[0]), argv[2:]
     partial = exit_file.with_suffix(".tmp")
     reserved = _reserve(partial)
     try:
-        worker = subprocess.Popen(command)
-    except OSError as error:
+        worker = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL, **options)
+    except (OSError, subprocess.SubprocessError) as error:  # not found, or the drop refused
         print(f"gpuyard: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
         status = 127
     else:

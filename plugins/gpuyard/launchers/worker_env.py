@@ -12,17 +12,19 @@ LD_PRELOAD, a proxy): nothing else of the server's environment reaches a worker.
 
 Identity (setting `worker_users`): when the launcher runs as root, a team's workers run as the
 team's own unprivileged user (uid = gid = WORKER_UID_BASE + n; n is given to each team once, on its
-first launch, and kept in `<launcher root>/worker-uids.json`), through `privilege_drop`: no
-supplementary groups, no_new_privs, umask 077. Teams therefore cannot read each other's files,
-processes or environments (nor the control plane's home, mode 0700). That needs a command every user
-may run and a working directory every user may enter: `on` refuses to start a job whose command or
-working directory is not (naming the closed directory); `auto` (the default) is `on` when every user
-may reach what this environment's Python jobs need (`python_job_needs`: the interpreter as named and
-as resolved, its site-packages, the worker runtime's code, the working directory) and otherwise runs
-workers as the launcher's user, warning once with the first closed directory; `off` never changes
-users. When the launcher is not root, workers run as its user. The launcher never opens a path for a
-worker: what a job reads and writes (data, checkpoints, a tracking store) must be reachable by its
-team's user by the path's own modes.
+first launch, and kept in `<launcher root>/worker-uids.json`); the shim drops to it when it execs the
+worker (`privilege_drop`): no supplementary groups, no_new_privs, umask 077. Teams therefore cannot
+read each other's files, processes or environments (nor the control plane's home, mode 0700). The
+shim itself, root, gets `helper_environment` (the allowlist, never the job's `env`) and runs in
+isolated mode: what a job names reaches only the final exec, after the drop. Changing users needs a
+command every user may run and a working directory every user may enter: `on` refuses to start a job
+whose command or working directory is not (naming the closed directory); `auto` (the default) is `on`
+when every user may reach what this environment's Python jobs need (`python_job_needs`: the
+interpreter as named and as resolved, its site-packages, the worker runtime's code, the working
+directory) and otherwise fails closed: every job is refused, naming the first closed directory;
+`off` (an operator's explicit choice) never changes users. When the launcher is not root, workers
+run as its user. The launcher never opens a path for a worker: what a job reads and writes (data,
+checkpoints, a tracking store) must be reachable by its team's user by the path's own modes.
 
 Own directory: `<system temp>/gpuyard-sandboxes-<launcher uid>/<attempt id>`, mode 0700, owned by
 the worker's user; it outlives the attempt until `remove_sandbox`.
@@ -73,43 +75,58 @@ class WorkerIdentity:
 
 @dataclass(frozen=True)
 class WorkerSandbox:
-    """One attempt's workers: the identity they run as, their directory, their base environment."""
+    """One attempt's workers: the identity they run as, their directory, their base environment, and
+    the environment of the launcher's helpers that start them (the shim), which holds nothing a job
+    chose: those helpers run with the launcher's privileges."""
 
     identity: WorkerIdentity | None  # None: the launcher's own user
     directory: Path
     base: Mapping[str, str]
+    helpers: Mapping[str, str]
 
     def environment(self, launcher_vars: Mapping[str, str]) -> dict[str, str]:
         """A worker's whole environment: the base, then the launcher's variables of this worker."""
         return {**self.base, **launcher_vars}
 
-    def command(self, command: Sequence[str]) -> list[str]:
-        """`command`, run as the worker's identity."""
-        if self.identity is None:
-            return list(command)
-        drop = [sys.executable, "-m", "gpuyard.launchers.privilege_drop"]
-        return [*drop, str(self.identity.uid), str(self.identity.gid), "--", *command]
+    def helper_environment(self, attempt_id: str) -> dict[str, str]:
+        """The shim's environment: the launcher's allowlist and the attempt's label (`_processes_of`)."""
+        return {**self.helpers, "GPUYARD_ATTEMPT_ID": attempt_id}
+
+    def shim_arguments(self) -> list[str]:
+        """What tells the shim to start the worker as its identity (nothing: as the launcher's user)."""
+        return [] if self.identity is None else ["--as", f"{self.identity.uid}:{self.identity.gid}"]
+
+
+@dataclass(frozen=True)
+class UserRule:
+    """Whom a launcher's workers run as: their team's user, or the launcher's; `refusal` set: no job
+    runs at all, for that reason (`auto` where team users are impossible: it fails closed)."""
+
+    team_users: bool
+    refusal: str | None = None
 
 
 WORKER_PATH = f"{Path(sys.executable).parent}{os.pathsep}{SYSTEM_PATH}"
 
 
-def team_users(mode: WorkerUsers, needs: Sequence[Path]) -> bool:
-    """Whether workers run as their team's user under this launcher (see the module's docstring);
-    `needs`: what they must reach, for `auto` (`python_job_needs`)."""
+def user_rule(mode: WorkerUsers, needs: Sequence[Path]) -> UserRule:
+    """Whom workers run as under this launcher (see the module's docstring); `needs`: what they must
+    reach, for `auto` (`python_job_needs`)."""
     if mode == "off" or os.geteuid() != 0:
-        return False
+        return UserRule(team_users=False)
     if mode == "on":
-        return True
+        return UserRule(team_users=True)
     closed = next(filter(None, map(_closed_to_others, needs)), None)
-    if closed is not None:
-        log.warning(
-            "worker_users=auto: workers run as root, since other users cannot reach what this "
-            "environment's Python jobs need: %s; build the environment from an interpreter every user "
-            "may run, in a directory every user may enter (docs/security.md)",
-            closed,
-        )
-    return closed is None
+    if closed is None:
+        return UserRule(team_users=True)
+    refusal = (
+        f"worker_users=auto: workers cannot run as their team's user, since other users cannot reach "
+        f"what this environment's Python jobs need: {closed}; build the environment from an interpreter "
+        "every user may run, in a directory every user may enter, or set worker_users=off to run every "
+        "team's workers as the launcher's user (docs/security.md)"
+    )
+    log.error("%s; every job is refused until then", refusal)
+    return UserRule(team_users=False, refusal=refusal)
 
 
 def python_job_needs(workdir: Path) -> list[Path]:
@@ -127,7 +144,7 @@ def prepare(
     launcher_root: Path,
     secrets: FileSecretStore,
     *,
-    team_users: bool,
+    users: UserRule,
     workdir: Path,
     inherited: Mapping[str, str] = os.environ,
     passthrough: Sequence[str] = (),
@@ -137,14 +154,17 @@ def prepare(
     Raises SecretNotFound (a job names a secret its team lacks) or SandboxError; nothing is started.
     """
     spec = request.spec
+    if users.refusal is not None:
+        raise SandboxError(users.refusal)
     if Path(request.attempt_id).name != request.attempt_id:
         raise SandboxError(f"attempt id {request.attempt_id!r} cannot name a directory")
     values = secrets.read(spec.team, spec.env_from_secret.values()) if spec.env_from_secret else {}
-    identity = team_identity(launcher_root, spec.team) if team_users and os.geteuid() == 0 else None
+    identity = team_identity(launcher_root, spec.team) if users.team_users and os.geteuid() == 0 else None
     if identity is not None:
         _check_reachable_by_others(spec.command[0], workdir)
     directory = _own_directory(request.attempt_id, identity)
     user = identity.name if identity else getpass.getuser()
+    helpers = {name: inherited[name] for name in INHERITED if name in inherited} | {"PATH": WORKER_PATH}
     base = {
         **{name: inherited[name] for name in (*INHERITED, *passthrough) if name in inherited},
         "PATH": WORKER_PATH,
@@ -155,7 +175,7 @@ def prepare(
         **spec.env,
         **{var: values[name] for var, name in spec.env_from_secret.items()},
     }
-    return WorkerSandbox(identity, directory, base)
+    return WorkerSandbox(identity, directory, base, helpers)
 
 
 def team_identity(launcher_root: Path, team: str) -> WorkerIdentity:
