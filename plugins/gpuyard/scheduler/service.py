@@ -363,13 +363,23 @@ class SchedulerService:
                 self._reap(attempt_id, now)
 
     def _reap(self, attempt_id: str, now: datetime) -> None:
+        """LOST once the old attempt is known stopped (the launcher released it) or fenced from
+        committing: a worker that heartbeats (the training runtime) writes nothing once its lease
+        lapsed, and its token is stale from this transaction on. A worker that never heartbeat (a
+        plain command on a partitioned node) cannot be fenced: its attempt waits until its launcher
+        knows it stopped, so two never run at once."""
         reason = "lease expired: neither its workers nor its launcher renewed it within the lease"
         with self.fenced() as conn:
+            found = attempt_store.attempt(conn, attempt_id)
             if not self.launcher.release(attempt_id):
-                log.warning(
-                    "attempt %s: lease expired, but its workers may still run; not replaced", attempt_id
-                )
-                return
+                if found is None or found.heartbeat_at is None:
+                    log.warning(
+                        "attempt %s: lease expired, but its workers may still run and cannot be fenced "
+                        "(they never heartbeat); not replaced until they are known stopped",
+                        attempt_id,
+                    )
+                    return
+                reason += "; its workers may still run, fenced from committing (their token is stale)"
             if attempt_store.finish_in(
                 conn, attempt_id, AttemptState.LOST, at=now, reason=reason, disrupted=True
             ):

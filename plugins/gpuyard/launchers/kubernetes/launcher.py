@@ -606,15 +606,16 @@ class KubernetesLauncher:
         return time.monotonic() - attempt.launched_at > self.config.start_timeout_s
 
     def release(self, attempt_id: str) -> bool:
-        """Delete the attempt's objects at once; True when none of its pods remains on a Ready node
-        (a pod on a NotReady or removed node is taken as dead with its node)."""
+        """Delete the attempt's objects at once; True when none of its pods can still run: each one
+        gone, ended, or on a node removed from the cluster. A pod on a NotReady node is not known
+        stopped (a partition: its node stopped reporting, its worker may run on): False."""
         self.cancel(attempt_id, grace_s=0)
         ns = self._namespace_of(attempt_id)
         pods = self._attempt_pods(ns, attempt_id) if ns is not None else []
         with self._lock:
             nodes = self._nodes or {}
             return all(
-                not nodes.get(_pod_node(pod) or "", False)
+                (_pod_node(pod) or "") not in nodes
                 or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
                 for pod in pods
             )
