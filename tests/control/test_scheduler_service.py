@@ -838,3 +838,38 @@ def test_reports_are_recorded_in_one_transaction_and_one_refused_leaves_the_rest
     assert (state(engine, first), state(engine, second)) == ("SCHEDULED", "SUCCEEDED")
     service.step()
     assert state(engine, first) == "SUCCEEDED" and launcher.acknowledged == [taken, refused]
+
+
+def test_a_node_takes_only_the_jobs_whose_cpu_and_memory_fit_beside_its_attempts(
+    engine: Engine, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """One 8-GPU node of 16 CPUs and 64 GB: 2-GPU jobs of 6 CPUs fit two at a time, GPUs to spare; a
+    job of 40 GB waits for the memory an attempt holds. Each pass reads what live attempts use from
+    the store, so the rule holds across passes and replicas."""
+    node = Node(
+        name="n0", site="east", cluster="c", domain="d0", gpu_type="a100", gpus=8, cpu=16, memory_gb=64
+    )
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=8), clock())
+    service = SchedulerService(
+        engine, launcher, Fleet(nodes=(node,)), api_url=lambda: "http://api", clock=clock, lease_ttl_s=60
+    )
+    cpu_bound = [
+        submit(engine, clock, spec(f"cpu-{i}", gpus=2, resources={"gpus": 2, "cpu": 6})) for i in range(3)
+    ]
+    for _ in range(3):
+        service.step()
+    states = {j: state(engine, j) for j in cpu_bound}
+    assert sorted(states.values()) == ["PENDING", "SCHEDULED", "SCHEDULED"]
+    (waiting,) = [j for j, s in states.items() if s == "PENDING"]
+    memory_bound = submit(engine, clock, spec("mem", gpus=2, resources={"gpus": 2, "memory": "40Gi"}))
+    service.step()
+    assert state(engine, memory_bound) == "SCHEDULED"  # 4 CPUs and 64 GB are left beside the two
+    big = submit(engine, clock, spec("big", gpus=2, resources={"gpus": 2, "memory": "40Gi"}))
+    service.step()
+    assert state(engine, big) == "PENDING" and state(engine, waiting) == "PENDING"  # 2 GPUs are free
+    first = next(r for r in launcher.launched.values() if r.job_id != memory_bound)
+    launcher.pending_reports.append(WorkerReport(first.attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0"))
+    service.step()
+    service.step()
+    assert state(engine, waiting) == "SCHEDULED"  # the first one's CPUs were given back

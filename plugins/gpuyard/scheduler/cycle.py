@@ -12,7 +12,7 @@ from datetime import datetime
 
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
-from gpuyard.scheduler.plugins import free_gpus
+from gpuyard.scheduler.plugins import room_now
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.preemption import Preemption
 from gpuyard.scheduler.snapshot import (
@@ -129,7 +129,7 @@ class _Eligibility:
 def _choose_nodes(
     job: PendingJob, nodes: list[Node], state: ClusterState, held: set[str]
 ) -> list[Node] | None:
-    fitting = [n for n in nodes if n.name not in held and free_gpus(job, n, state)]
+    fitting = [n for n in nodes if n.name not in held and room_now(job, n, state)]
     if len(fitting) < job.nodes:
         return None
     return sorted(fitting, key=lambda n: (len(state.free[n.name]), n.name))[: job.nodes]  # best fit
@@ -232,7 +232,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             continue
         placement = place(job, state, eligibility, held, policy) if admitted is not None else None
         if placement is not None:
-            state.take(job.team, placement, borrowed=admitted == "borrow")
+            state.take(
+                job.team, placement, borrowed=admitted == "borrow", cpu=job.cpu, memory_gb=job.memory_gb
+            )
             if (cohort := state.quota(job.team).cohort) is not None:
                 cohorts[cohort].used += placement.gpus
             eligibility.taken(placement)

@@ -29,6 +29,7 @@ def read(conn: Connection, index: FleetIndex, now: datetime) -> tuple[list[Job],
     for item in live:
         running = running_attempt(item.attempt, item.job, now)
         state.running.append(running)
+        state.use_host(running.placement, running.cpu, running.memory_gb)
         state.usage[item.job.team] = state.usage.get(item.job.team, 0) + running.gpus
         if running.borrowed:
             state.borrowed[item.job.team] = state.borrowed.get(item.job.team, 0) + running.gpus
@@ -69,6 +70,8 @@ def running_attempt(attempt: Attempt, job: Job, now: datetime) -> RunningAttempt
         started_at=started,
         last_checkpoint_at=attempt.checkpoint_at,
         borrowed=attempt.borrowed,
+        cpu=job.spec.resources.cpu_cores,
+        memory_gb=job.spec.resources.memory_gib,
         attained_gpu_s=job.attained_gpu_s
         + max(0.0, (now - started).total_seconds())
         * len([g for n in attempt.placement["nodes"] for g in n["gpus"]]),

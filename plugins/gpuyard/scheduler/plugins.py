@@ -5,7 +5,8 @@ profile does: a new plugin is one registry entry, and a policy takes it up by it
 
 Filters judge one node for one job. They read only the node, the job's shape and its team's allowed
 GPU types, never what is free now, so a fleet's answers hold across cycles (`snapshot.FleetIndex`
-keeps them). Whether a node has room now (`free_gpus`) is the cycle's own test, not a plugin. Scores
+keeps them). Whether a node has room now (`room_now`: GPUs, CPU, memory) is the cycle's own test,
+not a plugin. Scores
 judge one candidate placement (a set of nodes inside one fast domain) from 0 (worst) to 100 (best);
 the cycle adds them up by the policy's weights.
 """
@@ -38,9 +39,10 @@ def host_resources(job: PendingJob, node: Node, state: ClusterState) -> bool:
     return holds_host_resources(node, job.cpu, job.memory_gb)
 
 
-def free_gpus(job: PendingJob, node: Node, state: ClusterState) -> bool:
-    """Room on the node now: the cycle's test as it picks nodes, not a registered filter."""
-    return len(state.free[node.name]) >= job.gpus_per_node
+def room_now(job: PendingJob, node: Node, state: ClusterState) -> bool:
+    """Room on the node now, for one node's share of the job: free GPUs, and CPU and memory beside
+    what its attempts use. The cycle's test as it picks nodes, not a registered filter."""
+    return len(state.free[node.name]) >= job.gpus_per_node and state.host_room(node, job.cpu, job.memory_gb)
 
 
 def taints(job: PendingJob, node: Node, state: ClusterState) -> bool:

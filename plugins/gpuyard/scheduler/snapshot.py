@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuyard.domain.feasibility import TeamQuota
-from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.fleet import Fleet, Node, holds_host_resources
 from gpuyard.domain.placement import Placement
 
 # Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
@@ -87,6 +87,8 @@ class RunningAttempt:
     started_at: datetime
     last_checkpoint_at: datetime | None
     borrowed: bool = False  # admitted on quota lent by the team's cohort
+    cpu: float = 0.0  # per node, as its job asked
+    memory_gb: float = 0.0  # per node
     attained_gpu_s: float = 0.0
     stopping: bool = False  # already asked to stop
     # When its job was submitted; None (a snapshot that does not carry it) ranks it as the youngest
@@ -142,7 +144,8 @@ class FleetIndex:
 
 @dataclass
 class ClusterState:
-    """Free GPUs per node, mutated as the cycle reserves; usage per team for quota and fair share."""
+    """Free GPUs per node and the host CPU and memory in use, mutated as the cycle reserves; usage per
+    team for quota and fair share."""
 
     index: FleetIndex
     free: dict[str, set[int]]
@@ -150,6 +153,7 @@ class ClusterState:
     running: list[RunningAttempt] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)  # GPUs held per team
     borrowed: dict[str, int] = field(default_factory=dict)  # of which borrowed from the cohort
+    host_used: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (CPU, memory GB)
 
     def __post_init__(self) -> None:
         self.nodes = self.index.nodes
@@ -182,20 +186,39 @@ class ClusterState:
     def empty(cls, index: FleetIndex, quotas: dict[str, TeamQuota]) -> ClusterState:
         return cls(index=index, free={n.name: set(range(n.gpus)) for n in index.fleet.nodes}, quotas=quotas)
 
-    def take(self, team: str, placement: Placement, *, borrowed: bool) -> None:
+    def host_room(self, node: Node, cpu: float, memory_gb: float) -> bool:
+        """`node` has `cpu` and `memory_gb` left beside what its attempts use (as far as it says)."""
+        used_cpu, used_memory = self.host_used.get(node.name, (0.0, 0.0))
+        return holds_host_resources(node, used_cpu + cpu, used_memory + memory_gb)
+
+    def use_host(self, placement: Placement, cpu: float, memory_gb: float) -> None:
+        """Count `cpu` and `memory_gb` (negative: give back) on each node of `placement`."""
+        if cpu or memory_gb:
+            for piece in placement.slices:
+                used_cpu, used_memory = self.host_used.get(piece.node, (0.0, 0.0))
+                self.host_used[piece.node] = (used_cpu + cpu, used_memory + memory_gb)
+
+    def take(
+        self, team: str, placement: Placement, *, borrowed: bool, cpu: float = 0.0, memory_gb: float = 0.0
+    ) -> None:
+        """Reserve the placement's GPUs, and `cpu` and `memory_gb` on each of its nodes."""
         for piece in placement.slices:
             missing = set(piece.gpu_indices) - self.free[piece.node]
             if missing:
                 raise ValueError(f"GPUs {sorted(missing)} of {piece.node} are not free")
             self.free[piece.node] -= set(piece.gpu_indices)
+        self.use_host(placement, cpu, memory_gb)
         self._count(placement, -placement.gpus)
         self.usage[team] = self.usage.get(team, 0) + placement.gpus
         if borrowed:
             self.borrowed[team] = self.borrowed.get(team, 0) + placement.gpus
 
-    def give_back(self, team: str, placement: Placement, *, borrowed: bool) -> None:
+    def give_back(
+        self, team: str, placement: Placement, *, borrowed: bool, cpu: float = 0.0, memory_gb: float = 0.0
+    ) -> None:
         for piece in placement.slices:
             self.free[piece.node] |= set(piece.gpu_indices)
+        self.use_host(placement, -cpu, -memory_gb)
         self._count(placement, placement.gpus)
         self.usage[team] = self.usage.get(team, 0) - placement.gpus
         if borrowed:
