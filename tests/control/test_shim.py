@@ -3,6 +3,7 @@ adopted worker's launcher (not its parent) has no other way to learn how it ende
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -30,6 +31,7 @@ def test_a_disk_that_filled_while_the_worker_ran_still_takes_its_exit_status(
     shim = subprocess.run(
         [
             sys.executable,
+            "-I",
             "-m",
             "gpuyard.launchers.shim",
             str(exit_file),
@@ -40,6 +42,8 @@ def test_a_disk_that_filled_while_the_worker_ran_still_takes_its_exit_status(
             str(small_disk.path / "ballast"),
             str(code),
         ],
+        input=json.dumps({"PATH": "/usr/bin:/bin"}),  # the worker's environment, as the launcher hands it
+        text=True,
         timeout=60,
     )
     assert shim.returncode == code  # the worker did fill the disk, then exited with `code`
