@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection
 
 from gpuyard.api.auth import ApiContext, context, principal
+from gpuyard.api.log_position import after_offset
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
+from gpuyard.client import LOG_ATTEMPT_HEADER, parse_log_offset
 from gpuyard.platform_metrics import Summary, summarize
 from gpuyard.platform_series import Point, series
 from gpuyard.store import attempts as attempt_store
@@ -103,8 +105,16 @@ def logs(
     caller: Principal = Depends(principal),
     attempt: int | None = Query(None, ge=1, le=100_000, description="Attempt number; default the newest."),
     follow: bool = Query(False, description="Keep streaming until the attempt ends."),
+    offset: str = Query(
+        "",
+        max_length=4096,
+        pattern=r"^(\d*:\d+(,\d*:\d+)*)?$",
+        description="Lines already read, per rank: `RANK:LINES,...` (`:LINES` for unlabelled lines); "
+        "a broken stream resumes after them.",
+    ),
 ) -> StreamingResponse:
-    """The workers' output of one attempt of the job, as plain text."""
+    """The workers' output of one attempt of the job, as plain text; the header Gpuyard-Attempt names
+    the attempt (a resumed read asks for it by number)."""
     detail = job_store.detail(ctx.engine, job_id)
     if detail is None or not caller.can_see(detail.job.team):
         raise not_found(f"job {job_id}")
@@ -126,8 +136,10 @@ def logs(
         raise Problem(
             501, "Not Implemented", "this deployment's launcher serves no logs", kind="/problems/no-logs"
         )
-    lines: Iterator[str] = ctx.logs(chosen.id, follow)
-    return StreamingResponse(lines, media_type="text/plain; charset=utf-8")
+    lines: Iterator[str] = after_offset(ctx.logs(chosen.id, follow), parse_log_offset(offset))
+    return StreamingResponse(
+        lines, media_type="text/plain; charset=utf-8", headers={LOG_ATTEMPT_HEADER: str(chosen.number)}
+    )
 
 
 def platform_summary(ctx: ApiContext, hours: float, teams: Collection[str] | None = None) -> Summary:

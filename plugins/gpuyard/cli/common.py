@@ -2,8 +2,10 @@
 
 A command that calls the HTTP API is declared with `api_command`, as Ray declares `ray job` commands
 with `add_common_job_options`: its first parameter, `api`, stands for the options --home, --url,
---token (and --json), which come after its own, written here once. `api.call` makes one request and
-exits naming the error; `api.show` prints the answer as JSON with --json, else as a table or line.
+--token, --retry-for (and --json), which come after its own, written here once. `api.call` makes one
+request and exits naming the error; `api.show` prints the answer as JSON with --json, else as a table
+or line. While the API is away the client retries (a line on stderr says so), and after --retry-for
+seconds the command exits 1 with one line naming the API and how long it was unreachable.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
+import httpx
 import typer
 from rich.console import Console, RenderableType
 
 from gpuyard.cli.admin_client import AdminClient
-from gpuyard.client import ApiError, NotConfigured, resolve_endpoint
+from gpuyard.client import OUTAGE_ENV, ApiError, ApiUnreachable, NotConfigured, outage_s, resolve_endpoint
 from gpuyard.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -41,6 +44,14 @@ Home = Annotated[
 Url = Annotated[str | None, typer.Option("--url", help="API URL [default: $GPUYARD_URL, else from --home]")]
 Token = Annotated[
     str | None, typer.Option("--token", help="Bearer token [default: $GPUYARD_TOKEN, else --home's]")
+]
+RetryFor = Annotated[
+    float | None,
+    typer.Option(
+        "--retry-for",
+        min=0,
+        help=f"Seconds to ride out an API outage before giving up [default: ${OUTAGE_ENV}, else 300]",
+    ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
@@ -105,21 +116,33 @@ def call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return function(*args, **kwargs)
     except ApiError as error:
         fail(str(error), code=2 if error.status in (400, 409, 413, 422) else 1)
-    except OSError as error:
-        fail(f"cannot reach the server: {error}")
+    except ApiUnreachable as error:  # it already names the API and how long it was away
+        fail(str(error))
+    except (OSError, httpx.TransportError) as error:
+        fail(f"cannot reach the server: {type(error).__name__}: {error}")
 
 
 class Api:
-    """The HTTP API as a command reaches it: where and as whom (--home, --url, --token), and how to
-    print (--json). It connects when first used, so a command checks its own input first."""
+    """The HTTP API as a command reaches it: where and as whom (--home, --url, --token), how long an
+    outage is ridden out (--retry-for), and how to print (--json). It connects when first used, so a
+    command checks its own input first."""
 
-    def __init__(self, home: Path | None, url: str | None, token: str | None, as_json: bool = False):
+    def __init__(
+        self,
+        home: Path | None,
+        url: str | None,
+        token: str | None,
+        retry_for_s: float | None = None,
+        as_json: bool = False,
+    ):
         self.home, self.url, self.token, self.as_json = home, url, token, as_json
+        self.retry_for_s = retry_for_s
 
     @contextmanager
     def client(self) -> Iterator[AdminClient]:
         try:
-            client = AdminClient(resolve_endpoint(self.url, self.token, self.home))
+            endpoint = resolve_endpoint(self.url, self.token, self.home)
+            client = AdminClient(endpoint, retry_for_s=outage_s(self.retry_for_s), notify=self.tell)
         except NotConfigured as error:
             fail(str(error))
         with client:
@@ -130,6 +153,11 @@ class Api:
         with self.client() as client:
             return call(request, client)
 
+    @staticmethod
+    def tell(message: str) -> None:
+        """The client's word that it waits for the API: on stderr, so output stays clean."""
+        err.print(f"[yellow]{message}[/yellow]", highlight=False)
+
     def show(self, data: Any, render: Callable[[Any], RenderableType]) -> None:
         """`data` as JSON with --json, else as `render` draws it."""
         if self.as_json:
@@ -138,7 +166,7 @@ class Api:
             out.print(render(data))
 
 
-_SHARED = (("home", Home, None), ("url", Url, None), ("token", Token, None))
+_SHARED = (("home", Home, None), ("url", Url, None), ("token", Token, None), ("retry_for_s", RetryFor, None))
 _JSON = ("as_json", AsJson, False)
 
 
@@ -146,7 +174,7 @@ def api_command(
     group: typer.Typer, name: str | None = None, *, json: bool = True
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register `function(api, ...)` as the command `name` of `group`: `api` becomes the options
-    --home, --url, --token (and --json unless `json` is false), after the function's own."""
+    --home, --url, --token, --retry-for (and --json unless `json` is false), after the function's own."""
 
     def register(function: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(function, eval_str=True)
@@ -157,7 +185,8 @@ def api_command(
         ]
 
         def command(**options: Any) -> None:
-            api = Api(*(options.pop(option) for option, _, _ in _SHARED), options.pop("as_json", False))
+            given = {option: options.pop(option) for option, _, _ in _SHARED}
+            api = Api(**given, as_json=options.pop("as_json", False))
             function(api, **options)
 
         parameters = [*own, *shared]

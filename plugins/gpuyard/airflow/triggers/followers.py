@@ -9,6 +9,11 @@ A follower never misses or repeats an event: it registers with the hub before it
 job's backlog above `cursor`, and reads that backlog up to at least the hub's position at
 registration, so whatever the hub dispatched before the follower existed is in the backlog and
 whatever came after is in its queue; seqs at or below what it has seen are dropped.
+
+An outage of the API (a restart, a rolling update) is ridden out by the client under every read
+(backoff with jitter, Retry-After honoured; the poll resumes from its cursor, so nothing is missed).
+Past the client's deadline ($GPUYARD_CLIENT_OUTAGE_S, 300 s), or on a refusal, every follower
+fails with the reason: the task fails, naming the API and how long it was away.
 """
 
 from __future__ import annotations
@@ -18,15 +23,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
-import httpx
-
-from gpuyard.client import ApiError, AsyncGpuyardClient, Endpoint
+from gpuyard.client import AsyncGpuyardClient, Endpoint
 
 log = logging.getLogger(__name__)
 
 WAIT_S = 20.0  # the long poll's hold; the API answers as soon as an event arrives
 PAGE = 1000
-RETRY_S = (0.5, 1.0, 2.0, 5.0)
 READS_IN_FLIGHT = 8  # followers' own reads at once: a burst queues here, not in the HTTP pool
 SAVES_PER_S = 1.0  # cursor writes through Airflow's supervisor, each a database round trip
 # After each page the poll waits this long before asking again: what changed meanwhile comes as one
@@ -151,23 +153,17 @@ class Followers:
         await self.client.aclose()
 
     async def _run(self) -> None:
-        failures = 0
         while self._queues:
-            try:
+            try:  # the client rides out an outage; what comes out is final
                 page = await self.client.events(after=self.cursor, wait_s=WAIT_S, limit=PAGE)
-            except (httpx.TransportError, ApiError) as error:
-                if isinstance(error, ApiError) and error.status not in (429, 502, 503, 504):
-                    # Refused (a revoked token, a bad cursor): every follower fails with the reason.
-                    for queues in self._queues.values():
-                        for queue in queues:
-                            queue.put_nowait(error)
-                    return
-                delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
-                failures += 1
-                log.warning("gpuyard events: %s; retrying in %.1fs", error, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures = 0
+            except Exception as error:
+                # Refused (a revoked token, a bad cursor), away past the deadline (ApiUnreachable), or
+                # a fault of ours: every follower fails with the reason, none waits forever.
+                log.warning("gpuyard events: %s; its followers fail", error)
+                for queues in self._queues.values():
+                    for queue in queues:
+                        queue.put_nowait(error)
+                return
             by_job: dict[str, list[dict[str, Any]]] = {}
             for event in page["events"]:
                 by_job.setdefault(event["job_id"], []).append(event)

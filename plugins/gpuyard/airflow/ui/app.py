@@ -51,7 +51,7 @@ def create_app(
         if not token:
             return "token: enter a gpuyard token"
         try:
-            with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
+            with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retry_for_s=1.0) as c:
                 c.whoami()
         except ApiError as error:
             return f"token: the gpuyard API refused it ({error.status})"
@@ -67,7 +67,7 @@ def create_app(
         token = request.cookies.get(COOKIE)
         if not token:
             raise SignedOut
-        with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retries=1) as c:
+        with GpuyardClient(Endpoint(api_url().rstrip("/"), token), timeout_s=15.0, retry_for_s=1.0) as c:
             try:
                 yield c
             except ApiError as error:
