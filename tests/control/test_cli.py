@@ -36,6 +36,7 @@ def gpuyard(home: Path, *args: str, check: bool = True) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     server = GpuyardUp(tmp_path_factory.mktemp("up") / "home").start()
+    gpuyard(server.home, "token", "create", "--team", "a")  # team a exists whichever test runs first
     yield server.home
     # uvicorn re-raises the signal after its graceful shutdown, which removed server.json
     assert server.stop() in (0, -signal.SIGTERM)
