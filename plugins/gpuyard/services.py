@@ -28,7 +28,7 @@ from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
 from gpuyard.clock import utcnow
-from gpuyard.domain.fleet import Fleet, load_fleet
+from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import LocalInventory, discover
@@ -227,7 +227,7 @@ def fleet_source(settings: Settings) -> Callable[[], Fleet]:
     leave the fleet)."""
     kind = launcher_kind(settings)
     if settings.fleet_file:
-        fleet = load_fleet(settings.fleet_file)
+        fleet = settings.fleet()
         return lambda: fleet
     try:
         return kind.fleet(settings)
@@ -265,6 +265,7 @@ def build_scheduler(
         clock=database_clock(engine),
         lease_ttl_s=settings.lease_seconds,
         grace_s=settings.grace_seconds,
+        checkpoint_stores=settings.checkpoint_stores,
     )
 
 

@@ -166,9 +166,12 @@ def test_tokens_are_listed_and_revoked_and_their_lifetime_is_bounded(home: Path)
 def test_team_quota_policy_and_secrets_from_the_cli(home: Path, tmp_path: Path) -> None:
     gpuyard(home, "team", "quota", "d", "--gpu-quota", "2", "--max-gpus-per-job", "1")
     gpuyard(home, "team", "policy", "d", "--registries", "ghcr.io/acme", "--priorities", "low")
+    roots = "local=s3://ckpt/d,local=gs://shared/d"
+    gpuyard(home, "team", "policy", "d", "--checkpoint-roots", roots)
     shown = json.loads(gpuyard(home, "team", "show", "d", "--json").stdout)[0]
     assert shown["quota"]["gpu_quota"] == 2 and shown["quota"]["max_gpus_per_job"] == 1
-    assert shown["policy"]["allowed_registries"] == ["ghcr.io/acme"]
+    assert shown["policy"]["allowed_registries"] == ["ghcr.io/acme"]  # kept by the second call
+    assert shown["policy"]["checkpoint_roots"] == {"local": ["s3://ckpt/d", "gs://shared/d"]}
     assert "ghcr.io/acme" in gpuyard(home, "team", "list").stdout
     member = gpuyard(home, "token", "create", "--team", "d").stdout.strip()
     spec = json.loads(write_job(tmp_path / "j.json", "tagged", "print(1)").read_text())

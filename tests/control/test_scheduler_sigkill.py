@@ -68,7 +68,7 @@ def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Pat
         "image": "local",
         "command": [sys.executable, "-c", worker],
         "resources": {"gpus": 1, "gpu_types": ["cpu"]},
-        "checkpoint": {"url": (tmp_path / "east" / "mine").as_uri()},
+        "checkpoint": {"url": (tmp_path / "east" / "a" / "mine").as_uri()},  # team a's root
     }
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
@@ -76,7 +76,7 @@ def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Pat
     east = Placement("east", "c", "d", (NodeSlice("east-1", (0,)),))
     (first,) = reserve_batch(engine, [Reservation(job.id, east, False)], at=utcnow(), lease_ttl_s=60)
     assert first is not None
-    step = tmp_path / "east" / "mine" / STEP
+    step = tmp_path / "east" / "a" / "mine" / STEP
     step.mkdir(parents=True)
     (step / "trainer.pt").write_bytes(b"trainer")
     os.mkfifo(step / "weights.bin")
@@ -167,5 +167,5 @@ def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_a
     assert by_id[launched[0]].state == AttemptState.SUCCEEDED
     if launched[0] != reserved[0].id:
         assert by_id[reserved[0].id].state in (AttemptState.LOST, AttemptState.FAILED)
-    copied = tmp_path / "west" / job_id / STEP / "weights.bin"
+    copied = tmp_path / "west" / "a" / job_id / STEP / "weights.bin"
     assert copied.read_bytes() == fifo.read_bytes()

@@ -57,10 +57,14 @@ def test_copy_verifies_every_file_and_the_manifest(tmp_path: Path) -> None:
         copy_checkpoint(source, (tmp_path / "a-file" / "step").as_uri())
 
 
-@pytest.mark.parametrize("corrupt", [False, True])
+@pytest.mark.parametrize("case", ["intact", "corrupt", "another team's"])
 def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
-    engine: Engine, tmp_path: Path, corrupt: bool
+    engine: Engine, tmp_path: Path, case: str
 ) -> None:
+    """Into the job's folder under its team's root at the new site (`<west store>/a/<job id>`). The
+    scheduler copies with its own credentials: never from outside the job's own roots, as from team
+    b's folder named by a job of team a that no admission checked (one stored before the rule)."""
+    folder = tmp_path / "east" / ("b" if case == "another team's" else "a") / "mine"
     fleet = Fleet(
         nodes=(
             Node(name="east-1", site="east", cluster="c", domain="d", gpu_type="a100", gpus=4),
@@ -75,11 +79,11 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=4, gpu_quota=8), clock())
     service = SchedulerService(engine, launcher, fleet, api_url=lambda: "http://api", clock=clock)
-    job_id = submit(engine, clock, spec(gpus=4, checkpoint={"url": (tmp_path / "east" / "mine").as_uri()}))
+    job_id = submit(engine, clock, spec(gpus=4, checkpoint={"url": folder.as_uri()}))
     east = Placement("east", "c", "d", (NodeSlice("east-1", (0, 1, 2, 3)),))
     (first,) = reserve_batch(engine, [Reservation(job_id, east, False)], at=clock(), lease_ttl_s=60)
     assert first is not None
-    step_url = write_checkpoint(tmp_path / "east" / "mine" / "step-000000120", 120, corrupt=corrupt)
+    step_url = write_checkpoint(folder / "step-000000120", 120, corrupt=case == "corrupt")
     report_checkpoint(engine, first, step_url, 120, clock())
     blocker = submit(engine, clock, spec(name="blocker", gpus=4))
     # east is busy with another job when ours is lost: the scheduler can only place it in the west
@@ -93,19 +97,18 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     assert detail is not None
     second = detail.attempts[-1]
     assert second.placement["site"] == "west"
-    if corrupt:
+    if case != "intact":
         assert second.state.value == "FAILED" and "checkpoint transfer failed" in (second.reason or "")
         assert second.id not in launcher.launched
+        if case == "another team's":
+            assert "lies outside job" in (second.reason or "") and not (tmp_path / "west").exists()
         assert detail.job.failures == 1  # counted, with backoff: a corrupt checkpoint stays corrupt
         return
     request = launcher.launched[second.id]
-    west_root = (tmp_path / "west" / job_id).as_uri()
+    west_root = (tmp_path / "west" / "a" / job_id).as_uri()
     assert request.checkpoint_url == west_root
-    copied = tmp_path / "west" / job_id / "step-000000120" / "state" / "__0_0.distcp"
-    assert (
-        copied.read_bytes()
-        == (tmp_path / "east" / "mine" / "step-000000120" / "state" / "__0_0.distcp").read_bytes()
-    )
+    copied = tmp_path / "west" / "a" / job_id / "step-000000120" / "state" / "__0_0.distcp"
+    assert copied.read_bytes() == (folder / "step-000000120" / "state" / "__0_0.distcp").read_bytes()
     moved = [e for e in detail.events if e.type == "job.checkpoint_moved"]
     assert len(moved) == 1 and moved[0].data["files"] == 4 and moved[0].data["site"] == "west"
     assert detail.job.checkpoint_site == "west" and detail.job.checkpoint_url.startswith(west_root)

@@ -66,6 +66,9 @@ class Cluster:
             "GPUYARD_HOME": str(self.home),
             "GPUYARD_LAUNCHER": "local",
             "GPUYARD_FLEET_FILE": str(fleet),
+            # Production requires checkpoint roots: each team's is `<this store>/<team>` (a local path
+            # is allowed: the local launcher's workers share this machine's disk).
+            "GPUYARD_CHECKPOINT_STORE": (run / "checkpoints").as_uri(),
             "GPUYARD_API_URL": self.api_url,
             "GPUYARD_LEASE_SECONDS": str(lease_s),
             # Production's ratio of the bus timeout to the lease (5 s to 60 s): a scheduler waiting on

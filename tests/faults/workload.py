@@ -124,7 +124,8 @@ def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s:
             "retry": {"max_failures": made["max_failures"], "backoff": "1s"},
         }
         if made.get("checkpoint", True):
-            spec["checkpoint"] = {"url": (run / "checkpoints" / key).as_uri(), "interval": "30s"}
+            # Under the team's root in the cluster's checkpoint store (`<store>/<team>`).
+            spec["checkpoint"] = {"url": (run / "checkpoints" / TEAM / key).as_uri(), "interval": "30s"}
         cancel = rng.uniform(0.5, 8.0) if rng.random() < 0.12 else None
         plans.append(Plan(key, kind, at, spec, cancel))
     return plans

@@ -119,6 +119,7 @@ def test_the_mlflow_server_keeps_runs_in_postgresql_and_the_workers_are_pointed_
 def test_settings() -> None:
     config = by_kind("ConfigMap")["gpuyard-settings"]["data"]
     assert config["GPUYARD_PROFILE"] == "production"
+    assert config["GPUYARD_CHECKPOINT_STORE"].startswith("s3://")  # production refuses a local path
     assert {"GPUYARD_DATABASE_URL", "GPUYARD_REDIS_URL", "MLFLOW_BACKEND_STORE_URI"} <= set(SECRET_KEYS)
     assert not set(SECRET_KEYS) & set(config)  # credentials never in the ConfigMap
     assert by_kind("Secret") == {}  # the repository ships no Secret, hence no password

@@ -85,6 +85,7 @@ class Platform:
             "GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}",
             "GPUYARD_LEASE_SECONDS": str(LEASE_S),
             "GPUYARD_GRACE_SECONDS": "5",
+            "GPUYARD_CHECKPOINT_STORE": "s3://ckpt",  # team ml's root: s3://ckpt/ml
             "GPUYARD_API_URL": self.url,
             "GPUYARD_PROBE_HOST": "127.0.0.1",
             "GPUYARD_KUBERNETES__IN_CLUSTER": "false",
@@ -184,7 +185,7 @@ class Platform:
             "command": ["torchrun", "train.py"],
             "resources": {"gpus": 1, "gpu_types": ["h100"], "nodes": 1},
             "retry": {"max_failures": 0},
-            "checkpoint": {"url": f"s3://ckpt/{name}"},
+            "checkpoint": {"url": f"s3://ckpt/ml/{name}"},  # under team ml's root
             **overrides,
         }
         answer = httpx.post(
@@ -304,7 +305,7 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
     (pod,) = platform.until_pods(jobs["drain"], 1)
     platform.set_status([pod], running())
     attempt = platform.job(jobs["drain"])["attempts"][0]
-    checkpoint = "s3://ckpt/drain/step-000000040"
+    checkpoint = "s3://ckpt/ml/drain/step-000000040"
     beat = httpx.post(
         f"{platform.url}/v1/attempts/{attempt['id']}/heartbeat",
         json={

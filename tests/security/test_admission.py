@@ -40,7 +40,10 @@ def test_a_team_s_policy_refuses_registries_tags_and_priority_classes(
     assert api.put("/v1/teams/a/policy", json=policy, headers=bearer(member)).status_code == 403
     assert api.put("/v1/teams/nobody/policy", json=policy, headers=bearer(admin)).status_code == 404
     assert api.put("/v1/teams/a/policy", json=policy, headers=bearer(admin)).status_code == 200
-    assert api.get("/v1/teams/a", headers=bearer(member)).json()["policy"] == policy
+    assert api.get("/v1/teams/a", headers=bearer(member)).json()["policy"] == {
+        **policy,
+        "checkpoint_roots": {},
+    }
 
     refused = api.post("/v1/jobs", json=EXAMPLE_SPEC, headers=bearer(member))
     assert refused.status_code == 422
@@ -77,11 +80,13 @@ def test_production_requires_a_digest_whatever_the_team_says(
         profile="production",
         database_url=database_url,
         redis_url="redis://127.0.0.1:6379/0",
+        checkpoint_store="s3://ckpt",
     )
+    spec = {**EXAMPLE_SPEC, "checkpoint": {"url": "s3://ckpt/a/flights"}}
     with TestClient(create_app(production, engine)) as api:
         member = make_token("a")
-        tagged = api.post("/v1/jobs", json=EXAMPLE_SPEC, headers=bearer(member))
+        tagged = api.post("/v1/jobs", json=spec, headers=bearer(member))
         assert tagged.status_code == 422
         assert "this platform requires images pinned by digest" in tagged.json()["errors"][0]["rule"]
-        pinned = {**EXAMPLE_SPEC, "image": "python:3.11-slim" + DIGEST}
+        pinned = {**spec, "image": "python:3.11-slim" + DIGEST}
         assert api.post("/v1/jobs", json=pinned, headers=bearer(member)).status_code == 201

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from control.conftest import EXAMPLE_SPEC, bearer
+from control.test_scheduler_service import FLEET, Clock, RecordingLauncher, spec, submit
 from fastapi.testclient import TestClient
 from gpuyard.api import routes_fleet
+from gpuyard.api.app import create_app
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.domain.states import AttemptState
+from gpuyard.scheduler.preemption import RULES
+from gpuyard.scheduler.service import SchedulerService
+from gpuyard.settings import Settings
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
@@ -113,3 +119,44 @@ def test_prometheus_metrics_carry_no_team_and_are_computed_at_most_every_30_seco
     assert len(computed) == 1  # five scrapes, one summary
     assert "\ngpuyard_jobs_submitted_total " in scrapes[0]
     assert 'team="' not in scrapes[0] and "fair_share" not in scrapes[0]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_preempted_job_s_team_is_told_why_but_not_for_whose_job(
+    settings: Settings, engine: Engine, make_token: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Team b's high-priority job takes the GPUs of team a's: a's member reads the reason (priority)
+    in its job's events, never b's job id or team; the scheduler's log, the platform's, names it."""
+    clock, launcher = Clock(), RecordingLauncher()
+    with engine.begin() as conn:
+        for team, quota in (("a", 16), ("b", 8)):
+            team_store.set_quota(conn, team, TeamQuota(max_gpus_per_job=16, gpu_quota=quota), clock())
+    service = SchedulerService(engine, launcher, FLEET, api_url=lambda: "http://api", clock=clock)
+    low = [submit(engine, clock, spec(name=f"low{i}", priority="low", preemptible=True)) for i in range(4)]
+    service.step()
+    assert len(launcher.launched) == 4  # team a fills the fleet
+    urgent = submit(engine, clock, spec(name="urgent", priority="high", team="b"))
+    with caplog.at_level(logging.INFO, logger="gpuyard.scheduler.service"):
+        service.step()
+    assert any(f"for job {urgent}:" in record.getMessage() for record in caplog.records), caplog.text
+    ((victim_id, _),) = launcher.cancelled
+    victim = launcher.launched[victim_id].job_id
+    assert victim in low
+    member = make_token("a")
+    with TestClient(create_app(settings, engine, fleet=FLEET, clock=clock)) as api:
+        shown = api.get(f"/v1/jobs/{victim}", headers=bearer(member))
+        events = api.get("/v1/events", params={"job": victim, "after": 0}, headers=bearer(member))
+    assert shown.status_code == 200 and events.status_code == 200
+    (why,) = [e["data"]["why"] for e in shown.json()["events"] if e["type"] == "attempt.stop_requested"]
+    assert why == "priority: a job of a higher priority class needs its GPUs"
+    assert why in events.text
+    for text in (shown.text, events.text):
+        assert urgent not in text and "team b" not in text and '"b"' not in text
+
+
+def test_only_a_rule_within_one_team_names_the_job_that_makes_room() -> None:
+    """The victim's team reads every rule's reason: a rule that may take another team's GPUs names
+    neither that job nor its team (the cycle formats each with the claiming job's id)."""
+    for rule in RULES.values():
+        text = rule.reason.format(id="job-zz")
+        assert ("job-zz" in text) == (rule.name == "priority within team") and "{" not in text, rule.name

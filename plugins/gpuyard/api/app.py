@@ -56,16 +56,18 @@ def create_app(
     logs: Callable[[str, bool], Iterator[str]] | None = None,
     clock: Clock = utcnow,
 ) -> FastAPI:
+    fleet = fleet or settings.fleet()
     context = ApiContext(
         settings=settings,
         engine=engine,
         submitter=submitter_for(
             engine, pool_size=settings.db_pool_size, bounds=DbBounds.from_settings(settings)
         ),
-        fleet=fleet or settings.fleet(),
+        fleet=fleet,
         clock=clock,
         logs=logs,
         secrets=home_store(settings.home) if settings.launcher == "local" else None,
+        checkpoint_stores=settings.checkpoint_stores(fleet),
     )
 
     @asynccontextmanager

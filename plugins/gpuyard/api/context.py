@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.clock import Clock
+from gpuyard.domain.checkpoint_roots import CheckpointStores
 from gpuyard.domain.fleet import Fleet
 from gpuyard.secrets.files import FileSecretStore
 from gpuyard.settings import Settings
@@ -183,6 +184,7 @@ class ApiContext:
     clock: Clock
     logs: Callable[[str, bool], Iterator[str]] | None = None  # (attempt id, follow) -> lines
     secrets: FileSecretStore | None = None  # None: the teams' secrets are Kubernetes Secrets
+    checkpoint_stores: CheckpointStores = field(default_factory=CheckpointStores)  # the teams' roots' stores
     principals: TokenCache = field(default_factory=TokenCache)
     teams: TtlCache = field(default_factory=lambda: TtlCache(ttl_s=5.0))  # name -> store.teams.Team
     # check_feasible by (resources, sites), all it reads: the fleet is fixed for this process, and

@@ -12,6 +12,7 @@ from gpuyard.api.auth import ApiContext, context, principal, require_platform_ad
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.api.schemas import SecretIn, SecretOut, TeamOut, TokenIn, TokenInfoOut, TokenOut
 from gpuyard.domain.admission import AdmissionPolicy
+from gpuyard.domain.checkpoint_roots import check_object_store_roots
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import SpecRejected, dns_label
 from gpuyard.domain.tokens import TokenLifetimeError
@@ -82,8 +83,12 @@ def set_policy(
     ctx: ApiContext = Depends(context),
     caller: Principal = Depends(principal),
 ) -> TeamOut:
-    """Replace the team's admission policy: registries, digests, priority classes (platform admins only)."""
+    """Replace the team's admission policy: registries, digests, priority classes, checkpoint roots
+    (platform admins only)."""
     require_platform_admin(caller)
+    local = check_object_store_roots(policy.checkpoint_roots)
+    if local and ctx.settings.checkpoints_in_object_store:
+        raise SpecRejected(local)
     with ctx.engine.begin() as conn:
         changed = team_store.set_policy(conn, team, policy, ctx.clock())
         found = team_store.get_team(conn, team) if changed else None

@@ -2,7 +2,7 @@
 
 A worker proves itself with its attempt id and fencing token (both handed to it by the launcher);
 a stale token is 409 and the worker must stop, so a zombie cannot overwrite its successor. A worker
-may record only checkpoints under its own job's checkpoint stores.
+may record only checkpoints under its own job's checkpoint roots (domain/checkpoint_roots.py).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
             checkpoint=checkpoint,
             at=now,
             lease_ttl_s=ctx.settings.lease_seconds,
-            site_stores=tuple(site.checkpoint_store for site in ctx.fleet.sites),
+            stores=ctx.checkpoint_stores,
         )
     except attempt_store.StaleToken as error:
         raise Problem(
@@ -81,7 +81,11 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
             str(error),
             kind="/problems/validation",
             errors=[
-                {"path": "checkpoint.url", "rule": "must lie under the job's checkpoint URL or site store"}
+                {
+                    "path": "checkpoint.url",
+                    "rule": "must lie under the job's checkpoint.url or its folder under its team's "
+                    "checkpoint roots",
+                }
             ],
         ) from None
     interval = None

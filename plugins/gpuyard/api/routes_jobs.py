@@ -1,7 +1,8 @@
 """/v1/jobs: submit (idempotent, transactional outbox), list, show, cancel.
 
 A submit is admitted before it is stored: the caller's team, its quota, its admission policy
-(registries, digests, priority classes), the secrets it names, and whether the fleet could ever run it.
+(registries, digests, priority classes), its checkpoint roots, the secrets it names, and whether the
+fleet could ever run it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.api.schemas import JobDetailOut, JobOut, JobPage
 from gpuyard.domain.admission import check_admission
+from gpuyard.domain.checkpoint_roots import check_checkpoint_url, roots_for
 from gpuyard.domain.feasibility import check_feasible, check_quota
 from gpuyard.domain.spec import JobSpec, SpecRejected, SpecViolation
 from gpuyard.domain.states import JobState
@@ -56,6 +58,11 @@ async def _admit(ctx: ApiContext, caller: Principal, spec: JobSpec) -> None:
     violations = [
         *check_quota(spec, team.quota),
         *check_admission(spec, team.policy, require_digest=ctx.settings.profile == "production"),
+        *check_checkpoint_url(
+            spec,
+            roots_for(spec, team.policy.checkpoint_roots, ctx.checkpoint_stores),
+            object_store=ctx.settings.checkpoints_in_object_store,
+        ),
         *_missing_secrets(ctx, spec),
         *infeasible,
     ]

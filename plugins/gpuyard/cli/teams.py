@@ -17,6 +17,19 @@ def csv(value: str | None) -> list[str] | None:
     return None if value is None else [item.strip() for item in value.split(",") if item.strip()]
 
 
+def roots_by_site(value: str | None) -> dict[str, list[str]] | None:
+    """'east=s3://a/x,east=s3://b/x,west=gs://c/x' -> {'east': [...], 'west': [...]}."""
+    if value is None:
+        return None
+    roots: dict[str, list[str]] = {}
+    for item in csv(value) or []:
+        site, equals, root = item.partition("=")
+        if not equals or not site or not root:
+            fail(f"--checkpoint-roots: expected SITE=URL items, got {item!r}")
+        roots.setdefault(site.strip(), []).append(root.strip())
+    return roots
+
+
 def teams_table(teams: list[dict[str, Any]]) -> Table:
     table = Table(
         "TEAM", "GPU QUOTA", "MAX/JOB", "GPU TYPES", "COHORT", "WEIGHT", "REGISTRIES", "DIGEST", "PRIORITIES"
@@ -97,6 +110,13 @@ def team_policy(
     priorities: Annotated[
         str | None, typer.Option(help="Allowed priority classes, e.g. 'low,normal'.")
     ] = None,
+    checkpoint_roots: Annotated[
+        str | None,
+        typer.Option(
+            help="Checkpoint roots per site, e.g. 'east=s3://ckpt-east/vision,west=gs://w/vision'; "
+            "'' = every site's default, <its store>/<team>."
+        ),
+    ] = None,
 ) -> None:
     """Set a team's admission policy (platform admins); options not given keep their current value."""
     with api.client() as client:
@@ -105,6 +125,7 @@ def team_policy(
             "allowed_registries": csv(registries),
             "require_digest": require_digest,
             "allowed_priorities": csv(priorities),
+            "checkpoint_roots": roots_by_site(checkpoint_roots),
         }
         policy = {**current, **{k: v for k, v in given.items() if v is not None}}
         found = call(client.set_policy, name, policy)

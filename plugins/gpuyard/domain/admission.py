@@ -1,4 +1,5 @@
-"""A team's admission policy: which images (registries, digests) and priority classes its jobs may use.
+"""A team's admission policy: which images (registries, digests) and priority classes its jobs may use,
+and where their checkpoints may go (`checkpoint_roots.py` holds that rule).
 
 Pure: `check_admission` returns every violation, each with the field path and the rule, like
 `feasibility.check_quota` (the quota holds the GPU limits). The platform adds one rule of its own: in
@@ -10,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
-from gpuyard.domain.spec import JobSpec, SpecViolation
+from gpuyard.domain.checkpoint_roots import CheckpointRoot
+from gpuyard.domain.spec import JobSpec, Name, SpecViolation
 
 DEFAULT_REGISTRY = "docker.io"
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
@@ -51,6 +53,21 @@ class AdmissionPolicy(BaseModel):
     allowed_priorities: tuple[PriorityClass, ...] = Field(
         (), max_length=3, description="Priority classes the team may use; empty allows every class."
     )
+    checkpoint_roots: dict[Name, tuple[CheckpointRoot, ...]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Site -> folders the team's checkpoints may lie under there, e.g. "
+        "{'east': ['s3://ckpt-east/vision']}. A site not named keeps the default, "
+        "'<the site's checkpoint store>/<team>'.",
+    )
+
+    @field_validator("checkpoint_roots")
+    @classmethod
+    def _few_roots(cls, roots: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for site, folders in roots.items():
+            if len(folders) > 16:
+                raise ValueError(f"site {site}: at most 16 checkpoint roots, got {len(folders)}")
+        return roots
 
 
 def image_repository(image: str) -> str:

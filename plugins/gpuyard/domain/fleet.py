@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from gpuyard.domain.checkpoint_roots import CheckpointRoot, CheckpointStores
 from gpuyard.domain.spec import Name
 
 
@@ -62,7 +63,10 @@ class Site(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Name
-    checkpoint_store: StrictStr = Field(description="fsspec URL under which jobs' checkpoints are kept here.")
+    checkpoint_store: CheckpointRoot = Field(
+        description="fsspec URL under which checkpoints are kept here; a team's default root is "
+        "<store>/<team>."
+    )
 
 
 class Fleet(BaseModel):
@@ -87,6 +91,12 @@ class Fleet(BaseModel):
     @property
     def site_names(self) -> frozenset[str]:
         return frozenset(node.site for node in self.nodes)
+
+    def checkpoint_stores(self, default: str | None = None, *, required: bool = False) -> CheckpointStores:
+        """Its sites' checkpoint stores, `default` for the other sites; `required`: a team without
+        roots may not checkpoint (domain/checkpoint_roots.py)."""
+        by_site = {site.name: site.checkpoint_store for site in self.sites}
+        return CheckpointStores(by_site, default, self.site_names | by_site.keys(), required)
 
 
 def load_fleet(path: Path) -> Fleet:

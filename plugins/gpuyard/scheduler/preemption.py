@@ -75,7 +75,9 @@ class Rule:
     guard), not the policy: the policies are built from this table."""
 
     name: str
-    reason: str  # the eviction's reason, formatted with the job's `id` and `team`
+    # The eviction's reason, shown to the victim's team: it names the job (`{id}`) only where the rule
+    # keeps to one team; another team's job or team it never names (docs/security.md).
+    reason: str
     settled: bool  # the victim must have run MIN_RUN_S (fair-share rules); a higher class need not wait
     # Reads only the candidate's class, 2D-LAS queue, borrowed flag and starvation (memoized by them).
     victim_rank: Callable[[Candidate], float]
@@ -112,7 +114,7 @@ _TABLE = (
     # withinClusterQueue).
     Rule(
         "priority within team",
-        "priority within team {team}: {id} outranks it",
+        "priority within its team: job {id} outranks it",
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
@@ -124,7 +126,7 @@ _TABLE = (
     # without the victim.
     Rule(
         "priority",
-        "priority: {id} outranks it",
+        "priority: a job of a higher priority class needs its GPUs",
         settled=False,
         victim_rank=_class,
         job_rank=_job_class,
@@ -137,7 +139,7 @@ _TABLE = (
     # of no higher class.
     Rule(
         LAS,
-        "least attained service: {id} has had less",
+        "fair share: a job that has had less GPU time needs its GPUs (least attained service)",
         settled=True,
         victim_rank=lambda c: c.attempt.las,
         job_rank=lambda claim: claim.job.las,
@@ -149,7 +151,7 @@ _TABLE = (
     # served at least as much, as the order puts less-served work first.
     Rule(
         "reclaim",
-        "reclaim: team {team} needs its quota back",
+        "fair share: its team borrowed these GPUs beyond its quota, and a team under its quota reclaims them",
         settled=True,
         victim_rank=lambda c: 1.0 if c.attempt.borrowed else 0.0,
         job_rank=lambda claim: 0.0 if claim.admitted == "nominal" else 1.0,
@@ -165,7 +167,7 @@ _TABLE = (
     # 2D-LAS queue; borrowing, only as priority does (borrowWithinCohort).
     Rule(
         "starvation",
-        "starvation: {id} waited past its bound",
+        "starvation: a job that waited past its bound needs its GPUs",
         settled=True,
         victim_rank=lambda c: 0.5 if c.held else 1.0,
         job_rank=lambda claim: 0.0 if claim.starving else 1.0,
@@ -374,7 +376,7 @@ class Preemption:
                 # The first rule of the table whose ranks and full condition let the job take it.
                 for i, floor, rule in active:
                     if ranks[i] > floor and rule.allows(claim, candidate, self, state):
-                        victim = Victim(attempt, rule.name, rule.reason.format(id=job.id, team=job.team))
+                        victim = Victim(attempt, rule.name, rule.reason.format(id=job.id))
                         options.append((candidate.unsaved_gpu_s, victim, keeps_quota[i]))
                         break
             options.sort(key=lambda option: option[0])

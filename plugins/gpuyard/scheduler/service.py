@@ -35,6 +35,7 @@ from gpuyard import metrics
 from gpuyard.bus.base import BusUnavailable, EventBus
 from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
 from gpuyard.clock import Clock, utcnow
+from gpuyard.domain.checkpoint_roots import CheckpointStores, is_under, job_roots, join, roots_at, roots_for
 from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.liveness import overdue
 from gpuyard.domain.model import Attempt, Job
@@ -50,6 +51,7 @@ from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
 from gpuyard.scheduler.waiting import CYCLE_CODES, WaitRecorder, reason_code, reasons
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import leadership
+from gpuyard.store import teams as team_store
 from gpuyard.store.leadership import Lead, NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
 
@@ -93,8 +95,12 @@ class SchedulerService:
         lease_ttl_s: float = 60.0,
         grace_s: float = 30.0,
         holder: str | None = None,
+        checkpoint_stores: Callable[[Fleet], CheckpointStores] | None = None,
     ):
+        """`checkpoint_stores`: the platform's stores for a fleet (`Settings.checkpoint_stores`); by
+        default its sites' own, with no default store and no roots required."""
         self.engine, self.launcher, self.policy = engine, launcher, policy
+        self.checkpoint_stores = checkpoint_stores or Fleet.checkpoint_stores
         self.fleet_now: Callable[[], Fleet] = fleet if callable(fleet) else (lambda: fleet)
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -139,7 +145,9 @@ class SchedulerService:
         for eviction in result.evicted:
             victim = eviction.attempt.attempt_id
             with attempt_context(victim):
-                log.info("preempting attempt %s: %s", victim, eviction.reason)
+                # The log is the platform's: it names the job making room, which the victim's team
+                # is not told (the reason it is told is the rule's own).
+                log.info("preempting attempt %s for job %s: %s", victim, eviction.for_job, eviction.reason)
                 attempt_store.request_stop(
                     self.engine, victim, at=now, why=eviction.reason, kind=StopReason.PREEMPT, lead=self.lead
                 )
@@ -194,20 +202,32 @@ class SchedulerService:
             attempt_store.finish_in(fenced, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
-        """Before an attempt starts at another site than the job's newest checkpoint, copy it to that
-        site's store and verify it; the attempt then resumes from the local copy."""
-        site = self.fleet_now().site(request.placement.site)
-        if not job.checkpoint_url or job.checkpoint_site in (None, request.placement.site) or site is None:
+        """Before an attempt starts at another site than the job's newest checkpoint, copy it into the
+        job's folder under its team's root at that site and verify it; the attempt then resumes from
+        the copy. The scheduler copies with its own credentials, so only from the job's own roots."""
+        site = request.placement.site
+        if not job.checkpoint_url or job.checkpoint_site in (None, site):
             return request
+        stores = self.checkpoint_stores(self.fleet_now())
+        with self.engine.connect() as conn:
+            configured = team_store.configured_checkpoint_roots(conn, job.team)
+        destination = roots_at(job.team, site, configured, stores)
+        if not destination:  # the team keeps no checkpoints there: it resumes from where they are
+            return request
+        own = job_roots(job.id, job.spec, roots_for(job.spec, configured, stores))
+        if not any(is_under(job.checkpoint_url, root) for root in own):
+            raise TransferError(
+                f"{job.checkpoint_url} lies outside job {job.id}'s checkpoint roots {list(own)}: not copied"
+            )
         step_dir = job.checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
-        root = f"{site.checkpoint_store.rstrip('/')}/{job.id}"
+        root = join(destination[0], job.id)
         transfer = copy_checkpoint(job.checkpoint_url, f"{root}/{step_dir}")
         attempt_store.record_checkpoint_move(
             self.engine,
             job.id,
             attempt.id,
             url=f"{root}/{step_dir}",
-            site=site.name,
+            site=site,
             at=self.clock(),
             details={
                 "from": job.checkpoint_url,

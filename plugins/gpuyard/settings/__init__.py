@@ -20,6 +20,12 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpuyard.domain.checkpoint_roots import (
+    CheckpointStores,
+    checkpoint_root,
+    is_object_store,
+    not_an_object_store,
+)
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
 from gpuyard.domain.tokens import TokenPolicy
@@ -78,6 +84,11 @@ class Settings(BaseSettings):
         None, description="A name in the launcher registry (LAUNCHERS), checked where the parts are composed."
     )
     fleet_file: Path | None = None
+    checkpoint_store: str | None = Field(
+        None,
+        description="fsspec URL of the checkpoint store of every site the fleet file names none for: a "
+        "team's default checkpoint root there is '<store>/<team>' (docs/security.md, Checkpoint roots).",
+    )
     local_slots: int = Field(2, ge=1, description="CPU slots (GPU type 'cpu') of the local fleet.")
     default_quota: TeamQuota = Field(default_factory=TeamQuota)
     tokens: TokenPolicy = Field(default_factory=TokenPolicy, description="API token lifetimes.")
@@ -178,16 +189,50 @@ class Settings(BaseSettings):
             raise ValueError("redis_url (GPUYARD_REDIS_URL) is required with bus=redis")
         if production and self.bus == "memory":
             raise ValueError("bus: profile=production cannot use the in-process bus; use bus=redis")
+        if self.checkpoint_store is not None:
+            self.checkpoint_store = checked_store("checkpoint_store", self.checkpoint_store, self)
         if self.fleet_file is not None and not self.fleet_file.exists():
             raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
         return self
+
+    def checkpoint_stores(self, fleet: Fleet) -> CheckpointStores:
+        """The fleet's sites' checkpoint stores and this platform's default; production requires roots."""
+        return fleet.checkpoint_stores(self.checkpoint_store, required=self.profile == "production")
+
+    @property
+    def checkpoints_in_object_store(self) -> bool:
+        """Production with workers on other machines than the API's (any launcher but the local one,
+        whose workers share this machine's disk): every checkpoint root is an object store's."""
+        return self.profile == "production" and self.launcher != "local"
 
     @property
     def is_sqlite(self) -> bool:
         return str(self.database_url).startswith("sqlite")
 
     def fleet(self) -> Fleet:
-        return load_fleet(self.fleet_file) if self.fleet_file else local_fleet(self.local_slots)
+        """The fleet file's fleet (its sites' checkpoint stores checked as `checkpoint_store` is), else
+        this machine's."""
+        if not self.fleet_file:
+            return local_fleet(self.local_slots)
+        fleet = load_fleet(self.fleet_file)
+        for site in fleet.sites:
+            where = f"fleet_file {self.fleet_file}: sites.{site.name}.checkpoint_store"
+            try:
+                checked_store(where, site.checkpoint_store, self)
+            except ValueError as error:
+                raise SettingsError(str(error)) from None
+        return fleet
+
+
+def checked_store(name: str, url: str, settings: Settings) -> str:
+    """`url` as the checkpoint store named `name` (a setting, a fleet site's), or ValueError naming it."""
+    try:
+        checkpoint_root(url)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    if settings.checkpoints_in_object_store and not is_object_store(url):
+        raise ValueError(f"{name}: {not_an_object_store(url)}")
+    return url
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_, update
 
+from gpuyard.domain.checkpoint_roots import CheckpointStores, is_under, job_roots, roots_for
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.retry import LOSS_WINDOW_S, after_attempt, attribute
 from gpuyard.domain.states import (
@@ -34,6 +35,7 @@ from gpuyard.store.jobs import attempt_from_row, get, job_from_row
 from gpuyard.store.leadership import Lead, fenced
 from gpuyard.store.outbox import append_event
 from gpuyard.store.tables import attempts, jobs, leases
+from gpuyard.store.teams import configured_checkpoint_roots
 from gpuyard.store.transitions import move_attempt, move_job
 
 LIVE_STATES = (AttemptState.CREATED, AttemptState.LAUNCHING, AttemptState.RUNNING)
@@ -45,7 +47,7 @@ class StaleToken(Exception):
 
 
 class CheckpointRefused(ValueError):
-    """A heartbeat named a checkpoint outside the job's own checkpoint stores."""
+    """A heartbeat named a checkpoint outside the job's own checkpoint roots."""
 
 
 @dataclass(frozen=True)
@@ -229,16 +231,11 @@ def renew(
         return renewed
 
 
-def _checkpoint_allowed(job: Job, url: str, site_stores: tuple[str, ...]) -> bool:
-    """A worker may record only checkpoints under its job's own roots: the spec's checkpoint URL, or
-    this job's folder in a site's checkpoint store (where cross-site moves put it)."""
-    roots = [f"{store.rstrip('/')}/{job.id}" for store in site_stores]
-    if job.spec.checkpoint is not None:
-        roots.append(job.spec.checkpoint.url)
-    clean = url.rstrip("/")
-    return ".." not in clean.split("/") and any(
-        clean == root.rstrip("/") or clean.startswith(root.rstrip("/") + "/") for root in roots
-    )
+def _checkpoint_allowed(conn: Connection, job: Job, url: str, stores: CheckpointStores) -> bool:
+    """A worker may record only checkpoints under its job's own roots (`checkpoint_roots.job_roots`):
+    its spec's URL, or its folder under its team's roots (where cross-site moves put them)."""
+    team = roots_for(job.spec, configured_checkpoint_roots(conn, job.team), stores)
+    return any(is_under(url, root) for root in job_roots(job.id, job.spec, team))
 
 
 def heartbeat(
@@ -250,7 +247,7 @@ def heartbeat(
     checkpoint: dict[str, Any] | None,
     at: datetime,
     lease_ttl_s: float,
-    site_stores: tuple[str, ...] = (),
+    stores: CheckpointStores = CheckpointStores(),
 ) -> Beat:
     """Renew the attempt's leases and record progress, only for the attempt's own fencing token.
 
@@ -261,9 +258,10 @@ def heartbeat(
         if locked is None or locked[1].fencing_token != token or locked[1].state in TERMINAL_ATTEMPT_STATES:
             raise StaleToken(f"attempt {attempt_id}: fencing token {token} is stale or the attempt has ended")
         job, found = locked
-        if checkpoint and not _checkpoint_allowed(job, checkpoint["url"], site_stores):
+        if checkpoint and not _checkpoint_allowed(conn, job, checkpoint["url"], stores):
             raise CheckpointRefused(
-                f"checkpoint.url: {checkpoint['url']!r} is outside job {job.id}'s checkpoint stores"
+                f"checkpoint.url: {checkpoint['url']!r} is outside job {job.id}'s checkpoint roots (its "
+                f"checkpoint.url, or its folder under team {job.team}'s roots)"
             )
         expires = at + timedelta(seconds=lease_ttl_s)
         _extend_lease(conn, attempt_id, token, expires)

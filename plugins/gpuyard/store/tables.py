@@ -60,6 +60,7 @@ teams = Table(
     Column("allowed_registries", JSON, nullable=False, server_default=text("'[]'")),
     Column("require_digest", Boolean, nullable=False, server_default=text("false")),
     Column("allowed_priorities", JSON, nullable=False, server_default=text("'[]'")),
+    Column("checkpoint_roots", JSON, nullable=False, server_default=text("'{}'")),  # site -> [root]
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
 )

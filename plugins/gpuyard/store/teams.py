@@ -108,6 +108,12 @@ def get_team(conn: Connection, team: str) -> Team | None:
     return Team(row.name, _quota(row), _policy(row)) if row else None
 
 
+def configured_checkpoint_roots(conn: Connection, team: str) -> dict[str, tuple[str, ...]]:
+    """Site -> the checkpoint roots the team's policy names there (none for a team not found)."""
+    found = get_team(conn, team)
+    return dict(found.policy.checkpoint_roots) if found else {}
+
+
 def list_teams(conn: Connection) -> dict[str, TeamQuota]:
     return {row.name: _quota(row) for row in conn.execute(select(teams).order_by(teams.c.name))}
 
@@ -243,6 +249,7 @@ def _policy_row(policy: AdmissionPolicy) -> dict[str, Any]:
         "allowed_registries": list(policy.allowed_registries),
         "require_digest": policy.require_digest,
         "allowed_priorities": list(policy.allowed_priorities),
+        "checkpoint_roots": {site: list(roots) for site, roots in policy.checkpoint_roots.items()},
     }
 
 
@@ -251,4 +258,5 @@ def _policy(row: Any) -> AdmissionPolicy:
         allowed_registries=tuple(row.allowed_registries),
         require_digest=row.require_digest,
         allowed_priorities=tuple(row.allowed_priorities),
+        checkpoint_roots={site: tuple(roots) for site, roots in row.checkpoint_roots.items()},
     )
