@@ -58,6 +58,7 @@ def report_checkpoint(engine: Engine, attempt: Attempt, url: str, step: int, at:
         engine,
         attempt.id,
         attempt.fencing_token,
+        secret=attempt.attempt_secret or "",
         step=step,
         checkpoint={"url": url, "step": step, "saved_at": at},
         at=at,

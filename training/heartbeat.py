@@ -3,10 +3,12 @@
 Contract with the control plane:
 
     POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
+    Authorization: Bearer {GPUYARD_ATTEMPT_SECRET}
     {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...}}
     200 -> {"lease_expires_at": iso8601, "lease_seconds": float, "action": "continue" | "checkpoint_and_stop"
             | "stop", "checkpoint_interval_s": float | null}
-    409 -> the fencing token is stale: treated as "stop" (exit without writing anything).
+    401 -> the secret proves no live attempt (the attempt has ended, or it is not this attempt's secret),
+           409 -> the fencing token is stale: both treated as "stop" (exit without writing anything).
 
 Network errors and 5xx are retried with backoff while training goes on: if the control plane is really
 gone, the lease expires and it requeues the job; the worker does not guess. But once `lease_seconds`
@@ -23,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -60,6 +62,7 @@ class LauncherEnv:
     checkpoint_url: str | None
     job_id: str | None
     resume_url: str | None = None  # the job's newest durable checkpoint, as the control plane recorded it
+    attempt_secret: str | None = field(default=None, repr=False)  # the proof of the attempt on heartbeats
 
     @classmethod
     def read(cls, env: Mapping[str, str] = os.environ) -> LauncherEnv:
@@ -70,6 +73,7 @@ class LauncherEnv:
             env.get("GPUYARD_CHECKPOINT_URL") or None,
             env.get("GPUYARD_JOB_ID") or None,
             env.get("GPUYARD_RESUME_URL") or None,
+            env.get("GPUYARD_ATTEMPT_SECRET") or None,
         )
 
     @property
@@ -77,8 +81,18 @@ class LauncherEnv:
         return self.api_url is not None
 
     def check(self) -> None:
-        if self.managed and not (self.attempt_id and self.fencing_token):
-            raise ValueError("GPUYARD_API_URL is set but GPUYARD_ATTEMPT_ID or GPUYARD_FENCING_TOKEN is not")
+        if self.managed:
+            missing = [
+                name
+                for name, value in (
+                    ("GPUYARD_ATTEMPT_ID", self.attempt_id),
+                    ("GPUYARD_FENCING_TOKEN", self.fencing_token),
+                    ("GPUYARD_ATTEMPT_SECRET", self.attempt_secret),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"GPUYARD_API_URL is set but not {', '.join(missing)}")
         if self.fencing_token is not None and not self.fencing_token.isdigit():
             raise ValueError(f"GPUYARD_FENCING_TOKEN: expected an integer, got {self.fencing_token!r}")
 
@@ -95,6 +109,7 @@ class HeartbeatClient:
         api_url: str,
         attempt_id: str,
         fencing_token: str,
+        attempt_secret: str,
         *,
         timeout_s: float = 5.0,
         retries: int = 3,
@@ -108,7 +123,9 @@ class HeartbeatClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
-        self._http = httpx.Client(timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(
+            timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {attempt_secret}"}
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -130,6 +147,9 @@ class HeartbeatClient:
             except httpx.HTTPError as exc:
                 log.warning("heartbeat %d/%d failed: %s", attempt + 1, self.retries + 1, exc)
             else:
+                if response.status_code == 401:
+                    log.error("heartbeat refused: the attempt has ended, or the secret is not its own")
+                    return HeartbeatAnswer(Action.STOP)
                 if response.status_code == 409:
                     log.error("heartbeat refused: stale fencing token (%s)", response.text[:200])
                     return HeartbeatAnswer(Action.STOP)
@@ -137,7 +157,8 @@ class HeartbeatClient:
                     return parse_answer(response.json())
                 if response.status_code < 500:
                     raise HeartbeatError(
-                        f"heartbeat: expected 200 or 409, got {response.status_code}: {response.text[:200]}"
+                        f"heartbeat: expected 200, 401 or 409, "
+                        f"got {response.status_code}: {response.text[:200]}"
                     )
                 log.warning("heartbeat %d/%d: HTTP %d", attempt + 1, self.retries + 1, response.status_code)
             if attempt < self.retries:

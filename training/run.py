@@ -159,6 +159,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
             env.api_url or "",
             env.attempt_id or "",
             env.fencing_token or "",
+            env.attempt_secret or "",
             timeout_s=cfg.heartbeat.timeout_s,
         )
         agent = HeartbeatAgent(
@@ -230,7 +231,9 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
                 t_last = now
             events.write("step", step=step, loss=decision.loss)
             if decision.action == Action.STOP:
-                log.error("stale fencing token at step %d: exiting without writing anything", step)
+                log.error(
+                    "attempt refused (ended, or a stale token) at step %d: exiting without writing", step
+                )
                 code = exit_codes.STALE_FENCING_TOKEN
                 ckpt.abandon()
                 break

@@ -175,6 +175,7 @@ def gang(attempt_id: str, *, sleep_s: float, launched_before: bool = False) -> L
         "job-x",
         1,
         7,
+        f"secret-of-{attempt_id}",
         spec,
         placement,
         "http://127.0.0.1:9",

@@ -161,6 +161,7 @@ def beat(
         engine,
         request.attempt_id,
         request.fencing_token,
+        secret=request.attempt_secret,
         step=step,
         checkpoint=checkpoint,
         at=clock(),
@@ -216,9 +217,11 @@ def test_heartbeats_renew_with_the_right_token_only(
     request = next(iter(launcher.launched.values()))
     with TestClient(create_app(settings, engine, fleet=FLEET, clock=clock)) as api:
         url = f"/v1/attempts/{request.attempt_id}/heartbeat"
+        secret = {"Authorization": f"Bearer {request.attempt_secret}"}
         clock.advance(30)
         good = api.post(
             url,
+            headers=secret,
             json={
                 "fencing_token": request.fencing_token,
                 "step": 10,
@@ -232,6 +235,7 @@ def test_heartbeats_renew_with_the_right_token_only(
         assert state(engine, job_id) == "RUNNING"
         stale = api.post(
             url,
+            headers=secret,
             json={
                 "fencing_token": request.fencing_token - 1,
                 "step": 99,
@@ -239,7 +243,8 @@ def test_heartbeats_renew_with_the_right_token_only(
             },
         )
         assert stale.status_code == 409 and stale.json()["type"] == "/problems/stale-token"
-        assert api.post("/v1/attempts/nope/heartbeat", json={"fencing_token": 1}).status_code == 409
+        unknown = api.post("/v1/attempts/nope/heartbeat", headers=secret, json={"fencing_token": 1})
+        assert unknown.status_code == 401
     with engine.connect() as conn:
         job = job_store.get(conn, job_id)
         assert (
@@ -276,7 +281,7 @@ def test_an_expired_lease_requeues_and_the_retry_resumes_from_the_checkpoint(
         and retry.checkpoint_step == 120
         and retry.checkpoint_url == "file:///tmp/gpuyard-ckpt/flights/120"
     )
-    with pytest.raises(attempt_store.StaleToken):  # the old worker, back from the dead, is refused
+    with pytest.raises(attempt_store.Unproven):  # the old worker, back from the dead: its secret died
         beat(engine, first, clock, step=130)
 
 
@@ -491,6 +496,10 @@ def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(
     restarted.step()
     assert launcher.launch_calls.count(reserved.id) >= 1 and len(launcher.launched) == 1
     assert len(live_attempts(engine, job_id)) == 1
+    # The workers get the secret reserved with the attempt: the store keeps it for whichever replica launches.
+    assert (
+        reserved.attempt_secret and launcher.launched[reserved.id].attempt_secret == reserved.attempt_secret
+    )
 
 
 class RefusingLauncher(RecordingLauncher):

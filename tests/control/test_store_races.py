@@ -133,7 +133,14 @@ def test_an_attempt_ending_while_its_job_is_being_cancelled_cancels_the_job(engi
 
 def beat(attempt: attempt_store.Attempt, step: int = 5) -> Callable[[Engine], attempt_store.Beat]:
     return lambda engine: attempt_store.heartbeat(
-        engine, attempt.id, attempt.fencing_token, step=step, checkpoint=None, at=utcnow(), lease_ttl_s=60
+        engine,
+        attempt.id,
+        attempt.fencing_token,
+        secret=attempt.attempt_secret or "",
+        step=step,
+        checkpoint=None,
+        at=utcnow(),
+        lease_ttl_s=60,
     )
 
 
@@ -169,7 +176,7 @@ def test_a_heartbeat_and_the_end_of_its_attempt_queue_up_instead_of_deadlocking(
 def _refused(call: Callable[[], Any]) -> bool:
     try:
         call()
-    except attempt_store.StaleToken:
+    except attempt_store.Unproven:  # the attempt ended, its secret with it
         return True
     return False
 
@@ -201,7 +208,7 @@ def test_concurrent_writers_of_the_same_attempts_never_deadlock(engine: Engine) 
     def run(call: Callable[[], Any]) -> None:
         try:
             call()
-        except (attempt_store.StaleToken, job_store.NotCancellable):
+        except (attempt_store.Unproven, job_store.NotCancellable):
             pass  # a guard refused it: the attempt or the job had ended
         except BaseException as error:
             failures.append(error)

@@ -137,6 +137,10 @@ class Heartbeat:
         self.host, self.port = api.hostname or "127.0.0.1", api.port or 80
         self.path = f"/v1/attempts/{ATTEMPT}/heartbeat"
         self.token = int(env["GPUYARD_FENCING_TOKEN"])
+        self.headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {env['GPUYARD_ATTEMPT_SECRET']}",
+        }
         self.lease_s = lease_s
         self.lease_until = time.monotonic() + lease_s  # the launcher reserved it just now
         self.last_sent = 0.0
@@ -158,7 +162,7 @@ class Heartbeat:
         sent = self.last_sent = time.monotonic()
         connection = http.client.HTTPConnection(self.host, self.port, timeout=3)
         try:
-            connection.request("POST", self.path, body, {"Content-Type": "application/json"})
+            connection.request("POST", self.path, body, self.headers)
             response = connection.getresponse()
             answer = response.read()
         except OSError as error:
@@ -166,7 +170,7 @@ class Heartbeat:
             return None
         finally:
             connection.close()
-        if response.status == 409:
+        if response.status in (401, 409):  # the attempt ended (its secret with it), or a stale token
             journal("stale", step=step)
             leave(exit_codes.STALE_FENCING_TOKEN)
         if response.status != 200:

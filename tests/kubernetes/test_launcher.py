@@ -6,6 +6,7 @@ writing pod statuses and nodes through the API. Nothing of the launcher is mocke
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -48,6 +49,7 @@ def request(
         job_id="job-42",
         attempt_number=2,
         fencing_token=918273,
+        attempt_secret=f"secret-of-{attempt_id}",
         spec=spec,
         placement=Placement("eu-west", "c1", "rack-1", tuple(NodeSlice(n, (0, 1, 2, 3)) for n in nodes)),
         api_url="http://gpuyard-api.gpuyard.svc:8080",
@@ -176,12 +178,19 @@ def test_launch_creates_valid_owned_objects(cluster: Cluster, launcher: Kubernet
     for obj in [*policies, *services, *pods]:
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"]) == ("Secret", owner["name"], owner["uid"])
-    # the fencing token is only in the Secret, never in a pod's plain env values
+    # the fencing token and the attempt's secret are only in the Secret, never in a pod's plain env
+    data = {k: base64.b64decode(v).decode() for k, v in secrets[0]["data"].items()}
+    assert data == {"fencing-token": "918273", "attempt-secret": "secret-of-att-7f3a"}
     for pod in pods:
         (container,) = pod["spec"]["containers"]
-        assert "918273" not in str(pod)
-        token = next(e for e in container["env"] if e["name"] == "GPUYARD_FENCING_TOKEN")
-        assert token["valueFrom"]["secretKeyRef"] == {"name": owner["name"], "key": "fencing-token"}
+        assert "918273" not in str(pod) and "secret-of-att-7f3a" not in str(pod)
+        refs = {e["name"]: e.get("valueFrom") for e in container["env"] if e["name"].startswith("GPUYARD_")}
+        assert refs["GPUYARD_FENCING_TOKEN"] == {
+            "secretKeyRef": {"name": owner["name"], "key": "fencing-token"}
+        }
+        assert refs["GPUYARD_ATTEMPT_SECRET"] == {
+            "secretKeyRef": {"name": owner["name"], "key": "attempt-secret"}
+        }
     nodes = sorted(
         p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"

@@ -47,6 +47,8 @@ def test_pod_environment_resources_and_security(config: KubernetesConfig) -> Non
     assert env["GPUYARD_ATTEMPT_ID"] == "att-7f3a" and env["GPUYARD_JOB_ID"] == "job-42"
     assert env["GPUYARD_CHECKPOINT_URL"] == "s3://ckpt/job-42" and env["LOG_LEVEL"] == "info"
     assert env["GPUYARD_FENCING_TOKEN"] == {"secretKeyRef": {"name": key, "key": "fencing-token"}}
+    assert env["GPUYARD_ATTEMPT_SECRET"] == {"secretKeyRef": {"name": key, "key": "attempt-secret"}}
+    assert "secret-of-att-7f3a" not in str(pod)  # the attempt's secret by reference only
     assert env["MLFLOW_TRACKING_TOKEN"] == {"secretKeyRef": {"name": "mlflow", "key": "token"}}
     assert container["envFrom"] == [{"secretRef": {"name": "object-store"}}]
     assert container["resources"] == {

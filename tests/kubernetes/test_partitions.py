@@ -51,12 +51,13 @@ def set_ready(cluster: Cluster, node: str, status: str) -> None:
     cluster.api.patch_node(node, {"status": {"conditions": [condition]}})
 
 
-def beat(engine: Engine, attempt_id: str, token: int, **progress: object) -> attempt_store.Beat:
+def beat(engine: Engine, attempt_id: str, token: int, secret: str, **progress: object) -> attempt_store.Beat:
     """What the attempt's worker sends (the API's heartbeat, without HTTP)."""
     return attempt_store.heartbeat(
         engine,
         attempt_id,
         token,
+        secret=secret,
         step=progress.get("step"),  # type: ignore[arg-type]
         checkpoint=progress.get("checkpoint"),  # type: ignore[arg-type]
         at=utcnow(),
@@ -69,12 +70,13 @@ def test_pods_of_a_node_that_stops_reporting_run_on_while_their_workers_heartbea
 ) -> None:
     job_id = submit(engine, ["train"])
     attempt_id = run_pods(cluster, service, engine, job_id)
-    token = detail(engine, job_id).attempts[0].fencing_token
+    running = detail(engine, job_id).attempts[0]
+    token, secret = running.fencing_token, running.attempt_secret or ""
     set_ready(cluster, node_of(cluster, attempt_id), "Unknown")
     ends, step = time.monotonic() + 3 * LEASE_S, 0
     while time.monotonic() < ends:  # three leases: only the workers' beats renew it now
         step += 1
-        beat(engine, attempt_id, token, step=step)
+        beat(engine, attempt_id, token, secret, step=step)
         for _ in range(3):
             service.step()
             time.sleep(0.1)
@@ -92,8 +94,9 @@ def test_an_attempt_cut_off_with_its_node_is_replaced_and_can_commit_nothing_whe
 ) -> None:
     job_id = submit(engine, ["train"])
     first = run_pods(cluster, service, engine, job_id)
-    old_token = detail(engine, job_id).attempts[0].fencing_token
-    beat(engine, first, old_token, step=1)  # a worker of the training runtime: it fences itself
+    running = detail(engine, job_id).attempts[0]
+    old_token, old_secret = running.fencing_token, running.attempt_secret or ""  # its worker's environment
+    beat(engine, first, old_token, old_secret, step=1)  # a worker of the training runtime: it fences itself
     node = node_of(cluster, first)
     (old_pod,) = pods_of(cluster, first)
     cluster.hold_termination(old_pod)  # its kubelet is unreachable: the pod stays Terminating
@@ -105,15 +108,15 @@ def test_an_attempt_cut_off_with_its_node_is_replaced_and_can_commit_nothing_whe
     assert node_of(cluster, second.id) != node and second.fencing_token > old_token
     # The partition heals: the old worker beats, records a checkpoint and exits 0. None of it counts.
     set_ready(cluster, node, "True")
-    with pytest.raises(attempt_store.StaleToken):
-        beat(engine, first, old_token, step=99)
-    with pytest.raises(attempt_store.StaleToken):
+    with pytest.raises(attempt_store.Unproven):  # its attempt ended, and its secret with it
+        beat(engine, first, old_token, old_secret, step=99)
+    with pytest.raises(attempt_store.Unproven):
         checkpoint = {
             "url": f"s3://ckpt/{job_id}/step-000000099-t{old_token}",
             "step": 99,
             "saved_at": utcnow(),
         }
-        beat(engine, first, old_token, checkpoint=checkpoint)
+        beat(engine, first, old_token, old_secret, checkpoint=checkpoint)
     cluster.set_pod_status(old_pod, terminated(exit_codes.SUCCESS))
     for _ in range(10):
         service.step()

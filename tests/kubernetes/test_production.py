@@ -237,10 +237,11 @@ class Platform:
         for pod in pods:
             self.cluster.set_pod_status(pod["metadata"]["name"], status)
 
-    def token_of(self, pod: dict[str, Any]) -> int:
+    def secret_data(self, pod: dict[str, Any], name: str) -> str:
+        """A value of the pod's attempt's Secret, as its worker reads it (GPUYARD_FENCING_TOKEN, ...)."""
         key = pod["metadata"]["labels"][m.ATTEMPT_LABEL]
         (secret,) = [s for s in self.cluster.objects("secrets") if s["metadata"]["name"] == key]
-        return int(base64.b64decode(secret["data"][m.FENCING_TOKEN_KEY]))
+        return base64.b64decode(secret["data"][name]).decode()
 
 
 def node_of(pod: dict[str, Any]) -> str:
@@ -306,14 +307,15 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
     platform.set_status([pod], running())
     attempt = platform.job(jobs["drain"])["attempts"][0]
     checkpoint = "s3://ckpt/ml/drain/step-000000040"
-    beat = httpx.post(
-        f"{platform.url}/v1/attempts/{attempt['id']}/heartbeat",
-        json={
-            "fencing_token": platform.token_of(pod),
-            "step": 42,
-            "checkpoint": {"url": checkpoint, "step": 40},
-        },
-    )
+    url = f"{platform.url}/v1/attempts/{attempt['id']}/heartbeat"
+    body = {
+        "fencing_token": int(platform.secret_data(pod, m.FENCING_TOKEN_KEY)),
+        "step": 42,
+        "checkpoint": {"url": checkpoint, "step": 40},
+    }
+    assert httpx.post(url, json=body).status_code == 401  # the fencing token alone proves nothing
+    secret = {"Authorization": f"Bearer {platform.secret_data(pod, m.ATTEMPT_SECRET_KEY)}"}
+    beat = httpx.post(url, json=body, headers=secret)
     assert beat.status_code == 200, beat.text
     drained = node_of(pod)
     cluster.api.patch_node(drained, {"spec": {"unschedulable": True}})

@@ -1,5 +1,6 @@
-"""Migration 0004 on a store written before it: legacy tokens get an expiry, infinite weights a bound,
-and on SQLite the team table is altered in place (a batch copy would drop a table that rows reference)."""
+"""Migrations on a store written before them. 0004: legacy tokens get an expiry, infinite weights a
+bound, and on SQLite the team table is altered in place (a batch copy would drop a table that rows
+reference). 0007: every live attempt gets a secret of its own, an ended one none."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import psycopg
 import pytest
 from alembic import command
 from alembic.config import Config
+from control.conftest import EXAMPLE_SPEC
+from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.spec import parse_spec
+from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import MIGRATIONS, make_engine
-from sqlalchemy import Engine, text
+from gpuyard.store.tables import attempts
+from sqlalchemy import Engine, insert, select, text
 
 
 def upgrade(engine: Engine, revision: str, *, down: bool = False) -> None:
@@ -70,4 +76,39 @@ def test_tokens_from_before_expire_and_weights_are_bounded(empty_store: Engine) 
     assert timedelta(days=89) < token.expires_at - now <= timedelta(days=90, minutes=1)
     assert team is not None and team.quota.weight == 1000 and team.policy.allowed_registries == ()
     upgrade(engine, "0003", down=True)  # and back, with the rows that reference the team in place
+    upgrade(engine, "head")
+
+
+def test_live_attempts_get_a_secret_each_and_ended_ones_none(empty_store: Engine) -> None:
+    engine = empty_store
+    upgrade(engine, "0007")
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        team_store.ensure_team(conn, "a", TeamQuota(), now)
+    states = {"CREATED": None, "RUNNING": None, "LOST": None}
+    for number, state in enumerate(states, start=1):
+        job, _ = job_store.submit(
+            engine, parse_spec(EXAMPLE_SPEC), idempotency_key=None, created_by="t", at=now
+        )
+        states[state] = f"{job.id}-a1"
+        with engine.begin() as conn:
+            conn.execute(
+                insert(attempts).values(
+                    id=states[state],
+                    job_id=job.id,
+                    number=1,
+                    state=state,
+                    fencing_token=number,
+                    placement={},
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    upgrade(engine, "head")
+    with engine.connect() as conn:
+        secret = dict(conn.execute(select(attempts.c.id, attempts.c.attempt_secret)).all())
+    created, running, lost = (secret[states[state]] for state in ("CREATED", "RUNNING", "LOST"))
+    assert created and running and created != running and len(created) == len(running) == 43
+    assert lost is None
+    upgrade(engine, "0007", down=True)
     upgrade(engine, "head")

@@ -80,7 +80,15 @@ def test_team_admins_write_secrets_that_no_response_shows(
 def test_pods_read_their_team_s_secrets_and_pull_secret_by_reference(tmp_path: Path) -> None:
     spec = parse_spec({**EXAMPLE_SPEC, "env_from_secret": {"HF_TOKEN": "hf-token"}})
     request = LaunchRequest(
-        "att-1", "job-1", 1, 7, spec, Placement("s", "c", "d", (NodeSlice("n1", (0,)),)), "http://api", None
+        "att-1",
+        "job-1",
+        1,
+        7,
+        "s1",
+        spec,
+        Placement("s", "c", "d", (NodeSlice("n1", (0,)),)),
+        "http://api",
+        None,
     )
     owner = {"metadata": {"name": "gy-x", "uid": "5f0c1b7e-0000-4000-8000-000000000001"}}
     pod = manifests.build_pod(request, KubernetesConfig(image_pull_secrets=("mirror",)), 0, owner)
@@ -98,6 +106,7 @@ def test_pods_read_their_team_s_secrets_and_pull_secret_by_reference(tmp_path: P
             "job-2",
             1,
             8,
+            "s2",
             parse_spec({**EXAMPLE_SPEC, "team": "b"}),
             request.placement,
             "http://api",

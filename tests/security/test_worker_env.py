@@ -40,7 +40,7 @@ SERVER_ENV = {
 def request(attempt_id: str, team: str = "a", **spec: object) -> LaunchRequest:
     parsed = parse_spec({**EXAMPLE_SPEC, "team": team, **spec})
     placement = Placement("local", "local", "local", (NodeSlice("local", (0,)),))
-    return LaunchRequest(attempt_id, "job-1", 1, 7, parsed, placement, "http://127.0.0.1:9", None)
+    return LaunchRequest(attempt_id, "job-1", 1, 7, "s", parsed, placement, "http://127.0.0.1:9", None)
 
 
 @pytest.fixture

@@ -13,11 +13,14 @@ from training.checkpoint import CheckpointRecord
 from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, HeartbeatError, LauncherEnv
 
 
-def client(plane: ControlPlane, token: str | None = None, retries: int = 2) -> HeartbeatClient:
+def client(
+    plane: ControlPlane, token: str | None = None, retries: int = 2, secret: str | None = None
+) -> HeartbeatClient:
     return HeartbeatClient(
         plane.url,
         plane.attempt_id,
         token or plane.fencing_token,
+        plane.attempt_secret if secret is None else secret,
         retries=retries,
         backoff_s=0.01,
         timeout_s=2.0,
@@ -59,6 +62,15 @@ def test_stale_fencing_token_means_stop() -> None:
     assert plane.beats == []
 
 
+def test_a_refused_secret_means_stop() -> None:
+    """401: the attempt has ended (its secret died with it) or the secret is not its own. Either way
+    nothing of this worker may be written any more."""
+    with ControlPlane(lambda n, body: lease()) as plane:
+        answer = client(plane, secret="not-the-attempt-s").beat(3, None)
+    assert answer is not None and answer.action == Action.STOP
+    assert plane.beats == []
+
+
 def test_server_errors_are_retried_then_answered() -> None:
     with ControlPlane(lambda n, body: (503, {}) if n < 3 else lease("continue")) as plane:
         answer = client(plane, retries=3).beat(1, None)
@@ -71,7 +83,9 @@ def test_unreachable_control_plane_gives_no_answer_after_retries() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps: list[float] = []
-    c = HeartbeatClient(f"http://127.0.0.1:{port}", "a", "t", retries=3, backoff_s=0.5, sleep=sleeps.append)
+    c = HeartbeatClient(
+        f"http://127.0.0.1:{port}", "a", "t", "s", retries=3, backoff_s=0.5, sleep=sleeps.append
+    )
     assert c.beat(1, None) is None
     assert sleeps == [0.5, 1.0, 2.0]  # exponential backoff between attempts
 
@@ -97,8 +111,16 @@ def test_launcher_env_standalone_and_managed() -> None:
     assert not LauncherEnv.read({}).managed
     env = LauncherEnv.read({"GPUYARD_API_URL": "http://x", "GPUYARD_ATTEMPT_ID": "a"})
     assert env.managed
-    with pytest.raises(ValueError, match="FENCING_TOKEN"):
+    with pytest.raises(ValueError, match=r"set but not GPUYARD_FENCING_TOKEN, GPUYARD_ATTEMPT_SECRET$"):
         env.check()
+    LauncherEnv.read(
+        {
+            "GPUYARD_API_URL": "http://x",
+            "GPUYARD_ATTEMPT_ID": "a",
+            "GPUYARD_FENCING_TOKEN": "7",
+            "GPUYARD_ATTEMPT_SECRET": "s",
+        }
+    ).check()
 
 
 def test_the_agent_knows_when_no_beat_was_answered_within_the_lease() -> None:

@@ -179,6 +179,7 @@ class ControlPlane:
         answer: Callable[[int, dict[str, Any]], tuple[int, dict[str, Any]]],
         attempt_id: str = "att-1",
         fencing_token: str = "41",  # the launcher hands workers an integer
+        attempt_secret: str = "s3cret-of-att-1",
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -186,6 +187,7 @@ class ControlPlane:
         self.beats: list[dict[str, Any]] = []
         self.attempt_id = attempt_id
         self.fencing_token = fencing_token
+        self.attempt_secret = attempt_secret
         plane = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -194,6 +196,8 @@ class ControlPlane:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path != expected:
                     status, payload = 404, {"detail": f"expected {expected}"}
+                elif self.headers.get("Authorization") != f"Bearer {plane.attempt_secret}":
+                    status, payload = 401, {"detail": "not this attempt's secret"}
                 elif body.get("fencing_token") != plane.fencing_token:
                     status, payload = 409, {"detail": "stale fencing token"}
                 else:
@@ -226,6 +230,7 @@ class ControlPlane:
             "GPUYARD_API_URL": self.url,
             "GPUYARD_ATTEMPT_ID": self.attempt_id,
             "GPUYARD_FENCING_TOKEN": self.fencing_token,
+            "GPUYARD_ATTEMPT_SECRET": self.attempt_secret,
             "GPUYARD_JOB_ID": job_id,
         }
         if checkpoint_url:

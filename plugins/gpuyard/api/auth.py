@@ -2,6 +2,8 @@
 
 A token is resolved through the context's TokenCache (half a second) and checked against its expiry
 on every request, so neither a revoked nor an expired token outlives the cache by more than that.
+Workers send their attempt's secret as the bearer credential of a heartbeat (`attempt_secret`); the
+store checks it against the attempt's.
 """
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ async def context(request: Request) -> ApiContext:
     return request.app.state.context  # type: ignore[no-any-return]
 
 
+def _bearer(request: Request) -> str:
+    """The request's bearer credential; empty when it sends none."""
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" else ""
+
+
+def unauthorized(detail: str) -> Problem:
+    return Problem(401, "Unauthorized", detail, headers=_CHALLENGE)
+
+
 async def principal(request: Request) -> Principal:
     """FastAPI dependency: the caller, or 401. The database is read on a cache miss only."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
+    token = _bearer(request)
+    if not token:
+        raise unauthorized("send 'Authorization: Bearer <token>'")
     ctx: ApiContext = request.app.state.context
     found = None
     if len(token) <= MAX_TOKEN_LENGTH:
@@ -39,10 +49,14 @@ async def principal(request: Request) -> Principal:
 
         found = await ctx.principals.resolve_async(token, load)
     if found is None or found.expires_at <= ctx.clock():
-        raise Problem(
-            401, "Unauthorized", "the bearer token is unknown, revoked or expired", headers=_CHALLENGE
-        )
+        raise unauthorized("the bearer token is unknown, revoked or expired")
     return found
+
+
+async def attempt_secret(request: Request) -> str:
+    """FastAPI dependency: the secret a worker offers for its attempt (empty when none is sent; the
+    heartbeat refuses that as it refuses a wrong one)."""
+    return _bearer(request)
 
 
 def require_platform_admin(caller: Principal) -> None:

@@ -1,8 +1,11 @@
 """/v1/attempts: workers renew their leases and report progress and checkpoints; admins preempt.
 
-A worker proves itself with its attempt id and fencing token (both handed to it by the launcher);
-a stale token is 409 and the worker must stop, so a zombie cannot overwrite its successor. A worker
-may record only checkpoints under its own job's checkpoint roots (domain/checkpoint_roots.py).
+A worker proves its attempt with the attempt's secret, sent as `Authorization: Bearer <secret>`
+(handed to it by the launcher, shown by no response, cleared when the attempt ends). A missing or
+wrong secret, an unknown attempt and an ended one all answer the same 401, and the worker must stop:
+a zombie cannot overwrite its successor. The fencing token orders writes: with the right secret, a
+token not the attempt's is 409, stop. A worker may record only checkpoints under its own job's
+checkpoint roots (domain/checkpoint_roots.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.api.auth import ApiContext, context, principal, require_platform_admin
+from gpuyard.api.auth import (
+    ApiContext,
+    attempt_secret,
+    context,
+    principal,
+    require_platform_admin,
+    unauthorized,
+)
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.domain.retry import young_daly_interval_s
 from gpuyard.domain.states import StopReason
@@ -47,13 +57,13 @@ class HeartbeatIn(BaseModel):
 class HeartbeatOut(BaseModel):
     lease_expires_at: datetime
     lease_seconds: float = Field(description="The lease period: a worker not renewed within it stops writing")
-    action: str = Field(description="continue | checkpoint_and_stop (stale tokens get 409: stop)")
+    action: str = Field(description="continue | checkpoint_and_stop (401 and 409 answers: stop)")
     checkpoint_interval_s: float | None = Field(
         None, description="Young/Daly interval for checkpoint interval 'auto', once the cost is measured"
     )
 
 
-def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
+def _beat(ctx: ApiContext, attempt_id: str, secret: str, body: HeartbeatIn) -> HeartbeatOut:
     now = ctx.clock()
     checkpoint = None
     if body.checkpoint is not None:
@@ -64,12 +74,18 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
             ctx.engine,
             attempt_id,
             body.fencing_token,
+            secret=secret,
             step=body.step,
             checkpoint=checkpoint,
             at=now,
             lease_ttl_s=ctx.settings.lease_seconds,
             stores=ctx.checkpoint_stores,
         )
+    except attempt_store.Unproven:
+        raise unauthorized(
+            "send the attempt's secret as 'Authorization: Bearer <secret>': it is missing or wrong, "
+            "or the attempt is unknown or has ended; stop without writing"
+        ) from None
     except attempt_store.StaleToken as error:
         raise Problem(
             409, "Stale fencing token", f"{error}; stop without writing", kind="/problems/stale-token"
@@ -108,9 +124,15 @@ def _beat(ctx: ApiContext, attempt_id: str, body: HeartbeatIn) -> HeartbeatOut:
 
 
 @router.post("/attempts/{attempt_id}/heartbeat", response_model=HeartbeatOut)
-async def heartbeat(attempt_id: str, body: HeartbeatIn, ctx: ApiContext = Depends(context)) -> HeartbeatOut:
-    """Renew the attempt's leases; record step and newest durable checkpoint; say whether to go on."""
-    return await run_in_threadpool(_beat, ctx, attempt_id, body)
+async def heartbeat(
+    attempt_id: str,
+    body: HeartbeatIn,
+    ctx: ApiContext = Depends(context),
+    secret: str = Depends(attempt_secret),
+) -> HeartbeatOut:
+    """Workers: renew the attempt's leases; record step and newest durable checkpoint; say whether to
+    go on. Authorization: Bearer <the attempt's secret> (GPUYARD_ATTEMPT_SECRET); 401: stop."""
+    return await run_in_threadpool(_beat, ctx, attempt_id, secret, body)
 
 
 class PreemptOut(BaseModel):

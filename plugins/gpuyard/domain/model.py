@@ -69,6 +69,9 @@ class Attempt:
     progress_lost_s: float | None = None
     lease_expires_at: datetime | None = None
     progress_at: datetime | None = None
+    # The worker's proof of this attempt (domain/attempt_secret.py); None once it has ended. Out of
+    # repr, so no log line of an attempt shows it.
+    attempt_secret: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class LaunchRequest:
     job_id: str
     attempt_number: int
     fencing_token: int
+    # The workers' proof of their attempt on heartbeats (GPUYARD_ATTEMPT_SECRET): out of repr, so no
+    # log line of a request shows it; a launcher passes it as it passes a secret, never as plain text.
+    attempt_secret: str = field(repr=False)
     spec: JobSpec
     placement: Placement
     api_url: str

@@ -234,6 +234,7 @@ class LocalLauncher:
                 "GPUYARD_ATTEMPT_ID": request.attempt_id,
                 "GPUYARD_JOB_ID": request.job_id,
                 "GPUYARD_FENCING_TOKEN": str(request.fencing_token),
+                "GPUYARD_ATTEMPT_SECRET": request.attempt_secret,
                 "GPUYARD_CHECKPOINT_URL": request.checkpoint_url or "",
                 "GPUYARD_GPU_TYPE": self.inventory.gpu_type,
             }

@@ -242,6 +242,9 @@ class SchedulerService:
         # Resume where the newest checkpoint is; before any, the spec's checkpoint root.
         checkpoint = job.spec.checkpoint.url if job.spec.checkpoint else None
         env: dict[str, str] = {}
+        secret = attempt.attempt_secret
+        if secret is None:  # cleared when an attempt ends; live attempts always have one
+            raise ValueError(f"attempt {attempt.id} has no secret: it has ended, nothing may launch it")
         if job.checkpoint_url and job.spec.checkpoint:
             checkpoint = job.checkpoint_url.rstrip("/").rsplit("/", 1)[0]
             env[RESUME_URL] = job.checkpoint_url  # the newest durable one by the store, not by a listing
@@ -250,6 +253,7 @@ class SchedulerService:
             job_id=job.id,
             attempt_number=attempt.number,
             fencing_token=attempt.fencing_token,
+            attempt_secret=secret,
             spec=job.spec,
             placement=Placement.from_json(attempt.placement),
             api_url=self.api_url(),

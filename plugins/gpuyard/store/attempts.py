@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, select, tuple_, update
 
+from gpuyard.domain.attempt_secret import proves
 from gpuyard.domain.checkpoint_roots import CheckpointStores, is_under, job_roots, roots_for
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.retry import LOSS_WINDOW_S, after_attempt, attribute
@@ -42,8 +43,13 @@ LIVE_STATES = (AttemptState.CREATED, AttemptState.LAUNCHING, AttemptState.RUNNIN
 LIVE = tuple(state.value for state in LIVE_STATES)
 
 
+class Unproven(Exception):
+    """The heartbeat did not prove its attempt: no such attempt, it has ended, or the secret offered
+    is not its own. One refusal for all three, so a caller learns nothing about ids it guesses."""
+
+
 class StaleToken(Exception):
-    """The fencing token is not the attempt's, or the attempt has ended: the worker must stop."""
+    """The attempt's own secret came with a fencing token that is not the attempt's: stop."""
 
 
 class CheckpointRefused(ValueError):
@@ -243,21 +249,30 @@ def heartbeat(
     attempt_id: str,
     token: int,
     *,
+    secret: str,
     step: int | None,
     checkpoint: dict[str, Any] | None,
     at: datetime,
     lease_ttl_s: float,
     stores: CheckpointStores = CheckpointStores(),
 ) -> Beat:
-    """Renew the attempt's leases and record progress, only for the attempt's own fencing token.
+    """Renew the attempt's leases and record progress, only for a worker that proves the live attempt
+    with its `secret` (Unproven) and holds its fencing token (StaleToken).
 
     Locks the job, then the attempt (the store's lock order), so a concurrent transition of either
-    waits for this beat or is seen by it: a live attempt with its own token is never refused."""
+    waits for this beat or is seen by it: a live attempt's own worker is never refused, and an ending
+    (which clears the secret) is never overwritten by a beat."""
     with engine.begin() as conn:
         locked = _locked(conn, attempt_id)
-        if locked is None or locked[1].fencing_token != token or locked[1].state in TERMINAL_ATTEMPT_STATES:
-            raise StaleToken(f"attempt {attempt_id}: fencing token {token} is stale or the attempt has ended")
+        if (
+            locked is None
+            or locked[1].state in TERMINAL_ATTEMPT_STATES
+            or not proves(locked[1].attempt_secret, secret)
+        ):
+            raise Unproven(f"attempt {attempt_id}: unknown, ended, or not this attempt's secret")
         job, found = locked
+        if found.fencing_token != token:
+            raise StaleToken(f"attempt {attempt_id}: fencing token {token} is not the attempt's")
         if checkpoint and not _checkpoint_allowed(conn, job, checkpoint["url"], stores):
             raise CheckpointRefused(
                 f"checkpoint.url: {checkpoint['url']!r} is outside job {job.id}'s checkpoint roots (its "

@@ -272,4 +272,5 @@ def attempt_from_row(row: Any) -> Attempt:
         progress_lost_s=row.progress_lost_s,
         lease_expires_at=row.lease_expires_at,
         progress_at=row.progress_at,
+        attempt_secret=row.attempt_secret,
     )

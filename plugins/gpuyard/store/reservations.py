@@ -2,13 +2,13 @@
 per gang. The store's only way to create an attempt, for the scheduler and the tests alike.
 
 Each placement becomes an attempt row (CREATED, a fresh fencing token from the shared counter, an
-unguessable id), one `leases` row per GPU, whose primary key (node, gpu_index) makes a double lease
-impossible, and its job moved PENDING -> SCHEDULED with its event, in the same transaction. With
-`lead`, the transaction first confirms the scheduler's lead and holds the lease row until it commits
-(`leadership.confirm`): a replica that lost the lead reserves nothing, and the lead cannot change
-hands while a reservation under it commits. A gang whose job is no longer PENDING, or one of whose
-GPUs is already leased (by another replica, or by an earlier gang of the same batch), gets None and
-leaves no row behind; the rest of the batch goes on.
+unguessable id, a random secret its workers prove it with), one `leases` row per GPU, whose primary
+key (node, gpu_index) makes a double lease impossible, and its job moved PENDING -> SCHEDULED with
+its event, in the same transaction. With `lead`, the transaction first confirms the scheduler's lead
+and holds the lease row until it commits (`leadership.confirm`): a replica that lost the lead
+reserves nothing, and the lead cannot change hands while a reservation under it commits. A gang
+whose job is no longer PENDING, or one of whose GPUs is already leased (by another replica, or by an
+earlier gang of the same batch), gets None and leaves no row behind; the rest of the batch goes on.
 
 Set-based, so a batch costs a few statements, not a transaction (and several statements) per attempt:
 its jobs are locked first, in id order (every transaction of the store locks a job before its
@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from gpuyard.domain.attempt_secret import new_attempt_secret
 from gpuyard.domain.model import Attempt
 from gpuyard.domain.placement import Placement
 from gpuyard.domain.states import AttemptState, JobState
@@ -118,7 +119,6 @@ def reserve_in(
     for job_id, i in chosen.items():
         job, placement = pending[job_id], wanted[i].placement
         number = job.attempt_count + 1
-        # unguessable: with the fencing token it is the worker's credential for heartbeats
         attempt_id = f"{job_id}-a{number}-{secrets.token_hex(8)}"
         token = next(tokens)
         attempt_of[i] = attempt_id
@@ -129,6 +129,7 @@ def reserve_in(
                 "number": number,
                 "state": AttemptState.CREATED.value,
                 "fencing_token": token,
+                "attempt_secret": new_attempt_secret(),
                 "placement": placement.to_json(),
                 "borrowed": wanted[i].borrowed,
                 "checkpoint_url": job.checkpoint_url,

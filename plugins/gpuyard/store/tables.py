@@ -120,6 +120,9 @@ attempts = Table(
     Column("number", Integer, nullable=False),
     Column("state", String(16), nullable=False),
     Column("fencing_token", BigInteger, nullable=False),
+    # The worker's proof of its attempt on heartbeats (domain/attempt_secret.py): set at reservation,
+    # kept so any replica can launch the attempt, NULL once it has ended. Never in a response or event.
+    Column("attempt_secret", String(64)),
     Column("placement", JSON, nullable=False),
     Column("exit_code", Integer),
     Column("reason", Text),

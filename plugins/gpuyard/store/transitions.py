@@ -117,13 +117,18 @@ def move_attempt(
     reason: str | None = None,
     changes: dict[str, Any] | None = None,
 ) -> str:
-    """Returns the attempt's job id."""
+    """Returns the attempt's job id. An ending clears the attempt's secret: it dies with the attempt."""
     check_attempt_transition(expected, target)
+    ended = target in TERMINAL_ATTEMPT_STATES
     result = conn.execute(
         update(attempts)
         .where(attempts.c.id == attempt_id, attempts.c.state == expected.value)
         .values(
-            state=target.value, updated_at=at, **({"reason": reason} if reason else {}), **(changes or {})
+            state=target.value,
+            updated_at=at,
+            **({"reason": reason} if reason else {}),
+            **({"attempt_secret": None} if ended else {}),
+            **(changes or {}),
         )
         .returning(attempts.c.job_id, attempts.c.step, attempts.c.checkpoint_step)
     )
@@ -133,7 +138,6 @@ def move_attempt(
         raise StaleState("attempt", attempt_id, expected, actual)
     # An ending says how far the attempt got and what it saved, so a follower can tell the progress
     # lost without reading the attempt back.
-    ended = target in TERMINAL_ATTEMPT_STATES
     progress = {"step": row.step, "checkpoint_step": row.checkpoint_step} if ended else {}
     append_event(
         conn,

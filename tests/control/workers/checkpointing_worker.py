@@ -43,9 +43,10 @@ def save() -> dict[str, object]:
 def beat(saved: dict[str, object] | None) -> str:
     url = f"{os.environ['GPUYARD_API_URL']}/v1/attempts/{os.environ['GPUYARD_ATTEMPT_ID']}/heartbeat"
     body = {"fencing_token": int(os.environ["GPUYARD_FENCING_TOKEN"]), "step": step, "checkpoint": saved}
-    response = httpx.post(url, json=body, timeout=10)
-    if response.status_code == 409:
-        print("stale fencing token: stopping without writing", flush=True)
+    secret = {"Authorization": f"Bearer {os.environ['GPUYARD_ATTEMPT_SECRET']}"}
+    response = httpx.post(url, json=body, headers=secret, timeout=10)
+    if response.status_code in (401, 409):  # the attempt has ended, or a stale token
+        print("attempt refused: stopping without writing", flush=True)
         sys.exit(76)
     return str(response.json()["action"])
 

@@ -2,10 +2,11 @@
 headless Service and Pods) and of a team's namespace (quota, worker identity, the launcher's Role).
 
 Every attempt lives in its team's namespace (`team_namespace`). The per-attempt Secret is created
-first and owns the rest (ownerReferences): it exists for every attempt anyway (it carries the fencing
-token), lives in the same namespace as the pods and the Service, needs no custom resource and no
-extra RBAC. Deleting it lets the garbage collector remove the NetworkPolicy, the Service and every
-pod of the gang. The NetworkPolicy is created before the pods, so no pod of the gang is ever open.
+first and owns the rest (ownerReferences): it exists for every attempt anyway (it carries the
+fencing token and the attempt's secret), lives in the same namespace as the pods and the Service,
+needs no custom resource and no extra RBAC. Deleting it lets the garbage collector remove the
+NetworkPolicy, the Service and every pod of the gang. The NetworkPolicy is created before the pods,
+so no pod of the gang is ever open.
 
 Names: attempt ids are free-form strings, object names are DNS labels. `attempt_key` derives a
 stable DNS label (readable prefix + hash); the exact ids ride along in annotations.
@@ -38,6 +39,7 @@ ATTEMPT_NUMBER_ANNOTATION = "gpuyard.io/attempt-number"
 GANG_SIZE_ANNOTATION = "gpuyard.io/gang-size"
 NODE_ANNOTATION = "gpuyard.io/node"
 FENCING_TOKEN_KEY = "fencing-token"
+ATTEMPT_SECRET_KEY = "attempt-secret"
 TMP_DIR = "/tmp"
 WORKER_CONTAINER = "worker"
 RENDEZVOUS_PORT_NAME = "rendezvous"
@@ -136,8 +138,12 @@ def owner_reference(owner: Manifest) -> dict[str, Any]:
 
 
 def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
-    """The attempt's owner object; it holds the fencing token, which never appears in a plain env value."""
-    token = base64.b64encode(str(request.fencing_token).encode()).decode()
+    """The attempt's owner object; it holds the fencing token and the attempt's secret, which never
+    appear in a plain env value. Its content comes from the store, so a relaunch makes the same one."""
+
+    def encoded(value: str) -> str:
+        return base64.b64encode(value.encode()).decode()
+
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -149,7 +155,10 @@ def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
         },
         "type": "Opaque",
         "immutable": True,
-        "data": {FENCING_TOKEN_KEY: token},
+        "data": {
+            FENCING_TOKEN_KEY: encoded(str(request.fencing_token)),
+            ATTEMPT_SECRET_KEY: encoded(request.attempt_secret),
+        },
     }
 
 
@@ -233,8 +242,11 @@ def worker_env(request: LaunchRequest, config: KubernetesConfig, rank: int) -> l
     if request.checkpoint_url:
         plain["GPUYARD_CHECKPOINT_URL"] = request.checkpoint_url
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain.items()]
-    token_ref = {"secretKeyRef": {"name": key, "key": FENCING_TOKEN_KEY}}
-    env.append({"name": "GPUYARD_FENCING_TOKEN", "valueFrom": token_ref})
+    for name, secret_key in (
+        ("GPUYARD_FENCING_TOKEN", FENCING_TOKEN_KEY),
+        ("GPUYARD_ATTEMPT_SECRET", ATTEMPT_SECRET_KEY),
+    ):
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": key, "key": secret_key}}})
     env.extend(_secret_ref_env(name, ref) for name, ref in sorted(config.secret_env.items()))
     team_secrets = team_secret_name(request.spec.team)  # the job's team's only: never another team's
     env.extend(
