@@ -178,7 +178,8 @@ def test_a_worker_records_only_checkpoints_under_its_job_s_roots(settings: Setti
 
         def record(url: str, step: int) -> int:
             body = {"fencing_token": attempt.fencing_token, "checkpoint": {"url": url, "step": step}}
-            return api.post(f"/v1/attempts/{attempt.id}/heartbeat", json=body).status_code
+            proof = {"Authorization": f"Bearer {attempt.attempt_secret}"}
+            return api.post(f"/v1/attempts/{attempt.id}/heartbeat", json=body, headers=proof).status_code
 
         for url in (
             "s3://ckpt-east/b/theirs/step-1",
