@@ -52,6 +52,12 @@ def set_ready(cluster: Cluster, node: str, status: str) -> None:
     cluster.api.patch_node(node, {"status": {"conditions": [condition]}})
 
 
+def worker_credentials(engine: Engine, job_id: str) -> tuple[int, str]:
+    """The fencing token and secret the job's first attempt's worker has in its environment."""
+    attempt = detail(engine, job_id).attempts[0]
+    return attempt.fencing_token, attempt.attempt_secret or ""
+
+
 def beat(engine: Engine, attempt_id: str, token: int, secret: str, **progress: object) -> attempt_store.Beat:
     """What the attempt's worker sends (the API's heartbeat, without HTTP)."""
     return attempt_store.heartbeat(
@@ -71,8 +77,7 @@ def test_pods_of_a_node_that_stops_reporting_run_on_while_their_workers_heartbea
 ) -> None:
     job_id = submit(engine, ["train"])
     attempt_id = run_pods(cluster, service, engine, job_id)
-    running = detail(engine, job_id).attempts[0]
-    token, secret = running.fencing_token, running.attempt_secret or ""
+    token, secret = worker_credentials(engine, job_id)
     set_ready(cluster, node_of(cluster, attempt_id), "Unknown")
     ends, step = time.monotonic() + 3 * LEASE_S, 0
     while time.monotonic() < ends:  # three leases: only the workers' beats renew it now
@@ -95,8 +100,7 @@ def test_an_attempt_cut_off_with_its_node_is_replaced_and_can_commit_nothing_whe
 ) -> None:
     job_id = submit(engine, ["train"])
     first = run_pods(cluster, service, engine, job_id)
-    running = detail(engine, job_id).attempts[0]
-    old_token, old_secret = running.fencing_token, running.attempt_secret or ""  # its worker's environment
+    old_token, old_secret = worker_credentials(engine, job_id)
     beat(engine, first, old_token, old_secret, step=1)  # a worker of the training runtime: it fences itself
     node = node_of(cluster, first)
     (old_pod,) = pods_of(cluster, first)
