@@ -23,6 +23,7 @@ from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.base import LaunchRequest, Outcome
 from gpuyard.launchers.inventory import LocalInventory
 from gpuyard.launchers.local import LocalLauncher, _alive, _processes_of
+from gpuyard.launchers.processes import start_time
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
 from gpuyard.store import jobs as job_store
@@ -248,14 +249,16 @@ WAIT_FOR = (
 
 
 def shims(attempt_id: str) -> list[int]:
-    found = []
+    """The attempt's shims; a shim's child between its fork and the worker's exec still reads as a
+    shim (same command line) and is left out."""
+    found: dict[int, int] = {}
     for pid in _processes_of(attempt_id):
         try:
             if b"gpuyard.launchers.shim" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
+                found[pid] = int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+        except (OSError, IndexError):
             continue
-    return found
+    return [pid for pid, parent in found.items() if parent not in found]
 
 
 @pytest.mark.slow
@@ -378,10 +381,14 @@ def test_a_worker_pid_reused_after_a_restart_is_not_taken_for_the_worker(tmp_pat
     first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     first.launch(request)
     assert first.release("reused")  # the workers died with the machine
+    record_path = tmp_path / "attempts" / "reused" / "workers.json"
+    record = json.loads(record_path.read_text())
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        record_path = tmp_path / "attempts" / "reused" / "workers.json"
-        record = json.loads(record_path.read_text())
+        while start_time(stranger.pid) in record["started"]:  # started in the same clock tick
+            stranger.kill()
+            stranger.wait()
+            stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
         record["pids"][0] = stranger.pid  # the kernel gave that pid to another process
         record_path.write_text(json.dumps(record))
         second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
