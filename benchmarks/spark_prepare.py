@@ -38,7 +38,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pipelines import ingest, storage
 from pipelines.definition import load_config
-from spark_jobs import scale_up
+from spark_jobs import layout, scale_up
 
 log = logging.getLogger("benchmark")
 GIB = 1024**3
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             import numpy as np
 
             rng = np.random.default_rng(args.seed)
-            days = [start + dt.timedelta(days=i) for i in range(10, (end - start).days + 1)]
+            days = layout.days(start, end)[10:]
             dates = sorted(d.isoformat() for d in rng.choice(days, size=args.sample_dates, replace=False))
             compared = (
                 f"sample check at {rows:,} rows: spark == pandas on {compare_sample(work, dates)} rows "

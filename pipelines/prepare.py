@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pipelines import storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError, MissingDataError
+from spark_jobs import layout
 
 if TYPE_CHECKING:
     from spark_jobs.prepare_flights import FlightJobParams
@@ -185,14 +186,10 @@ def prepare(
     ``auto`` picks by volume). Returns table -> URL."""
     start, end = start or config.start_date, end or config.end_date
     raw_flights = storage.join(config.data_root, "raw", "flights")
-    storage.require_partitions(raw_flights, storage_dates(start, end), "raw.flights")
+    storage.require_partitions(raw_flights, layout.days(start, end), "raw.flights")
     if engine is not None:
         config = config.replace(engine=engine)
     chosen, _ = resolve_engine(config, start, end)
     RUNNERS[chosen](config, start, end, master)
     tables = (*OUTPUT_TABLES, "origin_weather", "plane_attributes")
     return {t: storage.join(config.data_root, "prepared", t) for t in tables}
-
-
-def storage_dates(start: dt.date, end: dt.date) -> list[dt.date]:
-    return [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]

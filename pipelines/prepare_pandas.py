@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines import storage
-from spark_jobs import common
+from spark_jobs import common, layout
 from spark_jobs.prepare_flights import FlightJobParams
 from spark_jobs.transforms import DELAY_RANGE, FLIGHT_KEY, WEATHER_COLUMNS, WEATHER_RANGES
 
@@ -333,7 +333,7 @@ def run(
 ) -> dict[str, int]:
     """Read the raw tables, prepare ``start..end`` and replace those dates of the prepared tables.
     Returns the rows written per table."""
-    days = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    days = layout.days(start, end)
     airports = storage.read_table(storage.join(input_url, "airports"), "airports")
     tables: dict[str, pd.DataFrame] = {}
     if "prepare_flights" in jobs:

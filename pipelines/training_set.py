@@ -25,9 +25,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import features, storage, validate
+from pipelines import features, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import DataPipelineError
+from spark_jobs import layout
 
 if TYPE_CHECKING:
     from feast import FeatureService
@@ -69,7 +70,7 @@ def snapshot_id(frame: pd.DataFrame) -> str:
 
 def entity_frame(config: PipelineConfig, start: dt.date, end: dt.date) -> pd.DataFrame:
     labels_url = storage.join(config.data_root, "prepared", "labels")
-    labels = storage.read_partitions(labels_url, validate.storage_dates(start, end), "labels")
+    labels = storage.read_partitions(labels_url, layout.days(start, end), "labels")
     # `date` (the label's local day) rides along through the join: it splits the parts afterwards.
     frame = labels[[*ENTITY_COLUMNS, "event_timestamp", config.label_column, "date"]].copy()
     frame["tailnum"] = frame["tailnum"].fillna(UNKNOWN_TAILNUM)

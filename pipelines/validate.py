@@ -23,6 +23,7 @@ import pandas as pd
 from pipelines import ingest, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError, ValidationFailed
+from spark_jobs import layout
 
 log = logging.getLogger(__name__)
 
@@ -310,14 +311,10 @@ def _validate_tables(
 ) -> list[SuiteReport]:
     reports = []
     for suite_name, table_url, build in tables:
-        frame = storage.read_partitions(table_url, storage_dates(start, end), suite_name.split(".", 1)[-1])
+        frame = storage.read_partitions(table_url, layout.days(start, end), suite_name.split(".", 1)[-1])
         frame["date"] = frame["date"].astype(str)
         reports.append(run_suite(suite_name, frame, build(), gx_root(config.data_root)))
     return reports
-
-
-def storage_dates(start: dt.date, end: dt.date) -> list[dt.date]:
-    return list(pd.date_range(start, end, freq="D").date)
 
 
 def validate_raw(

@@ -33,5 +33,10 @@ def months(start: dt.date, end: dt.date) -> list[str]:
     return found
 
 
+def days(start: dt.date, end: dt.date) -> list[dt.date]:
+    """Every day of ``start..end`` (inclusive), oldest first."""
+    return [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+
+
 def partition_name(key: str, value: str) -> str:
     return f"{key}={value}"

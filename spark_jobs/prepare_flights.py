@@ -61,7 +61,7 @@ def prepared_flights(
     spark: SparkSession, input_url: str, start: dt.date, end: dt.date, params: FlightJobParams
 ) -> DataFrame:
     """Cleaned, de-duplicated flights of ``start - lookback .. end`` with their UTC times."""
-    dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    dates = layout.days(start, end)
     lo = start - dt.timedelta(days=params.lookback_days)
     raw = common.read_dated(spark, f"{input_url}/flights", "flights", lo, end, required=dates)
     # one shuffle, by month: the de-duplication (its key holds the date) and the month files of

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs import common, transforms
+from spark_jobs import common, layout, transforms
 
 
 def build_output(
     spark: SparkSession, input_url: str, start: dt.date, end: dt.date, home_timezone: str
 ) -> DataFrame:
     planes = common.read_reference(spark, f"{input_url}/planes", "planes")
-    days = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    days = layout.days(start, end)
     starts = [common.local_midnight_utc(d, home_timezone) for d in days]
     return transforms.plane_snapshots(planes, transforms.day_table(spark, days, starts))
 

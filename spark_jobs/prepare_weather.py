@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs import common, transforms
+from spark_jobs import common, layout, transforms
 
 
 def build_output(
     spark: SparkSession, input_url: str, start: dt.date, end: dt.date, overrides: Mapping[str, str]
 ) -> DataFrame:
-    dates = [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+    dates = layout.days(start, end)
     raw = common.read_dated(spark, f"{input_url}/weather", "weather", start, end, required=dates)
     airports = common.read_reference(spark, f"{input_url}/airports", "airports")
     return transforms.clean_weather(raw, transforms.timezone_table(spark, airports, overrides))

@@ -11,6 +11,7 @@ import pytest
 
 from pipelines import corrections, features, prepare, storage, training_set
 from pipelines.errors import ConfigError
+from spark_jobs import layout
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ LATER = 60.0  # minutes added to the arrival delay of the corrected flights
 
 
 def _table(config, table: str) -> pd.DataFrame:
-    days = [PREPARED[0] + dt.timedelta(days=i) for i in range((PREPARED[1] - PREPARED[0]).days + 1)]
+    days = layout.days(*PREPARED)
     frame = storage.read_partitions(storage.join(config.data_root, "prepared", table), days, table)
     return frame.sort_values(list(frame.columns[:2])).reset_index(drop=True)
 

@@ -12,6 +12,7 @@ import pytest
 
 from pipelines import ingest, prepare, prepare_pandas, storage
 from pipelines.errors import ConfigError
+from spark_jobs import layout
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +24,6 @@ KEYS = {
     "origin_weather": ["origin", "event_timestamp"],
     "plane_attributes": ["tailnum", "date"],
 }
-
-
-def _days(start: dt.date, end: dt.date) -> list[dt.date]:
-    return [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
 
 
 def _assert_same_tables(spark_root: str, pandas_root: str, days: list[dt.date]) -> int:
@@ -46,7 +43,7 @@ def _assert_same_tables(spark_root: str, pandas_root: str, days: list[dt.date]) 
 
 
 def test_spark_and_pandas_give_the_same_tables(prepared_config, tmp_path) -> None:
-    days = _days(prepared_config.start_date, prepared_config.end_date)
+    days = layout.days(prepared_config.start_date, prepared_config.end_date)
     out = storage.normalize_url(str(tmp_path / "prepared"))
     raw = storage.join(prepared_config.data_root, "raw")
     prepare_pandas.run(raw, out, days[0], days[-1], prepare.flight_params(prepared_config))
@@ -67,7 +64,8 @@ def test_the_engines_agree_across_the_spring_dst_change(landed_config, spark, tm
     prepare_pandas.run(
         storage.join(root, "raw"), out, config.start_date, config.end_date, prepare.flight_params(config)
     )
-    assert _assert_same_tables(storage.join(root, "prepared"), out, _days(config.start_date, config.end_date))
+    days = layout.days(config.start_date, config.end_date)
+    assert _assert_same_tables(storage.join(root, "prepared"), out, days)
     carriers = storage.read_partitions(
         storage.join(root, "prepared", "carrier_delay_stats"), [dt.date(2013, 3, 10)], "carrier_delay_stats"
     )
@@ -79,7 +77,9 @@ def test_auto_picks_the_engine_by_the_rows_a_run_reads(landed_config) -> None:
     rows = prepare.expected_rows(landed_config, start, end)
     first, last = prepare.read_days(landed_config, start, end)
     raw = storage.read_partitions(
-        ingest.raw_url(landed_config.data_root, "flights"), _days(max(first, dt.date(2013, 1, 1)), last), "f"
+        ingest.raw_url(landed_config.data_root, "flights"),
+        layout.days(max(first, dt.date(2013, 1, 1)), last),
+        "f",
     )
     assert rows == len(raw) > 5_000
     assert prepare.resolve_engine(landed_config.replace(spark_from_rows=rows), start, end) == ("spark", rows)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from pipelines import ingest, prepare, storage
-from spark_jobs import common, prepare_flights, transforms
+from spark_jobs import common, layout, prepare_flights, transforms
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ RAW_START, PREP_START, PREP_END = dt.date(2013, 1, 1), dt.date(2013, 1, 10), dt.
 
 
 def _read(config, table: str, days=None) -> pd.DataFrame:
-    days = days or [PREP_START + dt.timedelta(days=i) for i in range((PREP_END - PREP_START).days + 1)]
+    days = days or layout.days(PREP_START, PREP_END)
     frame = storage.read_partitions(storage.join(config.data_root, "prepared", table), days, table)
     frame["date"] = frame["date"].astype(str)
     return frame
@@ -62,7 +62,7 @@ def test_rerunning_a_date_gives_the_same_output(prepared_config, spark) -> None:
 
 def _independent_arrivals(config) -> pd.DataFrame:
     """Arrival instants computed with pandas/zoneinfo, independently of the Spark code."""
-    days = [RAW_START + dt.timedelta(days=i) for i in range((PREP_END - RAW_START).days + 1)]
+    days = layout.days(RAW_START, PREP_END)
     raw = storage.read_partitions(ingest.raw_url(config.data_root, "flights"), days, "flights")
     airports = storage.read_table(ingest.raw_url(config.data_root, "airports"), "airports")
     tz = dict(zip(airports["faa"], airports["tzone"], strict=True)) | dict(config.timezone_overrides)
