@@ -13,7 +13,7 @@ from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import POLICIES, gpuyard_order
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
-from gpuyard.scheduler.starvation import StarvationGuard
+from gpuyard.scheduler.starvation import Standing, StarvationGuard
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 GUARD = StarvationGuard(factor=4.0, floor_s=600.0)
@@ -64,24 +64,24 @@ def state_with(*attempts: RunningAttempt, quota: int = 8) -> ClusterState:
 
 def test_the_bound_grows_with_the_time_run_and_the_teams_share_over_its_quota() -> None:
     # factor x (run so far + floor) x max(1, the team's weighted share)
-    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5) == pytest.approx(6400.0)
-    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=2.0) == pytest.approx(12800.0)
-    assert GUARD.bound_s(gpus=1, attained_gpu_s=0.0, share=0.0) == pytest.approx(2400.0)  # the floor
-    assert not GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.0)
-    assert GUARD.starving(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.5)
+    assert GUARD.bound_s(Standing(0.0, 8, 8 * 1000.0, 0.5)) == pytest.approx(6400.0)
+    assert GUARD.bound_s(Standing(0.0, 8, 8 * 1000.0, 2.0)) == pytest.approx(12800.0)
+    assert GUARD.bound_s(Standing(0.0, 1, 0.0, 0.0)) == pytest.approx(2400.0)  # the floor
+    assert not GUARD.starving(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=6400.0)
+    assert GUARD.starving(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=6400.5)
     # Once it runs, its bound grows 4 times faster than its wait: 600 s past it, held for 200 s.
-    assert GUARD.overdue_s(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0) == pytest.approx(600.0)
-    assert GUARD.held(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0)
-    assert GUARD.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=7000.0) == pytest.approx(200.0)
-    assert not GUARD.starving(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0)
-    assert not GUARD.held(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0)
-    assert GUARD.held_for_s(0.0, 8, 8 * 1200.0, 0.5, now_s=7200.0) == 0.0
+    assert GUARD.overdue_s(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=7000.0) == pytest.approx(600.0)
+    assert GUARD.held(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=7000.0)
+    assert GUARD.held_for_s(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=7000.0) == pytest.approx(200.0)
+    assert not GUARD.starving(Standing(0.0, 8, 8 * 1200.0, 0.5), now_s=7200.0)
+    assert not GUARD.held(Standing(0.0, 8, 8 * 1200.0, 0.5), now_s=7200.0)
+    assert GUARD.held_for_s(Standing(0.0, 8, 8 * 1200.0, 0.5), now_s=7200.0) == 0.0
     # Hysteresis: with keep 1/2 a job let in at its bound (6,400 s) stays held until half its bound
     # is back above its wait: 4 x (r + 600) / 2 = 6,400 + (r - 1,000), at r = 4,200 s, 3,200 s on.
     sticky = StarvationGuard(factor=4.0, floor_s=600.0, keep=0.5)
-    assert sticky.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=6400.0) == pytest.approx(3200.0)
-    assert sticky.held(0.0, 8, 8 * 4199.0, 0.5, now_s=9599.0)
-    assert not sticky.held(0.0, 8, 8 * 4201.0, 0.5, now_s=9601.0)
+    assert sticky.held_for_s(Standing(0.0, 8, 8 * 1000.0, 0.5), now_s=6400.0) == pytest.approx(3200.0)
+    assert sticky.held(Standing(0.0, 8, 8 * 4199.0, 0.5), now_s=9599.0)
+    assert not sticky.held(Standing(0.0, 8, 8 * 4201.0, 0.5), now_s=9601.0)
     with pytest.raises(ValueError, match="factor"):
         StarvationGuard(factor=1.0, floor_s=600.0)
     with pytest.raises(ValueError, match="floor_s"):
@@ -137,7 +137,7 @@ def test_a_job_let_in_at_its_bound_is_held_against_less_served_work_until_its_ke
     # job may take it.
     let_in = running("let-in", 8, submitted_s_ago=6700.0, ran_s=1300.0)
     newcomer = pending("newcomer", 1, waited_s=10.0)
-    assert not GUARD.starving(0.0, 8, let_in.attained_gpu_s, 0.0, now_s=6700.0)
+    assert not GUARD.starving(Standing(0.0, 8, let_in.attained_gpu_s, 0.0), now_s=6700.0)
     (eviction,) = run_cycle([newcomer], state_with(let_in), NOW, GPUYARD).evicted
     assert eviction.rule == "least attained service"
     sticky = replace(GPUYARD, starvation=replace(GUARD, keep=0.5))
@@ -150,18 +150,14 @@ def test_under_overload_the_bound_stretches_by_the_fleets_demand() -> None:
     # bound = factor x (run + floor) x max(1, share) x max(1, demand), demand = GPUs asked by the queued
     # and the running jobs over the fleet's GPUs: under overload some jobs wait whatever the order.
     stretched = replace(GUARD, overload=True)
-    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=0.5) == pytest.approx(
-        6400.0
-    )
-    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=2.0) == pytest.approx(
-        12800.0
-    )
-    assert stretched.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=2.0, demand=3.0) == pytest.approx(
-        38400.0
-    )
-    assert GUARD.bound_s(gpus=8, attained_gpu_s=8 * 1000.0, share=0.5, demand=3.0) == pytest.approx(6400.0)
+    assert stretched.bound_s(Standing(0.0, 8, 8 * 1000.0, 0.5, 0.5)) == pytest.approx(6400.0)
+    assert stretched.bound_s(Standing(0.0, 8, 8 * 1000.0, 0.5, 2.0)) == pytest.approx(12800.0)
+    assert stretched.bound_s(Standing(0.0, 8, 8 * 1000.0, 2.0, 3.0)) == pytest.approx(38400.0)
+    assert GUARD.bound_s(Standing(0.0, 8, 8 * 1000.0, 0.5, 3.0)) == pytest.approx(6400.0)
     # held for: its wait grows by 1 per second run, its bound by factor x stretch = 4 x 2 = 8
-    assert stretched.held_for_s(0.0, 8, 8 * 1000.0, 0.5, now_s=14_200.0, demand=2.0) == pytest.approx(200.0)
+    assert stretched.held_for_s(Standing(0.0, 8, 8 * 1000.0, 0.5, 2.0), now_s=14_200.0) == pytest.approx(
+        200.0
+    )
     served = pending("served", 8, waited_s=7000.0, attained_gpu_s=8 * 1000.0)  # past 6,400 s
     short = running("short", 8, submitted_s_ago=300.0, ran_s=200.0)
     alone = state_with(short)
@@ -183,7 +179,7 @@ def test_a_starving_job_that_takes_younger_jobs_only_spares_an_older_one() -> No
     served = pending("served", 8, waited_s=20_000.0, attained_gpu_s=8 * 2000.0)  # starving
     older = running("older", 8, submitted_s_ago=30_000.0, ran_s=25_000.0)  # not held: 4 x (25,000 + 600)
     younger = running("younger", 8, submitted_s_ago=15_000.0, ran_s=14_000.0)
-    assert not GUARD.held(NOW.timestamp() - 30_000.0, 8, older.attained_gpu_s, 0.0, NOW.timestamp())
+    assert not GUARD.held(Standing(NOW.timestamp() - 30_000.0, 8, older.attained_gpu_s, 0.0), NOW.timestamp())
     assert [e.rule for e in run_cycle([served], state_with(older), NOW, GPUYARD).evicted] == ["starvation"]
     fcfs = replace(GPUYARD, starvation=replace(GUARD, takes_younger_only=True))
     assert run_cycle([served], state_with(older), NOW, fcfs).evicted == []

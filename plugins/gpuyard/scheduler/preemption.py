@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from gpuyard.domain.fleet import Node
 from gpuyard.scheduler.snapshot import ClusterState, Cohorts, DomainKey, PendingJob, RunningAttempt
-from gpuyard.scheduler.starvation import StarvationGuard
+from gpuyard.scheduler.starvation import Standing, StarvationGuard
 
 
 class Victim(NamedTuple):
@@ -239,7 +239,9 @@ class Preemption:
         if guard is None:
             return False
         share = (self.state.usage.get(attempt.team, 0) - attempt.gpus) / weighted[attempt.team]
-        return guard.held(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, now_s, self.demand)
+        return guard.held(
+            Standing(attempt.age[0], attempt.gpus, attempt.attained_gpu_s, share, self.demand), now_s
+        )
 
     def running_by_domain(self) -> dict[DomainKey, list[Candidate]]:
         if self._by_domain is None:

@@ -18,6 +18,18 @@ def dominant_share(team: str, state: ClusterState, without: int = 0) -> float:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """What a job's bound depends on: when it was submitted, its size, the GPU time it has held, its
+    team's `dominant_share` and the fleet's `demand` (`StarvationGuard`)."""
+
+    submitted_s: float
+    gpus: int
+    attained_gpu_s: float
+    share: float
+    demand: float = 1.0
+
+
+@dataclass(frozen=True)
 class StarvationGuard:
     """Bounds how long any job waits, relative to its size and to its team's quota.
 
@@ -82,59 +94,31 @@ class StarvationGuard:
         `overload`) the fleet's demand over its GPUs, each when above 1."""
         return max(1.0, share) * (max(1.0, demand) if self.overload else 1.0)
 
-    def bound_s(self, gpus: int, attained_gpu_s: float, share: float, demand: float = 1.0) -> float:
-        return self.factor * (attained_gpu_s / max(gpus, 1) + self.floor_s) * self.stretch(share, demand)
+    def bound_s(self, job: Standing) -> float:
+        return (
+            self.factor
+            * (job.attained_gpu_s / max(job.gpus, 1) + self.floor_s)
+            * self.stretch(job.share, job.demand)
+        )
 
-    def overdue_s(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> float:
+    def overdue_s(self, job: Standing, now_s: float) -> float:
         """How long past its bound the job is at `now_s` (negative: how long until it)."""
-        return now_s - submitted_s - self.bound_s(gpus, attained_gpu_s, share, demand)
+        return now_s - job.submitted_s - self.bound_s(job)
 
-    def starving(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> bool:
-        return self.overdue_s(submitted_s, gpus, attained_gpu_s, share, now_s, demand) > 0
+    def starving(self, job: Standing, now_s: float) -> bool:
+        return self.overdue_s(job, now_s) > 0
 
-    def held(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> bool:
+    def held(self, job: Standing, now_s: float) -> bool:
         """Does the guard hold a running job (its wait past `keep` x its bound)? Only an older starving
         job may take it, and no job that is not starving."""
-        return now_s - submitted_s > self.keep * self.bound_s(gpus, attained_gpu_s, share, demand)
+        return now_s - job.submitted_s > self.keep * self.bound_s(job)
 
-    def held_for_s(
-        self,
-        submitted_s: float,
-        gpus: int,
-        attained_gpu_s: float,
-        share: float,
-        now_s: float,
-        demand: float = 1.0,
-    ) -> float:
+    def held_for_s(self, job: Standing, now_s: float) -> float:
         """For a running job: how long it stays held, at a constant share and demand (0: it is not). Its wait
         grows by 1 per second run, `keep` x its bound by `keep x factor x stretch`, above 1. A running
         job that is not held never becomes so."""
-        left = now_s - submitted_s - self.keep * self.bound_s(gpus, attained_gpu_s, share, demand)
-        return max(left, 0.0) / (self.keep * self.factor * self.stretch(share, demand) - 1)
+        left = now_s - job.submitted_s - self.keep * self.bound_s(job)
+        return max(left, 0.0) / (self.keep * self.factor * self.stretch(job.share, job.demand) - 1)
 
     def starving_jobs(
         self, jobs: list[PendingJob], state: ClusterState, now: datetime, demand: float = 1.0
@@ -144,5 +128,5 @@ class StarvationGuard:
         return frozenset(
             j.id
             for j in jobs
-            if self.starving(j.age[0], j.gpus, j.attained_gpu_s, shares[j.team], now_s, demand)
+            if self.starving(Standing(j.age[0], j.gpus, j.attained_gpu_s, shares[j.team], demand), now_s)
         )

@@ -30,7 +30,7 @@ from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
-from gpuyard.scheduler.starvation import StarvationGuard
+from gpuyard.scheduler.starvation import Standing, StarvationGuard
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
@@ -433,7 +433,9 @@ class Simulator:
         if guard is not None:
             share = self._share(job.trace.team)
             demand = self._demand(guard)
-            overdue = guard.overdue_s(job.submitted_s, job.gpus, job.attained_gpu_s, share, t, demand)
+            overdue = guard.overdue_s(
+                Standing(job.submitted_s, job.gpus, job.attained_gpu_s, share, demand), t
+            )
             if overdue <= 0:  # else it starves already: this cycle sees it
                 self.seq += 1
                 heapq.heappush(self.wakes, (t - overdue + 1e-6, self.seq, job.trace.id, job.pending_since_s))
@@ -530,7 +532,9 @@ class Simulator:
         if guard is not None:
             share = self._share(job.trace.team, without=job.gpus)
             attained = job.attained_gpu_s + job.gpus * (t - attempt.start_s)
-            held_s = guard.held_for_s(job.submitted_s, job.gpus, attained, share, t, self._demand(guard))
+            held_s = guard.held_for_s(
+                Standing(job.submitted_s, job.gpus, attained, share, self._demand(guard)), t
+            )
             if held_s > 0:
                 nxt = min(nxt, t + held_s)
         return max(nxt, t + 1e-6)
