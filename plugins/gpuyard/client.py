@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 import tenacity
@@ -274,10 +274,16 @@ def parse_log_offset(offset: str) -> dict[str, int]:
     return {rank: int(count) for rank, _, count in pairs}
 
 
-class GpuyardClient:
-    """The API's calls. `retry_for_s` (default $GPUYARD_CLIENT_OUTAGE_S, else 300 s) bounds how long
-    an outage is ridden out; `notify` hears, once per request that meets one, that it is (default: a
-    warning of the `gpuyard.client` logger)."""
+HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
+
+
+class _Connection(Generic[HttpT]):
+    """An endpoint, its HTTP client (`_transport`: sync or asyncio) and its retry policy.
+    `retry_for_s` (default $GPUYARD_CLIENT_OUTAGE_S, else 300 s) bounds how long an outage is ridden
+    out; `notify` hears, once per request that meets one, that it is (default: a warning of the
+    `gpuyard.client` logger)."""
+
+    _transport: type[HttpT]
 
     def __init__(
         self,
@@ -289,7 +295,13 @@ class GpuyardClient:
     ):
         self.endpoint = endpoint
         self.policy = RetryPolicy(endpoint.url, outage_s(retry_for_s), notify or log.warning)
-        self._http = httpx.Client(**_http_options(endpoint, timeout_s))
+        self._http = self._transport(**_http_options(endpoint, timeout_s))
+
+
+class GpuyardClient(_Connection[httpx.Client]):
+    """The API's calls."""
+
+    _transport = httpx.Client
 
     def close(self) -> None:
         self._http.close()
@@ -475,21 +487,11 @@ def _events_params(job_id: str | None, after: int | None, wait_s: float, limit: 
     return params
 
 
-class AsyncGpuyardClient:
+class AsyncGpuyardClient(_Connection[httpx.AsyncClient]):
     """The asyncio twin of the reads a follower needs (Airflow's triggerer): jobs, cancel, events.
     It rides out an outage as GpuyardClient does."""
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        timeout_s: float = 30.0,
-        retry_for_s: float | None = None,
-        notify: Callable[[str], None] | None = None,
-    ):
-        self.endpoint = endpoint
-        self.policy = RetryPolicy(endpoint.url, outage_s(retry_for_s), notify or log.warning)
-        self._http = httpx.AsyncClient(**_http_options(endpoint, timeout_s))
+    _transport = httpx.AsyncClient
 
     async def aclose(self) -> None:
         await self._http.aclose()
