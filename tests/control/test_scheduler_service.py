@@ -308,15 +308,16 @@ def test_a_repeated_checkpoint_does_not_move_the_point_lost_progress_counts_from
         ).scalar()
     assert events == 1
     clock.advance(2)
-    attempt_store.finish(
-        engine,
-        first.attempt_id,
-        AttemptState.PREEMPTED,
-        at=clock(),
-        exit_code=exit_codes.PREEMPTED,
-        reason="r",
-        disrupted=True,
-    )
+    with engine.begin() as conn:
+        attempt_store.finish(
+            conn,
+            first.attempt_id,
+            AttemptState.PREEMPTED,
+            at=clock(),
+            exit_code=exit_codes.PREEMPTED,
+            reason="r",
+            disrupted=True,
+        )
     with engine.connect() as conn:
         ended = attempt_store.attempt(conn, first.attempt_id)
     assert ended is not None and ended.checkpoint_at == saved_at
@@ -793,7 +794,7 @@ def test_a_report_the_store_could_not_take_comes_again(
     (request,) = launcher.launched.values()
     done = WorkerReport(request.attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
     launcher.pending_reports.append(done)
-    finish = attempt_store.finish_in
+    finish = attempt_store.finish
     failures = iter([OperationalError("UPDATE attempts", {}, Exception("connection reset"))])
 
     def flaky(*args: Any, **kwargs: Any) -> bool:
@@ -801,13 +802,13 @@ def test_a_report_the_store_could_not_take_comes_again(
             raise error
         return finish(*args, **kwargs)
 
-    attempt_store.finish_in = flaky  # type: ignore[assignment]
+    attempt_store.finish = flaky  # type: ignore[assignment]
     try:
         service.step()
         assert launcher.acknowledged == [] and launcher.pending_reports == [done]
         service.step()
     finally:
-        attempt_store.finish_in = finish  # type: ignore[assignment]
+        attempt_store.finish = finish  # type: ignore[assignment]
     assert launcher.acknowledged == [done] and state(engine, job_id) == "SUCCEEDED"
 
 
@@ -823,7 +824,7 @@ def test_reports_are_recorded_in_one_transaction_and_one_refused_leaves_the_rest
     refused = WorkerReport(by_job[first].attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
     taken = WorkerReport(by_job[second].attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0")
     launcher.pending_reports += [refused, taken]
-    finish = attempt_store.finish_in
+    finish = attempt_store.finish
     commits: list[int] = []
 
     def refuse_the_first(conn: Any, attempt_id: str, *args: Any, **kwargs: Any) -> bool:
@@ -835,12 +836,12 @@ def test_reports_are_recorded_in_one_transaction_and_one_refused_leaves_the_rest
     def count(conn: Any) -> None:
         commits.append(1)
 
-    attempt_store.finish_in = refuse_the_first  # type: ignore[assignment]
+    attempt_store.finish = refuse_the_first  # type: ignore[assignment]
     event.listen(engine, "commit", count)
     try:
         service.apply(launcher.observe())
     finally:
-        attempt_store.finish_in = finish  # type: ignore[assignment]
+        attempt_store.finish = finish  # type: ignore[assignment]
         event.remove(engine, "commit", count)
     assert len(commits) == 1
     assert launcher.acknowledged == [taken] and launcher.pending_reports == [refused]

@@ -81,7 +81,8 @@ def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Pat
     (step / "trainer.pt").write_bytes(b"trainer")
     os.mkfifo(step / "weights.bin")
     report_checkpoint(engine, first, step.as_uri(), 10, utcnow())
-    attempt_store.finish(engine, first.id, AttemptState.LOST, at=utcnow(), reason="node drained")
+    with engine.begin() as conn:
+        attempt_store.finish(conn, first.id, AttemptState.LOST, at=utcnow(), reason="node drained")
     return job.id, step / "weights.bin"
 
 

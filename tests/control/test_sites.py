@@ -87,7 +87,8 @@ def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     report_checkpoint(engine, first, step_url, 120, clock())
     blocker = submit(engine, clock, spec(name="blocker", gpus=4))
     # east is busy with another job when ours is lost: the scheduler can only place it in the west
-    attempt_store.finish(engine, first.id, AttemptState.LOST, at=clock(), reason="node lost")
+    with engine.begin() as conn:
+        attempt_store.finish(conn, first.id, AttemptState.LOST, at=clock(), reason="node lost")
     (blocker_attempt,) = reserve_batch(
         engine, [Reservation(blocker, east, False)], at=clock(), lease_ttl_s=600
     )

@@ -108,9 +108,13 @@ def job_state(engine: Engine, job_id: str) -> tuple[str, bool]:
 
 
 def lose(attempt: attempt_store.Attempt) -> Callable[[Engine], bool]:
-    return lambda engine: attempt_store.finish(
-        engine, attempt.id, AttemptState.LOST, at=utcnow(), reason="node lost", disrupted=True
-    )
+    def lost(engine: Engine) -> bool:
+        with engine.begin() as conn:
+            return attempt_store.finish(
+                conn, attempt.id, AttemptState.LOST, at=utcnow(), reason="node lost", disrupted=True
+            )
+
+    return lost
 
 
 def cancel(attempt: attempt_store.Attempt) -> Callable[[Engine], Any]:

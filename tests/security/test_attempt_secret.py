@@ -104,7 +104,8 @@ def test_an_ended_attempts_secret_is_refused(api: TestClient, engine: Engine) ->
     attempt = reserved(engine, 0)
     secret = attempt.attempt_secret or ""
     assert beat(api, attempt.id, attempt.fencing_token, secret).status_code == 200
-    assert attempt_store.finish(engine, attempt.id, AttemptState.LOST, at=utcnow(), reason="node gone")
+    with engine.begin() as conn:
+        assert attempt_store.finish(conn, attempt.id, AttemptState.LOST, at=utcnow(), reason="node gone")
     with engine.connect() as conn:
         ended = attempt_store.attempt(conn, attempt.id)
     assert ended is not None and ended.attempt_secret is None  # it died with the attempt

@@ -85,13 +85,14 @@ def test_the_metrics_summary_of_a_member_counts_only_its_team(
     two_hours_ago = utcnow() - timedelta(hours=2)
     for team, gpus in (("a", (0,)), ("b", (0, 1))):
         _, attempt_id = placed(engine, team, gpus, at=two_hours_ago)
-        attempt_store.finish(
-            engine,
-            attempt_id,
-            AttemptState.SUCCEEDED,
-            at=two_hours_ago + timedelta(hours=1),
-            exit_code=exit_codes.SUCCESS,
-        )
+        with engine.begin() as conn:
+            attempt_store.finish(
+                conn,
+                attempt_id,
+                AttemptState.SUCCEEDED,
+                at=two_hours_ago + timedelta(hours=1),
+                exit_code=exit_codes.SUCCESS,
+            )
     member, admin = make_token("a"), make_token("platform", "platform-admin")
     mine = api.get("/v1/metrics/summary", headers=bearer(member)).json()
     everyone = api.get("/v1/metrics/summary", headers=bearer(admin)).json()

@@ -196,10 +196,10 @@ class SchedulerService:
         In `conn` (the launch's claim) when given, else under this replica's lead."""
         log.warning("attempt %s did not start: %s", attempt.id, reason)  # in the attempt's context
         if conn is not None:
-            attempt_store.finish_in(conn, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
+            attempt_store.finish(conn, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
             return
         with self.fenced() as fenced:
-            attempt_store.finish_in(fenced, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
+            attempt_store.finish(fenced, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
 
     def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
         """Before an attempt starts at another site than the job's newest checkpoint, copy it into the
@@ -312,7 +312,7 @@ class SchedulerService:
         if report.outcome == Outcome.RUNNING:
             attempt_store.mark_running_in(conn, report.attempt_id, report.at)
             return False
-        return attempt_store.finish_in(
+        return attempt_store.finish(
             conn,
             report.attempt_id,
             _OUTCOMES[report.outcome],
@@ -404,7 +404,7 @@ class SchedulerService:
                     )
                     return
                 reason += "; its workers may still run, fenced from committing (their token is stale)"
-            if attempt_store.finish_in(
+            if attempt_store.finish(
                 conn, attempt_id, AttemptState.LOST, at=now, reason=reason, disrupted=True
             ):
                 log.warning("attempt %s lost: %s", attempt_id, reason)

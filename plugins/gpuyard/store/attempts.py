@@ -351,29 +351,6 @@ def request_stop(
 
 
 def finish(
-    engine: Engine,
-    attempt_id: str,
-    outcome: AttemptState,
-    *,
-    at: datetime,
-    exit_code: int | None = None,
-    reason: str | None = None,
-    disrupted: bool = False,
-    lead: Lead | None = None,
-) -> bool:
-    """End the attempt, free its leases, and move its job as the retry policy says. Idempotent:
-    returns False when the attempt had already ended. With `lead` (the scheduler's), only under it.
-
-    `disrupted`: the launcher saw the platform stop or lose the workers (its own signal, an eviction,
-    a node gone). With the attempt's `stop_requested`, it decides whether a preemption or loss is
-    not the job's fault (domain/retry.attribute)."""
-    with fenced(engine, lead, now=at) as conn:
-        return finish_in(
-            conn, attempt_id, outcome, at=at, exit_code=exit_code, reason=reason, disrupted=disrupted
-        )
-
-
-def finish_in(
     conn: Connection,
     attempt_id: str,
     outcome: AttemptState,
@@ -383,7 +360,13 @@ def finish_in(
     reason: str | None = None,
     disrupted: bool = False,
 ) -> bool:
-    """`finish` in the caller's transaction (a `batch` of reports)."""
+    """End the attempt, free its leases, and move its job as the retry policy says, in the caller's
+    transaction (the scheduler's is fenced by its lead). Idempotent: returns False when the attempt
+    had already ended.
+
+    `disrupted`: the launcher saw the platform stop or lose the workers (its own signal, an eviction,
+    a node gone). With the attempt's `stop_requested`, it decides whether a preemption or loss is
+    not the job's fault (domain/retry.attribute)."""
     locked = _locked(conn, attempt_id)
     if locked is None or locked[1].state in TERMINAL_ATTEMPT_STATES:
         return False
