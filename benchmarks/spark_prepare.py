@@ -82,7 +82,7 @@ def child(engine: str, raw: str, out: str, start: dt.date, end: dt.date, cap_gib
 
         heap = f"{max(1, int(cap_gib * HEAP_SHARE))}g"
         spark = common.build_session("benchmark-prepare", "local[2]", 8, heap)
-        prepare_flights.run(spark, raw, out, start, end, params)
+        prepare_flights.run(spark, common.JobRun(raw, out, start, end), params)
         spark.stop()
     else:
         from pipelines import prepare_pandas

@@ -157,9 +157,10 @@ def _run_spark(config: PipelineConfig, start: dt.date, end: dt.date, master: str
         "gpuyard-prepare", master or config.spark_master, config.spark_shuffle_partitions
     )
     try:
-        prepare_flights.run(spark, raw, prepared, start, end, flight_params(config))
-        prepare_weather.run(spark, raw, prepared, start, end, dict(config.timezone_overrides))
-        prepare_planes.run(spark, raw, prepared, start, end)
+        job = common.JobRun(raw, prepared, start, end)
+        prepare_flights.run(spark, job, flight_params(config))
+        prepare_weather.run(spark, job, dict(config.timezone_overrides))
+        prepare_planes.run(spark, job)
     except common.JobInputError as exc:
         raise MissingDataError(str(exc)) from exc
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -134,10 +135,20 @@ def date_bounds(args: argparse.Namespace) -> tuple[dt.date, dt.date]:
     return start, end
 
 
-def dates_and_urls(args: argparse.Namespace) -> tuple[dt.date, dt.date, str, str]:
+@dataclass(frozen=True)
+class JobRun:
+    """What one run of a preparation job reads, writes and prepares: ``start..end`` (inclusive)."""
+
+    input_url: str
+    output_url: str
+    start: dt.date
+    end: dt.date
+
+
+def job_run(args: argparse.Namespace) -> JobRun:
     """The run's first and last dates and its --input and --output URLs, checked in that order."""
     start, end = date_bounds(args)
-    return start, end, check_url(args.input, "--input"), check_url(args.output, "--output")
+    return JobRun(check_url(args.input, "--input"), check_url(args.output, "--output"), start, end)
 
 
 def session_for(app: str, args: argparse.Namespace) -> SparkSession:

@@ -106,14 +106,8 @@ def build_outputs(
     }
 
 
-def run(
-    spark: SparkSession,
-    input_url: str,
-    output_url: str,
-    start: dt.date,
-    end: dt.date,
-    params: FlightJobParams,
-) -> None:
+def run(spark: SparkSession, job: common.JobRun, params: FlightJobParams) -> None:
+    input_url, output_url, start, end = job.input_url, job.output_url, job.start, job.end
     with common.stage(f"prepare_flights {start}..{end}: clean and time flights"):
         flights = prepared_flights(spark, input_url, start, end, params).select(*CACHED).cache()
     try:
@@ -155,7 +149,7 @@ def _run_args(args: argparse.Namespace) -> None:
             raise common.JobInputError(
                 f"--{flag.replace('_', '-')}: expected >= 1, got {getattr(args, flag)}"
             )
-    start, end, input_url, output_url = common.dates_and_urls(args)
+    job = common.job_run(args)
     params = FlightJobParams(
         carrier_window_hours=args.carrier_window_hours,
         route_window_hours=args.route_window_hours,
@@ -165,7 +159,7 @@ def _run_args(args: argparse.Namespace) -> None:
         timezone_overrides=common.parse_overrides(args.timezone_overrides),
         home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),
     )
-    run(common.session_for("prepare_flights", args), input_url, output_url, start, end, params)
+    run(common.session_for("prepare_flights", args), job, params)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,8 @@ def build_output(
     return transforms.plane_snapshots(planes, transforms.day_table(spark, days, starts))
 
 
-def run(
-    spark: SparkSession,
-    input_url: str,
-    output_url: str,
-    start: dt.date,
-    end: dt.date,
-    home_timezone: str = common.HOME_TIMEZONE,
-) -> None:
+def run(spark: SparkSession, job: common.JobRun, home_timezone: str = common.HOME_TIMEZONE) -> None:
+    input_url, output_url, start, end = job.input_url, job.output_url, job.start, job.end
     with common.stage(f"prepare_planes {start}..{end}"):
         frame = build_output(spark, input_url, start, end, home_timezone)
         common.write_months(
@@ -46,9 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_args(args: argparse.Namespace) -> None:
-    start, end, input_url, output_url = common.dates_and_urls(args)
+    job = common.job_run(args)
     home = common.check_timezone(args.home_timezone, "--home-timezone")
-    run(common.session_for("prepare_planes", args), input_url, output_url, start, end, home)
+    run(common.session_for("prepare_planes", args), job, home)
 
 
 if __name__ == "__main__":

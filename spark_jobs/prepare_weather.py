@@ -25,14 +25,8 @@ def build_output(
     return transforms.clean_weather(raw, transforms.timezone_table(spark, airports, overrides))
 
 
-def run(
-    spark: SparkSession,
-    input_url: str,
-    output_url: str,
-    start: dt.date,
-    end: dt.date,
-    overrides: Mapping[str, str] | None = None,
-) -> None:
+def run(spark: SparkSession, job: common.JobRun, overrides: Mapping[str, str] | None = None) -> None:
+    input_url, output_url, start, end = job.input_url, job.output_url, job.start, job.end
     with common.stage(f"prepare_weather {start}..{end}"):
         common.write_months(
             common.with_month(build_output(spark, input_url, start, end, overrides or {})),
@@ -49,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_args(args: argparse.Namespace) -> None:
-    start, end, input_url, output_url = common.dates_and_urls(args)
-    run(common.session_for("prepare_weather", args), input_url, output_url, start, end)
+    job = common.job_run(args)  # checked before a session starts
+    run(common.session_for("prepare_weather", args), job)
 
 
 if __name__ == "__main__":

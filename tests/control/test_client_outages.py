@@ -117,6 +117,12 @@ def ended(process: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
         raise
 
 
+def submitted(site: Site, spec: Path) -> str:
+    """The id of the job `spec` submitted straight to the API (not through the proxy)."""
+    with site.direct as client:
+        return str(client.submit(json.loads(spec.read_text()))["id"])
+
+
 def state(site: Site, job_id: str) -> str:
     with site.direct as client:
         return str(client.job(job_id)["state"])
@@ -163,10 +169,7 @@ def test_logs_follow_prints_every_line_once_across_an_outage(
     healed: Site, tmp_path: Path, open_dir: Path
 ) -> None:
     site, release = healed, open_dir / "release"  # its workers may not enter tmp_path
-    with site.direct as client:
-        job_id = client.submit(
-            json.loads(job_spec(tmp_path / "job.json", "rides-out-logs", release).read_text())
-        )["id"]
+    job_id = submitted(site, job_spec(tmp_path / "job.json", "rides-out-logs", release))
     wait_until(lambda: state(site, job_id) == "RUNNING", timeout_s=60, what="the job to run")
     out, err = tmp_path / "out", tmp_path / "err"
     process = cli(site, "logs", job_id, "--follow", "--retry-for", "60", out=out, err=err)
@@ -226,10 +229,7 @@ async def test_the_triggers_followers_ride_out_an_outage(
     from gpuyard.airflow.triggers.followers import Followers
 
     site, release = healed, open_dir / "release"  # its workers may not enter tmp_path
-    with site.direct as client:
-        job_id = client.submit(
-            json.loads(job_spec(tmp_path / "job.json", "rides-out-trigger", release).read_text())
-        )["id"]
+    job_id = submitted(site, job_spec(tmp_path / "job.json", "rides-out-trigger", release))
     await asyncio.to_thread(
         wait_until, lambda: state(site, job_id) == "RUNNING", timeout_s=60, what="the job to run"
     )
@@ -276,9 +276,7 @@ async def test_past_the_deadline_the_followers_fail_naming_the_api(
 
     site, release = healed, open_dir / "release"
     release.touch()  # the job runs through: the follower waits on the long poll all the same
-    spec = json.loads(job_spec(tmp_path / "job.json", "gives-up", release).read_text())
-    with site.direct as client:
-        job_id = client.submit(spec)["id"]
+    job_id = submitted(site, job_spec(tmp_path / "job.json", "gives-up", release))
     monkeypatch.setenv("GPUYARD_CLIENT_OUTAGE_S", "1")
     hub = Followers.of(Endpoint(site.via_proxy, site.server.admin_token))
     batches = hub.follow(job_id, 0)
