@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -58,12 +59,21 @@ def _start_postgres(directory: Path) -> str:
     return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
+def _given(variable: str, default: str) -> str | None:
+    """The server `variable` names, else the machine's at `default` when it answers; else None
+    (the fixture starts a throwaway one)."""
+    if variable in os.environ:
+        return os.environ[variable]
+    where = urlsplit(default)
+    return default if answers(where.hostname or "127.0.0.1", where.port or 0) else None
+
+
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an administrative database on a running PostgreSQL server."""
-    url = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    if answers("127.0.0.1", 5432) or "GPUYARD_TEST_POSTGRES_URL" in os.environ:
-        yield url
+    given = _given("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    if given:
+        yield given
         return
     directory = tmp_path_factory.mktemp("postgres")
     yield _start_postgres(directory)
@@ -83,9 +93,9 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url = os.environ.get("GPUYARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if answers("127.0.0.1", 6379) or "GPUYARD_TEST_REDIS_URL" in os.environ:
-        yield url
+    given = _given("GPUYARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if given:
+        yield given
         return
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url

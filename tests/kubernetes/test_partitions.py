@@ -52,10 +52,13 @@ def set_ready(cluster: Cluster, node: str, status: str) -> None:
     cluster.api.patch_node(node, {"status": {"conditions": [condition]}})
 
 
-def worker_credentials(engine: Engine, job_id: str) -> tuple[int, str]:
-    """The fencing token and secret the job's first attempt's worker has in its environment."""
+def training(cluster: Cluster, service: SchedulerService, engine: Engine) -> tuple[str, str, int, str]:
+    """A job whose first attempt's pods run: its id, the attempt's, and the fencing token and secret
+    the attempt's worker has in its environment."""
+    job_id = submit(engine, ["train"])
+    attempt_id = run_pods(cluster, service, engine, job_id)
     attempt = detail(engine, job_id).attempts[0]
-    return attempt.fencing_token, attempt.attempt_secret or ""
+    return job_id, attempt_id, attempt.fencing_token, attempt.attempt_secret or ""
 
 
 def beat(engine: Engine, attempt_id: str, token: int, secret: str, **progress: object) -> attempt_store.Beat:
@@ -75,9 +78,7 @@ def beat(engine: Engine, attempt_id: str, token: int, secret: str, **progress: o
 def test_pods_of_a_node_that_stops_reporting_run_on_while_their_workers_heartbeat(
     cluster: Cluster, service: SchedulerService, engine: Engine
 ) -> None:
-    job_id = submit(engine, ["train"])
-    attempt_id = run_pods(cluster, service, engine, job_id)
-    token, secret = worker_credentials(engine, job_id)
+    job_id, attempt_id, token, secret = training(cluster, service, engine)
     set_ready(cluster, node_of(cluster, attempt_id), "Unknown")
     ends, step = time.monotonic() + 3 * LEASE_S, 0
     while time.monotonic() < ends:  # three leases: only the workers' beats renew it now
@@ -98,9 +99,7 @@ def test_pods_of_a_node_that_stops_reporting_run_on_while_their_workers_heartbea
 def test_an_attempt_cut_off_with_its_node_is_replaced_and_can_commit_nothing_when_it_returns(
     cluster: Cluster, service: SchedulerService, engine: Engine
 ) -> None:
-    job_id = submit(engine, ["train"])
-    first = run_pods(cluster, service, engine, job_id)
-    old_token, old_secret = worker_credentials(engine, job_id)
+    job_id, first, old_token, old_secret = training(cluster, service, engine)
     beat(engine, first, old_token, old_secret, step=1)  # a worker of the training runtime: it fences itself
     node = node_of(cluster, first)
     (old_pod,) = pods_of(cluster, first)
