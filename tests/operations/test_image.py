@@ -9,6 +9,7 @@ the Dockerfile is checked by reading it.
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -91,15 +92,7 @@ def test_the_installed_wheel_runs_from_outside_the_repository(installed: Path, t
     plan = run(
         installed,
         "gpuyard",
-        "plan",
-        "--params",
-        "7e9",
-        "--layers",
-        "32",
-        "--hidden",
-        "4096",
-        "--heads",
-        "32",
+        *shlex.split("plan --params 7e9 --layers 32 --hidden 4096 --heads 32"),
         cwd=tmp_path,
     )
     assert plan.startswith("strategy: dp=") and "per-GPU memory" in plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -89,25 +90,8 @@ def test_runtime_strategy_switches_to_fsdp_when_state_is_large() -> None:
 
 
 def test_cli_json_for_the_documented_example() -> None:
-    result = CliRunner().invoke(
-        cli(),
-        [
-            "plan",
-            "--params",
-            "70e9",
-            "--gpu-memory-gb",
-            "80",
-            "--gpus-per-node",
-            "8",
-            "--nodes",
-            "8",
-            "--seq-len",
-            "4096",
-            "--micro-batch",
-            "1",
-            "--json",
-        ],
-    )
+    args = "plan --params 70e9 --gpu-memory-gb 80 --gpus-per-node 8 --nodes 8 --seq-len 4096 --micro-batch 1"
+    result = CliRunner().invoke(cli(), [*shlex.split(args), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert set(out["strategy"]) == {"dp", "fsdp", "tp", "pp"}
@@ -141,19 +125,7 @@ def test_cli_gpu_type_sets_memory() -> None:
 def test_cli_text_output_with_a_model_config() -> None:
     result = CliRunner().invoke(
         cli(),
-        [
-            "plan",
-            "--layers",
-            "32",
-            "--hidden",
-            "4096",
-            "--heads",
-            "32",
-            "--seq-len",
-            "4096",
-            "--gpus-per-node",
-            "8",
-        ],
+        shlex.split("plan --layers 32 --hidden 4096 --heads 32 --seq-len 4096 --gpus-per-node 8"),
     )
     assert result.exit_code == 0, result.output
     assert "strategy: dp=" in result.stdout and "optimizer_state" in result.stdout
