@@ -12,6 +12,7 @@ import json
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
 from feast.data_source import DataSource
@@ -45,6 +46,20 @@ def _source(table: str, description: str) -> DataSource:
     return FileSource(name=table, path=path, timestamp_field="event_timestamp", description=description)
 
 
+def _view(
+    table: str, entity: Entity, ttl: timedelta, about: str, fields: list[tuple[str, Any, str]]
+) -> FeatureView:
+    """The view of prepared table `table`, its fields given as (name, type, description)."""
+    return FeatureView(
+        name=table,
+        entities=[entity],
+        ttl=ttl,
+        schema=[Field(name=name, dtype=dtype, description=text) for name, dtype, text in fields],
+        source=_source(table, about),
+        tags={"owner": "data-platform"},
+    )
+
+
 flight = Entity(
     name="flight", join_keys=["flight_id"], value_type=ValueType.STRING, description="one scheduled flight"
 )
@@ -59,80 +74,71 @@ plane = Entity(
     name="plane", join_keys=["tailnum"], value_type=ValueType.STRING, description="aircraft tail number"
 )
 
-flight_schedule = FeatureView(
-    name="flight_schedule",
-    entities=[flight],
-    ttl=timedelta(days=1),
-    schema=[
-        Field(name="distance", dtype=Float64, description="great-circle miles between the airports"),
-        Field(name="sched_dep_hour", dtype=Int32, description="scheduled local departure hour (0-24)"),
-        Field(name="sched_dep_weekday", dtype=Int32, description="1 = Sunday ... 7 = Saturday"),
-        Field(name="month", dtype=Int32, description="month of the scheduled departure"),
-        Field(name="sched_block_minutes", dtype=Float64, description="scheduled gate-to-gate minutes"),
+flight_schedule = _view(
+    "flight_schedule",
+    flight,
+    timedelta(days=1),
+    "per-flight schedule facts, stamped at scheduled departure",
+    [
+        ("distance", Float64, "great-circle miles between the airports"),
+        ("sched_dep_hour", Int32, "scheduled local departure hour (0-24)"),
+        ("sched_dep_weekday", Int32, "1 = Sunday ... 7 = Saturday"),
+        ("month", Int32, "month of the scheduled departure"),
+        ("sched_block_minutes", Float64, "scheduled gate-to-gate minutes"),
     ],
-    source=_source("flight_schedule", "per-flight schedule facts, stamped at scheduled departure"),
-    tags={"owner": "data-platform"},
 )
 
-carrier_delay_stats = FeatureView(
-    name="carrier_delay_stats",
-    entities=[carrier],
-    ttl=timedelta(hours=2),
-    schema=[
-        Field(
-            name="carrier_flights", dtype=Int64, description="flights of the carrier ARRIVED in the last 24 h"
-        ),
-        Field(name="carrier_mean_arr_delay", dtype=Float64, description="their mean arrival delay, minutes"),
-        Field(name="carrier_late_share", dtype=Float64, description="their share arriving > 15 min late"),
+carrier_delay_stats = _view(
+    "carrier_delay_stats",
+    carrier,
+    timedelta(hours=2),
+    "hourly trailing-window delay statistics per carrier",
+    [
+        ("carrier_flights", Int64, "flights of the carrier ARRIVED in the last 24 h"),
+        ("carrier_mean_arr_delay", Float64, "their mean arrival delay, minutes"),
+        ("carrier_late_share", Float64, "their share arriving > 15 min late"),
     ],
-    source=_source("carrier_delay_stats", "hourly trailing-window delay statistics per carrier"),
-    tags={"owner": "data-platform"},
 )
 
-route_delay_stats = FeatureView(
-    name="route_delay_stats",
-    entities=[route],
-    ttl=timedelta(hours=7),  # refreshed every 6 hours
-    schema=[
-        Field(
-            name="route_flights", dtype=Int64, description="flights on the route ARRIVED in the last 7 days"
-        ),
-        Field(name="route_mean_arr_delay", dtype=Float64, description="their mean arrival delay, minutes"),
-        Field(name="route_late_share", dtype=Float64, description="their share arriving > 15 min late"),
+route_delay_stats = _view(
+    "route_delay_stats",
+    route,
+    timedelta(hours=7),  # refreshed every 6 hours
+    "hourly trailing-window delay statistics per route",
+    [
+        ("route_flights", Int64, "flights on the route ARRIVED in the last 7 days"),
+        ("route_mean_arr_delay", Float64, "their mean arrival delay, minutes"),
+        ("route_late_share", Float64, "their share arriving > 15 min late"),
     ],
-    source=_source("route_delay_stats", "hourly trailing-window delay statistics per route"),
-    tags={"owner": "data-platform"},
 )
 
-origin_weather = FeatureView(
-    name="origin_weather",
-    entities=[origin_airport],
-    ttl=timedelta(hours=3),
-    schema=[
-        Field(name="temp", dtype=Float64, description="temperature, F"),
-        Field(name="dewp", dtype=Float64, description="dew point, F"),
-        Field(name="humid", dtype=Float64, description="relative humidity, %"),
-        Field(name="wind_speed", dtype=Float64, description="wind speed, mph"),
-        Field(name="wind_gust", dtype=Float64, description="gust speed, mph"),
-        Field(name="precip", dtype=Float64, description="precipitation, inches"),
-        Field(name="pressure", dtype=Float64, description="sea level pressure, millibars"),
-        Field(name="visib", dtype=Float64, description="visibility, miles"),
+origin_weather = _view(
+    "origin_weather",
+    origin_airport,
+    timedelta(hours=3),
+    "hourly weather observed at the origin airport",
+    [
+        ("temp", Float64, "temperature, F"),
+        ("dewp", Float64, "dew point, F"),
+        ("humid", Float64, "relative humidity, %"),
+        ("wind_speed", Float64, "wind speed, mph"),
+        ("wind_gust", Float64, "gust speed, mph"),
+        ("precip", Float64, "precipitation, inches"),
+        ("pressure", Float64, "sea level pressure, millibars"),
+        ("visib", Float64, "visibility, miles"),
     ],
-    source=_source("origin_weather", "hourly weather observed at the origin airport"),
-    tags={"owner": "data-platform"},
 )
 
-plane_attributes = FeatureView(
-    name="plane_attributes",
-    entities=[plane],
-    ttl=timedelta(days=2),
-    schema=[
-        Field(name="plane_age_years", dtype=Float64, description="years since manufacture"),
-        Field(name="seats", dtype=Float64, description="number of seats"),
-        Field(name="engines", dtype=Float64, description="number of engines"),
+plane_attributes = _view(
+    "plane_attributes",
+    plane,
+    timedelta(days=2),
+    "daily snapshot of the planes reference table",
+    [
+        ("plane_age_years", Float64, "years since manufacture"),
+        ("seats", Float64, "number of seats"),
+        ("engines", Float64, "number of engines"),
     ],
-    source=_source("plane_attributes", "daily snapshot of the planes reference table"),
-    tags={"owner": "data-platform"},
 )
 
 flight_delay_v1 = FeatureService(
