@@ -21,22 +21,16 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+import yaml
 from harness import free_port, log, recreate_database, servers_parser, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {
-    "name": "flights-delay",
+    **yaml.safe_load((ROOT / "examples" / "flights-delay.yaml").read_text()),
     "team": "bench",
     # production admits images by digest only (docs/security.md); nothing here pulls it
     "image": "python:3.11-slim@sha256:4d440b214e447deddc0a94de23a3d97d28dfafdf125a8b4bb8073381510c9ee2",
-    "command": ["python", "-m", "training.run", "--config", "pipelines/flights_delay/pipeline.yaml"],
-    "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
-    "priority": "normal",
-    "preemptible": True,
-    "retry": {"max_failures": 2},
-    "checkpoint": {"url": "file:///tmp/gpuyard-ckpt/flights", "interval": "auto"},
 }
-
 PGBENCH_SCRIPT = """
 BEGIN;
 WITH job AS (

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from faults.backends import SmallDisk
 from gpuyard.api.app import create_app
@@ -17,17 +18,10 @@ from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine
 from sqlalchemy import Engine
 
-EXAMPLE_SPEC: dict[str, Any] = {
-    "name": "flights-delay",
-    "team": "a",
-    "image": "python:3.11-slim",
-    "command": ["python", "-m", "training.run", "--config", "pipelines/flights_delay/pipeline.yaml"],
-    "resources": {"gpus": 1, "gpu_types": ["cpu"], "nodes": 1},
-    "priority": "normal",
-    "preemptible": True,
-    "retry": {"max_failures": 2},
-    "checkpoint": {"url": "file:///tmp/gpuyard-ckpt/flights", "interval": "auto"},
-}
+# The documented example job (examples/flights-delay.yaml), as a submitted spec.
+EXAMPLE_SPEC: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "examples" / "flights-delay.yaml").read_text()
+)
 
 
 @pytest.fixture
