@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -30,33 +31,37 @@ def parse_bytes(value: str | int) -> int:
 
 def parse_cpu(value: str | int | float) -> float:
     """'500m' -> 0.5, '4' -> 4.0. Kubernetes CPU syntax."""
-    if isinstance(value, bool):
-        raise ValueError("expected a CPU amount such as 4 or '500m', got a boolean")
-    if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"expected a positive CPU amount, got {value}")
-        return float(value)
-    match = _CPU.match(value.strip())
-    if not match:
-        raise ValueError(f"expected a CPU amount such as 4 or '500m', got {value!r}")
-    amount = float(match["number"]) / (1000 if match["milli"] else 1)
-    if amount <= 0:
-        raise ValueError(f"expected a positive CPU amount, got {value!r}")
-    return amount
+    return _positive(
+        value,
+        "a CPU amount such as 4 or '500m'",
+        _CPU,
+        lambda m: float(m["number"]) / (1000 if m["milli"] else 1),
+    )
 
 
 def parse_duration(value: str | int | float) -> float:
     """'10m' -> 600.0 seconds; plain numbers are seconds."""
+    return _positive(
+        value,
+        "a duration such as '30s', '10m' or '1h'",
+        _DURATION,
+        lambda m: float(m["number"]) * _SECONDS[m["unit"]],
+    )
+
+
+def _positive(
+    value: str | int | float, expected: str, syntax: re.Pattern[str], amount: Callable[[re.Match[str]], float]
+) -> float:
+    """A positive amount: a number as it is, or a string of `syntax` converted by `amount`."""
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as '30s', '10m' or '1h', got a boolean")
+        raise ValueError(f"expected {expected}, got a boolean")
     if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"expected a positive number of seconds, got {value}")
-        return float(value)
-    match = _DURATION.match(value.strip())
-    if not match:
-        raise ValueError(f"expected a duration such as '30s', '10m' or '1h', got {value!r}")
-    seconds = float(match["number"]) * _SECONDS[match["unit"]]
-    if seconds <= 0:
-        raise ValueError(f"expected a positive duration, got {value!r}")
-    return seconds
+        number = float(value)
+    else:
+        match = syntax.match(value.strip())
+        if not match:
+            raise ValueError(f"expected {expected}, got {value!r}")
+        number = amount(match)
+    if number <= 0:
+        raise ValueError(f"expected a positive amount ({expected}), got {value!r}")
+    return number
