@@ -137,6 +137,22 @@ def owner_reference(owner: Manifest) -> dict[str, Any]:
     }
 
 
+def _attempt_metadata(
+    request: LaunchRequest, config: KubernetesConfig, component: str, owner: Manifest | None
+) -> dict[str, Any]:
+    """The metadata of the attempt's object that plays `component`, named by the attempt and owned by
+    `owner` (its Secret; None for the Secret itself)."""
+    metadata: dict[str, Any] = {
+        "name": attempt_key(request.attempt_id),
+        "namespace": attempt_namespace(request, config),
+        "labels": {**attempt_labels(request), COMPONENT: component},
+        "annotations": attempt_annotations(request),
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return metadata
+
+
 def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
     """The attempt's owner object; it holds the fencing token and the attempt's secret, which never
     appear in a plain env value. Its content comes from the store, so a relaunch makes the same one."""
@@ -147,12 +163,7 @@ def build_secret(request: LaunchRequest, config: KubernetesConfig) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": attempt_key(request.attempt_id),
-            "namespace": attempt_namespace(request, config),
-            "labels": {**attempt_labels(request), COMPONENT: "attempt"},
-            "annotations": attempt_annotations(request),
-        },
+        "metadata": _attempt_metadata(request, config, "attempt", None),
         "type": "Opaque",
         "immutable": True,
         "data": {
@@ -168,13 +179,7 @@ def build_service(request: LaunchRequest, config: KubernetesConfig, owner: Manif
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": key,
-            "namespace": attempt_namespace(request, config),
-            "labels": {**attempt_labels(request), COMPONENT: "rendezvous"},
-            "annotations": attempt_annotations(request),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _attempt_metadata(request, config, "rendezvous", owner),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -419,13 +424,7 @@ def build_network_policy(request: LaunchRequest, config: KubernetesConfig, owner
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": key,
-            "namespace": attempt_namespace(request, config),
-            "labels": {**attempt_labels(request), COMPONENT: "isolation"},
-            "annotations": attempt_annotations(request),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _attempt_metadata(request, config, "isolation", owner),
         "spec": {
             "podSelector": {"matchLabels": {ATTEMPT_LABEL: key}},
             "policyTypes": ["Ingress", "Egress"],
