@@ -183,17 +183,26 @@ def list_secrets(
     return [SecretOut(team=team, name=name) for name in _secret_store(ctx).names(team)]
 
 
+def _written_secret(
+    team: str = TeamName, name: str = SecretName, caller: Principal = Depends(principal)
+) -> tuple[str, str]:
+    """The team and name of a secret being written, by one of the team's admins, with names a Secret
+    can have."""
+    require_team_admin(caller, team)
+    _check_name("team", team)
+    _check_name("name", name)
+    return team, name
+
+
 @router.put("/teams/{team}/secrets/{name}", response_model=SecretOut)
 def put_secret(
     body: SecretIn,
     response: Response,
-    team: str = TeamName,
-    name: str = SecretName,
+    secret: tuple[str, str] = Depends(_written_secret),
     ctx: ApiContext = Depends(context),
-    caller: Principal = Depends(principal),
 ) -> SecretOut:
     """Create or replace a secret of the team (team admins). The value is never shown again."""
-    _check_secret_admin(caller, team, name)
+    team, name = secret
     with ctx.engine.connect() as conn:
         if team_store.get_team(conn, team) is None:
             raise not_found(f"team {team}")
@@ -203,22 +212,12 @@ def put_secret(
 
 @router.delete("/teams/{team}/secrets/{name}", status_code=204)
 def delete_secret(
-    team: str = TeamName,
-    name: str = SecretName,
-    ctx: ApiContext = Depends(context),
-    caller: Principal = Depends(principal),
+    secret: tuple[str, str] = Depends(_written_secret), ctx: ApiContext = Depends(context)
 ) -> Response:
-    _check_secret_admin(caller, team, name)
+    team, name = secret
     if not _secret_store(ctx).delete(team, name):
         raise not_found(f"secret {name} of team {team}")
     return Response(status_code=204)
-
-
-def _check_secret_admin(caller: Principal, team: str, name: str) -> None:
-    """A write to secret `name` of `team`: by one of the team's admins, with names a Secret can have."""
-    require_team_admin(caller, team)
-    _check_name("team", team)
-    _check_name("name", name)
 
 
 def _check_name(path: str, value: str) -> None:

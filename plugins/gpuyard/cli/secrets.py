@@ -10,14 +10,12 @@ import typer
 from gpuyard.cli.common import Api, api_command, err, fail, out
 
 app = typer.Typer(help="A team's secrets, which jobs name in env_from_secret.", no_args_is_help=True)
+SecretName = Annotated[str, typer.Argument(help="Secret name (a DNS label), as jobs name it.")]
+Team = Annotated[str, typer.Option(help="The secret's team.")]
 
 
 @api_command(app, "set", json=False)
-def secret_set(
-    api: Api,
-    name: Annotated[str, typer.Argument(help="Secret name (a DNS label), as jobs name it.")],
-    team: Annotated[str, typer.Option(help="The secret's team.")],
-) -> None:
+def secret_set(api: Api, name: SecretName, team: Team) -> None:
     """Create or replace a secret; its value is read from standard input, never from the command line."""
     if sys.stdin.isatty():
         err.print(f"value of {team}/{name} (then Enter):")
@@ -29,7 +27,7 @@ def secret_set(
 
 
 @api_command(app, "list")
-def secret_list(api: Api, team: Annotated[str, typer.Option(help="The team.")]) -> None:
+def secret_list(api: Api, team: Team) -> None:
     """The names of a team's secrets (values are never shown)."""
 
     def names(found: list[dict[str, Any]]) -> str:
@@ -39,11 +37,7 @@ def secret_list(api: Api, team: Annotated[str, typer.Option(help="The team.")]) 
 
 
 @api_command(app, "delete", json=False)
-def secret_delete(
-    api: Api,
-    name: Annotated[str, typer.Argument(help="Secret name.")],
-    team: Annotated[str, typer.Option(help="The secret's team.")],
-) -> None:
+def secret_delete(api: Api, name: SecretName, team: Team) -> None:
     """Delete a secret; jobs that name it are refused at submit, and fail to launch if already queued."""
     api.call(lambda client: client.delete_secret(team, name))
     out.print(f"secret {team}/{name} deleted")
