@@ -581,15 +581,15 @@ def test_logs_of_every_rank(cluster: Cluster, launcher: KubernetesLauncher) -> N
     )
     cluster.emulator[f"get /api/v1/namespaces/{TEAM_NS}/pods/{names[1]}/log"] << b"rank 1 ready\n"
     assert list(launcher.logs("att-7f3a")) == [
-        "[node-rank 0] step 1 loss 2.0",
-        "[node-rank 0] step 2 loss 1.5",
-        "[node-rank 1] rank 1 ready",
+        "[node-rank 0] step 1 loss 2.0\n",
+        "[node-rank 0] step 2 loss 1.5\n",
+        "[node-rank 1] rank 1 ready\n",
     ]
     followed = sorted(launcher.logs("att-7f3a", follow=True))
     assert followed == [
-        "[node-rank 0] step 1 loss 2.0",
-        "[node-rank 0] step 2 loss 1.5",
-        "[node-rank 1] rank 1 ready",
+        "[node-rank 0] step 1 loss 2.0\n",
+        "[node-rank 0] step 2 loss 1.5\n",
+        "[node-rank 1] rank 1 ready\n",
     ]
     follows = [
         r for r in list(cluster.emulator) if r.subresource == "log" and r.params.get("follow") == "True"
@@ -617,7 +617,7 @@ def test_every_request_of_the_launcher_is_granted_by_its_rules(
     names = start_gang(cluster, launcher)
     for name in names:
         cluster.emulator[f"get /api/v1/namespaces/{TEAM_NS}/pods/{name}/log"] << b"step 1\n"
-    assert list(launcher.logs("att-7f3a")) == ["[node-rank 0] step 1", "[node-rank 1] step 1"]
+    assert list(launcher.logs("att-7f3a")) == ["[node-rank 0] step 1\n", "[node-rank 1] step 1\n"]
     cluster.set_pod_status(names[1], terminated(3))
     collect(launcher, ended("att-7f3a"))
     launcher.cancel("att-unknown", grace_s=0)

@@ -120,5 +120,6 @@ class Launcher(Protocol):
         ...
 
     def logs(self, attempt_id: str, *, follow: bool = False) -> Iterator[str]:
-        """The attempt's worker output, line by line; with `follow`, until the workers end."""
+        """The attempt's worker output, line by line, each line with its newline (as a file reads:
+        the API streams them as they are); with `follow`, until the workers end."""
         ...

@@ -722,8 +722,8 @@ class KubernetesLauncher:
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    yield line.decode(errors="replace")
-            if buffer:
+                    yield line.decode(errors="replace") + "\n"
+            if buffer:  # the last line, unfinished
                 yield buffer.decode(errors="replace")
         finally:
             response.release_conn()
@@ -749,7 +749,7 @@ class KubernetesLauncher:
                 for line in self._log_lines(ns, name, True):
                     lines.put((rank, line))
             except ApiException as error:
-                lines.put((rank, f"(log of {name} unavailable: {error.status} {error.reason})"))
+                lines.put((rank, f"(log of {name} unavailable: {error.status} {error.reason})\n"))
             finally:
                 lines.put(None)
 
