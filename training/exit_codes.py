@@ -14,7 +14,8 @@ PREEMPTED: Final = 75
 """EX_TEMPFAIL: stopped on SIGTERM or a `checkpoint_and_stop` heartbeat answer, checkpoint saved."""
 
 STALE_FENCING_TOKEN: Final = 76
-"""Stopped because the control plane refused the fencing token (HTTP 409 or `stop`); nothing written."""
+"""Stopped because the control plane refused the attempt: its fencing token is stale (HTTP 409 or
+`stop`), or its secret proves no live attempt (HTTP 401: the attempt has ended); nothing written."""
 
 DESCRIPTIONS: Final = {
     SUCCESS: "success",

@@ -11,8 +11,8 @@ and no job is lost more than `lost_per_hour` times in any hour: after that many 
 oldest of them to be an hour old.
 
 Only the platform can make an ending not the job's fault (`attribute`): a worker that exits 75
-("preempted") when nobody asked it to stop, or 76 ("stale token") while its token was current,
-has failed, and is retried with backoff within its budget like any other failure.
+("preempted") when nobody asked it to stop, or 76 ("refused") while its attempt was live and its
+token current, has failed, and is retried with backoff within its budget like any other failure.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def attribute(
     if outcome == AttemptState.LOST and exit_code == STALE_FENCING_TOKEN:
         return (
             AttemptState.FAILED,
-            f"{reason}, but its token was current (exit {STALE_FENCING_TOKEN} is a failure)",
+            f"{reason}, but its attempt was live and current (exit {STALE_FENCING_TOKEN} is a failure)",
         )
     return outcome, reason
 
