@@ -375,7 +375,7 @@ def test_a_worker_that_stops_unasked_spends_the_budget_with_backoff(
     with engine.connect() as conn:
         job = job_store.get(conn, twice)
         ended = attempt_store.attempt(conn, current.attempt.id)
-    expected = "nobody asked" if code == exit_codes.PREEMPTED else "token was current"
+    expected = "nobody asked" if code == exit_codes.PREEMPTED else "was live and current"
     assert ended is not None and ended.state.value == "FAILED" and expected in (ended.reason or "")
     assert job is not None and job.state.value == "PENDING" and job.failures == 1
     assert job.not_before == clock() + timedelta(seconds=30)
