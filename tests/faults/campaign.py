@@ -107,6 +107,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
     os.chmod(run, 0o755)  # the postgres user's socket and the workers reach into it
     report = Report(campaign, run)
     echo(f"fault campaign seed {campaign.seed}: starting PostgreSQL, Redis and the control plane in {run}")
+    workload.write_runtime_config(run)
     with contextlib.ExitStack() as undo:  # every part is stopped in reverse, however far it got
         target = _start(campaign, run, undo, echo)
         echo(f"  control plane up after {time.monotonic() - started:.0f}s")
