@@ -90,7 +90,7 @@ def _kind(rng: random.Random, kind: str, lease_s: float, run: Path) -> dict[str,
         }
     if kind == "runtime":  # the real training runtime (runtime_worker.py): one rank, or a gang of two
         return {
-            "command": _runtime(run, rng.randint(15, 35)),
+            "command": _runtime(run, rng.randint(10, 25)),
             "gpus": 2 if rng.random() < 0.25 else 1,
             "priority": rng.choice(["low", "normal"]),
             "preemptible": rng.random() < 0.7,
