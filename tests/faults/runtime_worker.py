@@ -25,7 +25,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
 
 sys.path.insert(0, str(Path(__file__).parent))
 import worker as light
@@ -43,7 +46,7 @@ _saving: list[int] = []  # the step rank 0 is finalizing, while it is
 _real_fsync = os.fsync
 
 
-def _fsync(descriptor: int) -> None:
+def _fsync(descriptor: FileDescriptorLike) -> None:
     if _saving:
         hold = Path(light.env["FAULTS_DIR"]) / "hold" / ATTEMPT
         if hold.exists():
@@ -54,7 +57,7 @@ def _fsync(descriptor: int) -> None:
     _real_fsync(descriptor)
 
 
-os.fsync = _fsync
+os.fsync = _fsync  # type: ignore[assignment]  (the same signature; mypy refuses to rebind a module function)
 
 _find_latest = ckpt_module.Checkpointer.find_latest
 _finalize = ckpt_module.CheckpointStore.finalize
