@@ -135,3 +135,17 @@ class Frozen:
 
 def _v2_usable() -> bool:
     return (V2 / "cgroup.procs").exists() and os.access(V2, os.W_OK)
+
+
+def thaw_all() -> list[Path]:
+    """Thaw and remove every freezer group this process made and left (a campaign interrupted while
+    a tree was frozen: a frozen task does not even die of SIGKILL until thawed). Returns them."""
+    left = []
+    for root in (V1, V2):
+        for cgroup in root.glob(f"gpuyard-faults-{os.getpid()}-*"):
+            frozen = Frozen([])
+            frozen.how = "cgroup v1 freezer" if root == V1 else "cgroup v2 freeze"
+            frozen._cgroup = cgroup
+            frozen.__exit__(None, None, None)
+            left.append(cgroup)
+    return left

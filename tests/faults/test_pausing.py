@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .pausing import Frozen, group_members, state, stopped
+from .pausing import Frozen, group_members, state, stopped, thaw_all
 
 
 @pytest.fixture
@@ -53,3 +53,14 @@ def test_a_stopped_process_is_continued_however_the_pause_ends(tree: subprocess.
         assert state(tree.pid) == "T"
         raise RuntimeError("the fault failed half way")
     assert state(tree.pid) in ("S", "R")
+
+
+def test_a_tree_left_frozen_by_an_interrupted_campaign_is_thawed_at_teardown(
+    tree: subprocess.Popen[bytes],
+) -> None:
+    members = wait_members(tree.pid, 3)
+    Frozen([tree.pid]).__enter__()  # never exited: the fault's thread died with its campaign
+    assert {state(pid) for pid in members} <= {"D", "T"}
+    (left,) = thaw_all()
+    assert not left.exists()
+    assert not {state(pid) for pid in members} & {"D", "T"}
