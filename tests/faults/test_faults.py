@@ -241,6 +241,17 @@ def test_the_checker_catches_a_checkpoint_recorded_but_never_completed() -> None
     assert "recorded checkpoints were durable" in violated(story.history())
 
 
+def test_a_recorded_checkpoint_may_be_the_one_an_attempt_resumed_from() -> None:
+    """Seed 501: j1's first attempt completed step 5 and failed before reporting it; the second resumed
+    from it and the runtime's first heartbeat reported it (its newest durable checkpoint)."""
+    story = clean_story()
+    story.events = [e for e in story.events if e.type != "attempt.checkpointed"]
+    story.event("attempt.checkpointed", "j1", "j1-a2", step=5)
+    assert "recorded checkpoints were durable" not in violated(story.history())
+    story.journal = [r for r in story.journal if not (r.e == "saved" and r.attempt == "j1-a1")]
+    assert "recorded checkpoints were durable" in violated(story.history())  # nobody completed it
+
+
 def test_the_checker_catches_lost_progress_charged_wrong() -> None:
     story = clean_story()
     story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], progress_lost_s=120.0)
