@@ -31,6 +31,7 @@ from .cluster import Cluster, labelled
 from .faults import Injector, Target
 from .history import FINAL_JOB_STATES, History, JournalCollector, read_exits, read_store
 from .invariants import Violation, check
+from .pausing import thaw_all
 from .proxy import FaultProxy
 
 STREAM = "gpuyard:events"  # the settings' default: the relay publishes there
@@ -107,6 +108,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
     os.chmod(run, 0o755)  # the postgres user's socket and the workers reach into it
     report = Report(campaign, run)
     echo(f"fault campaign seed {campaign.seed}: starting PostgreSQL, Redis and the control plane in {run}")
+    workload.write_runtime_config(run)
     with contextlib.ExitStack() as undo:  # every part is stopped in reverse, however far it got
         target = _start(campaign, run, undo, echo)
         echo(f"  control plane up after {time.monotonic() - started:.0f}s")
@@ -176,6 +178,7 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
     journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
     undo.callback(journal.close)
     undo.callback(_kill_leftovers, run)
+    undo.callback(thaw_all)  # before the kill: a frozen worker dies of nothing until thawed
     cluster = Cluster(
         run,
         database_url=postgres.url(links[0].port),

@@ -28,8 +28,10 @@ from sqlalchemy import Engine, select
 from .backends import Postgres, Redis, SmallDisk
 from .cluster import Cluster
 from .history import JournalCollector
+from .pausing import Frozen, stopped
 from .proxy import FaultProxy
 
+SLOW_FSYNC = "slow-fsync"  # the file in the run directory that slows workers' fsyncs (worker.py's name)
 SKEW_LIMIT_S = 20.0  # the largest skew of one component's clock (docs/faults.md, "Clocks")
 
 
@@ -144,6 +146,82 @@ def full_disk(target: Target, rng: random.Random) -> str | None:
     return f"{disk.path.name} disk full for {duration:.1f}s"
 
 
+# -- pauses: the process is there, holds what it held, and does nothing ----------------------------
+
+
+def _pause_for(target: Target, rng: random.Random, lease: float) -> float:
+    """Past `lease` (the leader's, or an attempt's), by up to half of it again."""
+    return rng.uniform(1.05, 1.5) * lease
+
+
+def _pause(pid: int, seconds: float) -> None:
+    with stopped(pid):
+        time.sleep(seconds)
+
+
+def pause_leader(target: Target, rng: random.Random) -> str | None:
+    """SIGSTOP the leading scheduler past its leader lease (half the lease): a standby takes the lead
+    while the paused one still believes it leads, and goes on from where it stopped when continued."""
+    leader = target.cluster.leader(target.engine)
+    pid = target.cluster.components[leader].pid if leader else None
+    if pid is None:
+        return None
+    seconds = _pause_for(target, rng, target.cluster.lease_s / 2)
+    _pause(pid, seconds)
+    return f"{leader} (leading) {pid} stopped for {seconds:.1f}s"
+
+
+def pause_relay(target: Target, rng: random.Random) -> str | None:
+    pid = target.cluster.components["relay"].pid
+    if pid is None:
+        return None
+    seconds = _pause_for(target, rng, target.cluster.lease_s)
+    _pause(pid, seconds)
+    return f"relay {pid} stopped for {seconds:.1f}s"
+
+
+def pause_api_worker(target: Target, rng: random.Random) -> str | None:
+    """One API worker stopped with requests in hand (heartbeats, submits): its clients time out."""
+    workers = target.cluster.api_workers()
+    if not workers:
+        return None
+    pid = rng.choice(sorted(workers))
+    seconds = _pause_for(target, rng, target.cluster.lease_s)
+    _pause(pid, seconds)
+    return f"API worker {pid} stopped for {seconds:.1f}s"
+
+
+def pause_worker(target: Target, rng: random.Random) -> str | None:
+    """Freeze a running attempt's whole tree (shims and workers) past its lease: no heartbeat, no step,
+    while its processes still exist."""
+    running = _running_attempts(target)
+    if not running:
+        return None
+    attempt_id = rng.choice(running)
+    groups = _worker_groups(target, attempt_id)
+    if not groups:
+        return None
+    seconds = _pause_for(target, rng, target.cluster.lease_s)
+    with Frozen(groups) as frozen:
+        if not frozen.pids:
+            return None
+        time.sleep(seconds)
+    return f"workers of {attempt_id} ({len(frozen.pids)} processes) frozen for {seconds:.1f}s ({frozen.how})"
+
+
+def slow_fsync(target: Target, rng: random.Random) -> str:
+    """The checkpoint disk is slow for a while: every fsync of a save waits (worker.py, runtime_worker.py),
+    so saves outlast heartbeats, leases and the grace period of a preemption."""
+    delay, seconds = rng.uniform(0.3, 2.5), rng.uniform(4, 12)
+    flag = target.run / SLOW_FSYNC
+    flag.write_text(f"{delay:.3f}")
+    try:
+        time.sleep(seconds)
+    finally:
+        flag.unlink(missing_ok=True)
+    return f"every checkpoint fsync {delay * 1000:.0f} ms slower for {seconds:.1f}s"
+
+
 # -- servers ---------------------------------------------------------------------------------------
 
 
@@ -232,6 +310,11 @@ FAULTS: dict[str, tuple[float, Fault]] = {  # kind -> (relative frequency, fault
     "blackhole-redis": (0.5, degrade(_redis, "blackhole", (2, 12))),
     "cut-redis": (0.5, degrade(_redis, "cut", (1, 6))),
     "skew-clock": (1, skew_clock),
+    "pause-leader": (1, pause_leader),
+    "pause-relay": (0.5, pause_relay),
+    "pause-api-worker": (0.7, pause_api_worker),
+    "pause-worker": (1, pause_worker),
+    "slow-fsync": (1, slow_fsync),
 }
 
 

@@ -283,7 +283,13 @@ def retries_resume_from_the_newest_checkpoint(history: History) -> list[Violatio
 
 
 def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
+    """Every checkpoint the store recorded for an attempt was completed by it, or is the one it resumed
+    from, which an earlier attempt of the job completed: the runtime's heartbeat reports its newest
+    durable checkpoint, the restored one until it saves (seed 501: a save completed, the attempt
+    failed before reporting it, its successor resumed from it and reported it)."""
     saved = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "saved"}
+    completed = {(r.job, int(r.data["step"])) for r in history.journal if r.e == "saved"}
+    resumed = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "resume"}
     return [
         Violation(
             "recorded checkpoints were durable",
@@ -291,7 +297,9 @@ def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
             f"step {event.data['step']} recorded for {event.attempt_id}, which never completed it",
         )
         for event in history.events
-        if event.type == "attempt.checkpointed" and (event.attempt_id, int(event.data["step"])) not in saved
+        if event.type == "attempt.checkpointed"
+        and (key := (event.attempt_id, int(event.data["step"]))) not in saved
+        and not (key in resumed and (event.job_id, key[1]) in completed)
     ]
 
 

@@ -5,6 +5,12 @@
 
 Each campaign prints its seed, the faults it injected per kind, its jobs and attempts by state and
 every invariant violation; the run directories of failing seeds are kept (logs, journal, fault log).
+The last line sums them up for machines: `RESULT violations=V faults=F kinds=kind:count,...` (every
+kind the suite knows, those never injected with 0).
+
+`--launcher local` (the default) is the only launcher a campaign drives today: `kubernetes` needs
+kubelets that run the workers (the emulated cluster of docs/faults.md, "What the suite does not reach"),
+and is refused with that reason rather than run as something it is not.
 """
 
 from __future__ import annotations
@@ -22,6 +28,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its `servers` module, as in pytest
 
 from .campaign import Campaign, run_campaign
+from .faults import FAULTS
+
+LAUNCHERS = ("local", "kubernetes")
+NOT_YET = {
+    "kubernetes": (
+        "--launcher kubernetes: not run yet. A campaign needs kubelets that run each pod's workers "
+        "(the emulated cluster, a later issue); kmock alone runs no pod, and the Kubernetes launcher's "
+        "faults are forced in tests/kubernetes/ with the test playing the kubelets"
+    )
+}
+
+
+def result_line(violations: int, injected: Counter[str]) -> str:
+    """The summary a machine reads: violations, faults injected, and each kind's count (0s included)."""
+    kinds = ",".join(f"{kind}:{injected.get(kind, 0)}" for kind in sorted(set(FAULTS) | set(injected)))
+    return f"RESULT violations={violations} faults={sum(injected.values())} kinds={kinds}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-seconds", type=float, default=75.0, help="faults per campaign [75]")
     parser.add_argument("--rate", type=float, default=0.4, help="jobs submitted per second [0.4]")
     parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local", help="the launcher [local]")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: every campaign part started is stopped (no server, mount or worker left).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -39,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one of --minutes or --campaigns")
     if min(args.fault_seconds, args.rate, args.minutes or 1, args.campaigns or 1) <= 0:
         parser.error("--fault-seconds, --rate, --minutes and --campaigns must be positive")
+    if args.launcher in NOT_YET:
+        print(NOT_YET[args.launcher], file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpuyard-faults-"))
     started, done, failing = time.monotonic(), 0, []
     totals: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
     while True:
         if args.campaigns is not None and done >= args.campaigns:
             break
@@ -54,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report.render(), flush=True)
         totals.update(faults=sum(report.injected.values()), jobs=sum(report.jobs.values()))
         totals.update(attempts=sum(report.attempts.values()), violations=len(report.violations))
+        totals.update(violations=len(report.rejected))  # a refused valid submission is a broken promise
+        kinds.update(report.injected)
         if report.ok:
             shutil.rmtree(report.run, ignore_errors=True)
         else:
@@ -65,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{totals['attempts']} attempts, {totals['violations']} invariant violations"
         + (f"; failing seeds {failing} (run directories under {work})" if failing else "")
     )
+    print(result_line(totals["violations"], kinds), flush=True)
     return 1 if failing else 0
 
 

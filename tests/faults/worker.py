@@ -15,6 +15,8 @@ and tells the suite everything it does, so the invariant checker can compare the
   runtime does on a failed save.
 - The suite can hold a save half-written (the file `$FAULTS_DIR/hold/<attempt id>` exists): the
   worker writes half the data, says so, and waits until the file is gone, or it is killed.
+- The suite can slow the checkpoint disk (the file `$FAULTS_DIR/slow-fsync` holds seconds): each
+  fsync of a save takes that much longer, as on a saturated or throttled volume.
 
 Journal: one JSON datagram per record to the Unix socket $FAULTS_JOURNAL (never a file: a full
 disk must not silence it), with `time.monotonic()` (the whole machine's clock, never skewed).
@@ -42,6 +44,7 @@ from training import exit_codes
 PAYLOAD_BYTES = 64 * 1024
 BEAT_EVERY_S = 1.0
 MANIFEST = "manifest.json"
+SLOW_FSYNC = "slow-fsync"
 
 env = os.environ
 ATTEMPT, JOB, RANK = env["GPUYARD_ATTEMPT_ID"], env["GPUYARD_JOB_ID"], int(env.get("RANK", "0"))
@@ -58,6 +61,21 @@ def journal(event: str, **data: Any) -> None:
 def pause(seconds: float) -> None:
     # select, not time.sleep: under libfaketime (the suite skews clocks) time.sleep fails with EINVAL
     select.select([], [], [], seconds)
+
+
+def slow_disk() -> None:
+    """While the suite slows the checkpoint disk, wait as long as its file says before an fsync."""
+    try:
+        delay = float((Path(env["FAULTS_DIR"]) / SLOW_FSYNC).read_text() or 0)
+    except (OSError, ValueError):
+        return
+    journal("slow_fsync", seconds=delay)
+    pause(delay)
+
+
+def fsync(descriptor: int) -> None:
+    slow_disk()
+    os.fsync(descriptor)
 
 
 def leave(code: int, **data: Any) -> None:
@@ -98,7 +116,7 @@ def newest_complete(root: Path) -> tuple[int, Path | None]:
 def fsync_dir(path: Path) -> None:
     descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(descriptor)
+        fsync(descriptor)
     finally:
         os.close(descriptor)
 
@@ -116,12 +134,12 @@ def save(root: Path, step: int, hold: Path) -> str:
                 pause(0.02)
         out.write(data[len(data) // 2 :])
         out.flush()
-        os.fsync(out.fileno())
+        fsync(out.fileno())
     manifest = {"step": step, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     partial = directory / f"{MANIFEST}.tmp"
     partial.write_text(json.dumps(manifest))
     with open(partial, "rb+") as handle:
-        os.fsync(handle.fileno())
+        fsync(handle.fileno())
     os.replace(partial, directory / MANIFEST)
     fsync_dir(directory)
     journal("saved", step=step, url=directory.as_uri())

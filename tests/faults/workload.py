@@ -10,6 +10,7 @@ after they were submitted. The client behaves as a careful one does: an answer i
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import sys
 import threading
@@ -27,6 +28,8 @@ from .history import CancelRequest, Submission
 TEAM = "faults"
 IMAGE = "docker.io/library/python@sha256:" + "0" * 64  # production admits images pinned by digest only
 WORKER = Path(__file__).parent / "worker.py"
+RUNTIME_WORKER = Path(__file__).parent / "runtime_worker.py"
+RUNTIME_CONFIG = "runtime.yaml"  # in the run directory, beside its data (`write_runtime_config`)
 RETRY_S = (0.25, 0.5, 1.0, 2.0)
 
 
@@ -47,13 +50,48 @@ def _worker(
     return command + (["--fail-at", str(fail_at), "--exit-code", "3"] if fail_at else [])
 
 
-def _kind(rng: random.Random, kind: str, lease_s: float) -> dict[str, Any]:
+def write_runtime_config(run: Path) -> Path:
+    """The tiny model the real runtime trains in a campaign: a 4-feature MLP of one hidden layer of 8
+    on 200 synthetic rows, checkpointing every 5 steps, heartbeating every second, MLflow off."""
+    from training.data import write_synthetic
+
+    data = run / "runtime.parquet"
+    write_synthetic(str(data), rows=200, features=4, seed=3)
+    config = {
+        "seed": 7,
+        "data": {"path": str(data), "label_column": "is_delayed"},
+        "model": {"hidden": [8], "dropout": 0.0},
+        "train": {"max_steps": 20, "global_batch_size": 16, "lr": 0.01, "step_sleep_s": 0.15},
+        "parallel": {"strategy": "ddp", "backend": "gloo"},
+        "checkpoint": {"interval_steps": 5, "keep_last": 2},
+        "heartbeat": {"interval_s": 1.0, "timeout_s": 3.0},
+        "mlflow": {"enabled": False},
+    }
+    path = run / RUNTIME_CONFIG
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def _runtime(run: Path, steps: int) -> list[str]:
+    config = str(run / RUNTIME_CONFIG)
+    return [sys.executable, str(RUNTIME_WORKER), "--config", config, "--set", f"train.max_steps={steps}"]
+
+
+def _kind(rng: random.Random, kind: str, lease_s: float, run: Path) -> dict[str, Any]:
     """The part of a spec that makes the kind: command, GPUs, priority, preemptible, retry budget."""
     if kind == "resumer":
         steps = rng.randint(15, 40)
         return {
             "command": _worker(steps, 0.15, 5, lease_s),
             "gpus": 1,
+            "priority": rng.choice(["low", "normal"]),
+            "preemptible": rng.random() < 0.7,
+            "max_failures": 2,
+        }
+    if kind == "runtime":  # the real training runtime (runtime_worker.py): one rank, or a gang of two
+        return {
+            "command": _runtime(run, rng.randint(10, 25)),
+            "gpus": 2 if rng.random() < 0.25 else 1,
             "priority": rng.choice(["low", "normal"]),
             "preemptible": rng.random() < 0.7,
             "max_failures": 2,
@@ -93,7 +131,9 @@ def _kind(rng: random.Random, kind: str, lease_s: float) -> dict[str, Any]:
     }
 
 
-KINDS = {"resumer": 5, "long": 1, "gang": 1, "failing": 1, "plain": 1}  # relative frequency
+# Relative frequency. The real runtime costs about 4 s of CPU to start (torch) where the light worker
+# costs 0.1 s: a campaign on two shared cores runs a few of it among many light ones.
+KINDS = {"resumer": 4, "runtime": 1.5, "long": 1, "gang": 1, "failing": 1, "plain": 1}
 
 
 def writes_journal(job_name: str) -> bool:
@@ -107,7 +147,7 @@ def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s:
     while (at := at + rng.expovariate(rate_per_s)) < duration_s:
         kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
         key = f"{kind}-{len(plans)}-{uuid.UUID(int=rng.getrandbits(128)).hex[:8]}"
-        made = _kind(rng, kind, lease_s)
+        made = _kind(rng, kind, lease_s, run)
         spec: dict[str, Any] = {
             "name": key,
             "team": TEAM,
