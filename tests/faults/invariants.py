@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from .history import FINAL_JOB_STATES, TERMINAL_ATTEMPT_EVENTS, AttemptRow, History, Record
@@ -86,74 +86,66 @@ def _attempts_of(history: History) -> dict[str, list[AttemptRow]]:
 
 # -- the invariants --------------------------------------------------------------------------------
 
+Finding = tuple[str | None, str]  # the job (None: the whole run) and what is wrong
+Invariant = Callable[[History], Iterable[Finding]]
+CHECKS: dict[str, Invariant] = {}
 
-def accepted_submissions_exist(history: History) -> list[Violation]:
-    found = []
+
+def invariant(name: str) -> Callable[[Invariant], Invariant]:
+    """Register a check under the promise it keeps; it yields what breaks it."""
+
+    def register(check: Invariant) -> Invariant:
+        CHECKS[name] = check
+        return check
+
+    return register
+
+
+def check(history: History) -> list[Violation]:
+    return [Violation(name, job, detail) for name, run in CHECKS.items() for job, detail in run(history)]
+
+
+@invariant("every accepted submission exists")
+def accepted_submissions_exist(history: History) -> Iterator[Finding]:
     for submission in history.submissions:
         if submission.accepted and submission.job_id not in history.jobs:
-            found.append(
-                Violation(
-                    "accepted submission exists", submission.job_id, f"key {submission.key}: not stored"
-                )
-            )
+            yield submission.job_id, f"key {submission.key}: not stored"
         if len(submission.ids) > 1:
-            found.append(
-                Violation(
-                    "accepted submission exists",
-                    None,
-                    f"key {submission.key} answered {sorted(submission.ids)}",
-                )
-            )
-    return found
+            yield None, f"key {submission.key} answered {sorted(submission.ids)}"
 
 
-def every_job_final(history: History) -> list[Violation]:
-    found = [
-        Violation("every job final", job.id, f"{job.state} after quiescence ({job.reason})")
-        for job in history.jobs.values()
-        if job.state not in FINAL_JOB_STATES
-    ]
-    found += [
-        Violation("every job final", a.job_id, f"attempt {a.number} still {a.state}")
-        for a in history.attempts.values()
-        if a.state in LIVE_ATTEMPT_STATES
-    ]
-    return found
+@invariant("every job final")
+def every_job_final(history: History) -> Iterator[Finding]:
+    for job in history.jobs.values():
+        if job.state not in FINAL_JOB_STATES:
+            yield job.id, f"{job.state} after quiescence ({job.reason})"
+    for a in history.attempts.values():
+        if a.state in LIVE_ATTEMPT_STATES:
+            yield a.job_id, f"attempt {a.number} still {a.state}"
 
 
-def never_two_live_attempts(history: History) -> list[Violation]:
+@invariant("never two live attempts")
+def never_two_live_attempts(history: History) -> Iterator[Finding]:
     intervals = live_intervals(history)
-    found = []
     for job_id, attempts in _attempts_of(history).items():
         for first, second in _overlaps((a.id, intervals[a.id]) for a in attempts if a.id in intervals):
-            found.append(
-                Violation(
-                    "never two live attempts",
-                    job_id,
-                    f"{first} {intervals[first]} and {second} {intervals[second]} (event seqs) overlap",
-                )
-            )
-    return found
+            yield job_id, f"{first} {intervals[first]} and {second} {intervals[second]} (event seqs) overlap"
 
 
-def no_gpu_leased_twice(history: History) -> list[Violation]:
+@invariant("no GPU leased twice")
+def no_gpu_leased_twice(history: History) -> Iterator[Finding]:
     intervals = live_intervals(history)
     holders: dict[tuple[str, int], list[str]] = defaultdict(list)
     for attempt in history.attempts.values():
         for gpu in attempt.gpus:
             holders[gpu].append(attempt.id)
-    found = []
     for (node, index), ids in sorted(holders.items()):
         for first, second in _overlaps((a, intervals[a]) for a in ids if a in intervals):
-            found.append(
-                Violation(
-                    "no GPU leased twice",
-                    history.attempts[second].job_id,
-                    f"{node} GPU {index}: {first} and {second} live at once (seqs {intervals[first]}, "
-                    f"{intervals[second]})",
-                )
+            seqs = f"seqs {intervals[first]}, {intervals[second]}"
+            yield (
+                history.attempts[second].job_id,
+                f"{node} GPU {index}: {first} and {second} live at once ({seqs})",
             )
-    return found
 
 
 def _lapsed(records: list[Record], lease_s: float) -> bool:
@@ -176,48 +168,42 @@ def _exit_codes(history: History) -> dict[str, dict[int, int]]:
     return codes
 
 
-def attempts_match_exits(history: History) -> list[Violation]:
+@invariant("attempts match exits")
+def attempts_match_exits(history: History) -> Iterator[Finding]:
     journal, exit_codes = _records(history), _exit_codes(history)
-    found = []
     for job_id, attempts in _attempts_of(history).items():
         job = history.jobs.get(job_id)
         if job is None:
             continue
-
-        def flag(detail: str, job_id: str = job_id) -> None:
-            found.append(Violation("attempts match exits", job_id, detail))
-
         numbers = [a.number for a in attempts]
         if numbers != list(range(1, job.attempt_count + 1)):
-            flag(f"attempt_count {job.attempt_count}, attempts numbered {numbers}")
+            yield job_id, f"attempt_count {job.attempt_count}, attempts numbered {numbers}"
         failed = [a for a in attempts if a.state == "FAILED"]
         uncounted = 1 if job.state == "CANCELLED" and attempts and attempts[-1].state == "FAILED" else 0
         if job.failures != len(failed) - uncounted and job.failures != len(failed):
-            flag(f"failures {job.failures}, but {len(failed)} attempts failed")
+            yield job_id, f"failures {job.failures}, but {len(failed)} attempts failed"
         if job.state == "FAILED" and job.failures != job.max_failures + 1:
-            flag(f"FAILED with {job.failures} failures (budget {job.max_failures})")
+            yield job_id, f"FAILED with {job.failures} failures (budget {job.max_failures})"
         if job.state == "SUCCEEDED" and (not attempts or attempts[-1].state != "SUCCEEDED"):
-            flag(f"SUCCEEDED, but its last attempt is {attempts[-1].state if attempts else 'missing'}")
+            last = attempts[-1].state if attempts else "missing"
+            yield job_id, f"SUCCEEDED, but its last attempt is {last}"
         for attempt in attempts:
             codes = exit_codes.get(attempt.id, {})
             where = f"attempt {attempt.number} ({attempt.state})"
             if attempt.exit_code is not None and codes and attempt.exit_code not in codes.values():
-                flag(f"{where}: the store says exit {attempt.exit_code}, the workers exited {codes}")
+                yield job_id, f"{where}: the store says exit {attempt.exit_code}, the workers exited {codes}"
             if attempt.state == "SUCCEEDED" and set(codes.values()) - {0}:
-                flag(f"{where}: SUCCEEDED, but the workers exited {codes}")
+                yield job_id, f"{where}: SUCCEEDED, but the workers exited {codes}"
             all_zero = len(codes) >= len(attempt.gpus) and set(codes.values()) == {0}
             if (
                 all_zero
                 and attempt.state not in ("SUCCEEDED", "CANCELLED")
                 and not _lapsed(journal.get(attempt.id, []), history.lease_s)
             ):
-                flag(
-                    f"{where}: every worker exited 0 under a lease that held; "
-                    f"the store says {attempt.reason!r}"
-                )
+                said = f"the store says {attempt.reason!r}"
+                yield job_id, f"{where}: every worker exited 0 under a lease that held; {said}"
             if attempt.state == "PREEMPTED" and attempt.stop_requested is None:
-                flag(f"{where}: PREEMPTED, but the platform never asked it to stop")
-    return found
+                yield job_id, f"{where}: PREEMPTED, but the platform never asked it to stop"
 
 
 def _recorded_before(history: History, job_id: str, seq: int) -> int | None:
@@ -240,12 +226,12 @@ def _durable_steps(history: History, job_id: str, *, before: float, other_than: 
     ]
 
 
-def retries_resume_from_the_newest_checkpoint(history: History) -> list[Violation]:
+@invariant("retries resume from the newest checkpoint")
+def retries_resume_from_the_newest_checkpoint(history: History) -> Iterator[Finding]:
     """Each attempt resumed from the newest checkpoint the store had recorded when it was reserved
     (complete: `recorded_checkpoints_were_durable`); when the store had recorded none, from the newest
     one an earlier attempt had completed when it looked (a save whose report was lost)."""
     intervals, journal = live_intervals(history), _records(history)
-    found = []
     for attempt in history.attempts.values():
         resumed = next((r for r in journal.get(attempt.id, []) if r.e == "resume"), None)
         if resumed is None or attempt.id not in intervals:
@@ -263,26 +249,14 @@ def retries_resume_from_the_newest_checkpoint(history: History) -> list[Violatio
             allowed = {s for s in [0, *seen] if s >= sure}
             whose = f"none was recorded, the newest durable one was step {sure}"
         if step not in allowed:
-            found.append(
-                Violation(
-                    "retries resume from the newest checkpoint",
-                    attempt.job_id,
-                    f"attempt {attempt.number} resumed from step {step}; {whose}",
-                )
-            )
-    found += [
-        Violation(
-            "retries resume from the newest checkpoint",
-            r.job,
-            f"{r.attempt}: recorded {r.data['url']} is incomplete",
-        )
-        for r in history.journal
-        if r.e == "recorded_incomplete"
-    ]
-    return found
+            yield attempt.job_id, f"attempt {attempt.number} resumed from step {step}; {whose}"
+    for r in history.journal:
+        if r.e == "recorded_incomplete":
+            yield r.job, f"{r.attempt}: recorded {r.data['url']} is incomplete"
 
 
-def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
+@invariant("recorded checkpoints were durable")
+def recorded_checkpoints_were_durable(history: History) -> Iterator[Finding]:
     """Every checkpoint the store recorded for an attempt was completed by it, or is the one it resumed
     from, which an earlier attempt of the job completed: the runtime's heartbeat reports its newest
     durable checkpoint, the restored one until it saves (seed 501: a save completed, the attempt
@@ -290,20 +264,16 @@ def recorded_checkpoints_were_durable(history: History) -> list[Violation]:
     saved = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "saved"}
     completed = {(r.job, int(r.data["step"])) for r in history.journal if r.e == "saved"}
     resumed = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "resume"}
-    return [
-        Violation(
-            "recorded checkpoints were durable",
-            event.job_id,
-            f"step {event.data['step']} recorded for {event.attempt_id}, which never completed it",
-        )
-        for event in history.events
-        if event.type == "attempt.checkpointed"
-        and (key := (event.attempt_id, int(event.data["step"]))) not in saved
-        and not (key in resumed and (event.job_id, key[1]) in completed)
-    ]
+    for event in history.events:
+        if event.type != "attempt.checkpointed":
+            continue
+        key = (event.attempt_id, int(event.data["step"]))
+        if key not in saved and not (key in resumed and (event.job_id, key[1]) in completed):
+            yield event.job_id, f"step {key[1]} recorded for {event.attempt_id}, which never completed it"
 
 
-def lost_progress_matches_workers(history: History) -> list[Violation]:
+@invariant("lost progress matches the workers")
+def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
     """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest
     recorded checkpoint, or its start, to its end) agrees with the worker's own account: no less
     than the time from the answer that recorded that checkpoint to the worker's end (the store
@@ -314,7 +284,6 @@ def lost_progress_matches_workers(history: History) -> list[Violation]:
     for event in history.events:
         if event.type == "attempt.checkpointed" and event.attempt_id is not None:
             recorded[event.attempt_id] = int(event.data["step"])
-    found = []
     for attempt in history.attempts.values():
         records = journal.get(attempt.id, [])
         if attempt.state not in ("PREEMPTED", "LOST") or attempt.progress_lost_s is None or not records:
@@ -333,18 +302,13 @@ def lost_progress_matches_workers(history: History) -> list[Violation]:
         low = max(0.0, end - answer) - MEASURE_SLACK_S
         high = end - save + history.lease_s * 1.5 + DETECTION_SLACK_S
         if not low <= attempt.progress_lost_s <= high:
-            found.append(
-                Violation(
-                    "lost progress matches the workers",
-                    attempt.job_id,
-                    f"attempt {attempt.number} ({attempt.state}) charged {attempt.progress_lost_s:.1f}s "
-                    f"lost; its worker says between {low:.1f}s and {high:.1f}s",
-                )
-            )
-    return found
+            charged = f"charged {attempt.progress_lost_s:.1f}s lost"
+            says = f"its worker says between {low:.1f}s and {high:.1f}s"
+            yield attempt.job_id, f"attempt {attempt.number} ({attempt.state}) {charged}; {says}"
 
 
-def never_two_attempts_running_at_once(history: History) -> list[Violation]:
+@invariant("never two attempts running at once")
+def never_two_attempts_running_at_once(history: History) -> Iterator[Finding]:
     """No two attempts of a job had workers alive at the same moment: an attempt's workers lived at
     least from their first journal record to their last (or to the suite's kill), and the platform
     starts a successor only once nothing of the attempt before can run."""
@@ -352,25 +316,17 @@ def never_two_attempts_running_at_once(history: History) -> list[Violation]:
     for record in history.journal:
         first, last = lives.get(record.attempt, (record.t, record.t))
         lives[record.attempt] = (min(first, record.t), max(last, record.t))
-    found = []
     for job_id, attempts in _attempts_of(history).items():
         spans = [(a.id, lives[a.id]) for a in attempts if a.id in lives]
         for first, second in _overlaps(spans):
             overlap = lives[first][1] - lives[second][0]
-            found.append(
-                Violation(
-                    "never two attempts running at once",
-                    job_id,
-                    f"the workers of {first} still ran {overlap:.1f}s after those of {second} started",
-                )
-            )
-    return found
+            yield job_id, f"the workers of {first} still ran {overlap:.1f}s after those of {second} started"
 
 
-def no_zombie_writes(history: History) -> list[Violation]:
+@invariant("no zombie writes")
+def no_zombie_writes(history: History) -> Iterator[Finding]:
     """No attempt completes a checkpoint after a later attempt of its job has started."""
     starts = {r.attempt: r.t for r in sorted(history.journal, key=lambda r: -r.t) if r.e == "start"}
-    found = []
     for job_id, attempts in _attempts_of(history).items():
         for attempt in attempts:
             later = [starts[a.id] for a in attempts if a.number > attempt.number and a.id in starts]
@@ -379,74 +335,65 @@ def no_zombie_writes(history: History) -> list[Violation]:
             successor_start = min(later)
             for record in history.journal:
                 if record.attempt == attempt.id and record.e == "saved" and record.t > successor_start:
-                    found.append(
-                        Violation(
-                            "no zombie writes",
-                            job_id,
+                    late = record.t - successor_start
+                    yield (
+                        job_id,
+                        (
                             f"attempt {attempt.number} completed step {record.data['step']} "
-                            f"{record.t - successor_start:.1f}s after a successor started",
-                        )
+                            f"{late:.1f}s after a successor started"
+                        ),
                     )
-    return found
 
 
-def no_cancel_lost(history: History) -> list[Violation]:
+@invariant("no cancel lost")
+def no_cancel_lost(history: History) -> Iterator[Finding]:
     cancelled = {c.job_id for c in history.cancels if c.status == 200}
     cancelled |= {job.id for job in history.jobs.values() if job.cancel_requested}
-    return [
-        Violation(
-            "no cancel lost", job_id, f"the cancel was accepted, the job ended {history.jobs[job_id].state}"
-        )
-        for job_id in sorted(cancelled)
-        if job_id in history.jobs and history.jobs[job_id].state != "CANCELLED"
-    ]
+    for job_id in sorted(cancelled):
+        if job_id in history.jobs and history.jobs[job_id].state != "CANCELLED":
+            yield job_id, f"the cancel was accepted, the job ended {history.jobs[job_id].state}"
 
 
-def no_worker_outlives_its_attempt(history: History) -> list[Violation]:
-    found = []
+@invariant("no worker outlives its attempt")
+def no_worker_outlives_its_attempt(history: History) -> Iterator[Finding]:
     for attempt_id, pids in sorted(history.leftovers.items()):
         attempt = history.attempts.get(attempt_id)
         state = attempt.state if attempt else "unknown to the store"
-        found.append(
-            Violation(
-                "no worker outlives its attempt",
-                attempt.job_id if attempt else None,
-                f"{attempt_id}: processes {pids} still run after quiescence; the attempt is {state}",
-            )
-        )
-    return found
+        job_id = attempt.job_id if attempt else None
+        yield job_id, f"{attempt_id}: processes {pids} still run after quiescence; the attempt is {state}"
 
 
-def the_journal_covers_the_run(history: History) -> list[Violation]:
+@invariant("the journal covers the run")
+def the_journal_covers_the_run(history: History) -> Iterator[Finding]:
     """The checks of what workers did read their journal, and an empty one passes them all (a worker
     that is not the suite's, a journal written elsewhere): it must hold rank 0's records of every
     attempt of the suite's worker that succeeded. (One killed before its first line may have none;
     plain commands write none.)"""
     if not history.journal and history.attempts:
-        return [
-            Violation(
-                "the journal covers the run",
-                None,
+        yield (
+            None,
+            (
                 f"the workers' journal is empty after {len(history.attempts)} attempt(s): nothing the "
-                "workers did can be checked",
-            )
-        ]
-    journal = _records(history)
-    return [
-        Violation(
-            "the journal covers the run",
-            attempt.job_id,
-            f"attempt {attempt.number} SUCCEEDED but its rank 0 wrote nothing to the journal",
+                "workers did can be checked"
+            ),
         )
-        for attempt in history.attempts.values()
-        if attempt.state == "SUCCEEDED"
-        and not journal.get(attempt.id)
-        and attempt.job_id in history.jobs
-        and writes_journal(history.jobs[attempt.job_id].name)
-    ]
+        return
+    journal = _records(history)
+    for attempt in history.attempts.values():
+        if (
+            attempt.state == "SUCCEEDED"
+            and not journal.get(attempt.id)
+            and attempt.job_id in history.jobs
+            and writes_journal(history.jobs[attempt.job_id].name)
+        ):
+            yield (
+                attempt.job_id,
+                f"attempt {attempt.number} SUCCEEDED but its rank 0 wrote nothing to the journal",
+            )
 
 
-def no_rank_started_twice(history: History) -> list[Violation]:
+@invariant("no rank started twice")
+def no_rank_started_twice(history: History) -> Iterator[Finding]:
     """Each rank of an attempt starts once. A second start is a relaunch (a paused replica launching
     an attempt again, after it ended, or a second set of workers): after a job's last attempt no
     successor's start would show it to the checks between attempts."""
@@ -454,38 +401,11 @@ def no_rank_started_twice(history: History) -> list[Violation]:
     for record in history.journal:
         if record.e == "start":
             starts[(record.attempt, record.rank)].append(record.t)
-    found = []
     for (attempt_id, rank), times in sorted(starts.items()):
         if len(times) > 1:
             attempt = history.attempts.get(attempt_id)
-            found.append(
-                Violation(
-                    "no rank started twice",
-                    attempt.job_id if attempt else None,
-                    f"{attempt_id} rank {rank} started {len(times)} times, "
-                    f"{max(times) - min(times):.1f}s apart: a relaunch",
-                )
+            apart = max(times) - min(times)
+            yield (
+                attempt.job_id if attempt else None,
+                (f"{attempt_id} rank {rank} started {len(times)} times, {apart:.1f}s apart: a relaunch"),
             )
-    return found
-
-
-CHECKS: dict[str, Callable[[History], list[Violation]]] = {
-    "accepted submissions exist": accepted_submissions_exist,
-    "every job final": every_job_final,
-    "never two live attempts": never_two_live_attempts,
-    "no GPU leased twice": no_gpu_leased_twice,
-    "attempts match exits": attempts_match_exits,
-    "retries resume from the newest checkpoint": retries_resume_from_the_newest_checkpoint,
-    "recorded checkpoints were durable": recorded_checkpoints_were_durable,
-    "lost progress matches the workers": lost_progress_matches_workers,
-    "never two attempts running at once": never_two_attempts_running_at_once,
-    "no zombie writes": no_zombie_writes,
-    "no cancel lost": no_cancel_lost,
-    "no worker outlives its attempt": no_worker_outlives_its_attempt,
-    "the journal covers the run": the_journal_covers_the_run,
-    "no rank started twice": no_rank_started_twice,
-}
-
-
-def check(history: History) -> list[Violation]:
-    return [violation for run in CHECKS.values() for violation in run(history)]

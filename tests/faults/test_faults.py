@@ -227,10 +227,10 @@ def test_the_checker_catches_a_retry_that_did_not_resume_from_the_newest_checkpo
 def test_without_a_recorded_checkpoint_a_retry_resumes_from_the_newest_durable_one() -> None:
     story = clean_story()  # the report of j1's checkpoint was lost: the store recorded none
     story.events = [e for e in story.events if e.type != "attempt.checkpointed"]
-    assert retries_resume_from_the_newest_checkpoint(story.history()) == []
+    assert list(retries_resume_from_the_newest_checkpoint(story.history())) == []
     resume = next(r for r in story.journal if r.attempt == "j1-a2" and r.e == "resume")
     story.journal[story.journal.index(resume)] = Record("resume", "j1-a2", "j1", 0, resume.t, {"step": 0})
-    assert [v.detail for v in retries_resume_from_the_newest_checkpoint(story.history())] == [
+    assert [detail for _, detail in retries_resume_from_the_newest_checkpoint(story.history())] == [
         "attempt 2 resumed from step 0; none was recorded, the newest durable one was step 5"
     ]
 

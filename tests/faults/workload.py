@@ -77,58 +77,38 @@ def _runtime(run: Path, steps: int) -> list[str]:
     return [sys.executable, str(RUNTIME_WORKER), "--config", config, "--set", f"train.max_steps={steps}"]
 
 
-def _kind(rng: random.Random, kind: str, lease_s: float, run: Path) -> dict[str, Any]:
-    """The part of a spec that makes the kind: command, GPUs, priority, preemptible, retry budget."""
-    if kind == "resumer":
-        steps = rng.randint(15, 40)
-        return {
-            "command": _worker(steps, 0.15, 5, lease_s),
-            "gpus": 1,
-            "priority": rng.choice(["low", "normal"]),
-            "preemptible": rng.random() < 0.7,
-            "max_failures": 2,
-        }
-    if kind == "runtime":  # the real training runtime (runtime_worker.py): one rank, or a gang of two
-        return {
-            "command": _runtime(run, rng.randint(10, 25)),
-            "gpus": 2 if rng.random() < 0.25 else 1,
-            "priority": rng.choice(["low", "normal"]),
-            "preemptible": rng.random() < 0.7,
-            "max_failures": 2,
-        }
-    if kind == "long":
-        return {
-            "command": _worker(rng.randint(60, 90), 0.15, 8, lease_s),
-            "gpus": 1,
-            "priority": "low",
-            "preemptible": True,
-            "max_failures": 2,
-        }
-    if kind == "gang":
-        return {
-            "command": _worker(rng.randint(15, 30), 0.15, 5, lease_s),
-            "gpus": 2,
-            "priority": "high",
-            "preemptible": False,
-            "max_failures": 2,
-        }
-    if kind == "failing":
-        return {
-            "command": _worker(30, 0.15, 3, lease_s, fail_at=rng.randint(4, 9)),
-            "gpus": 1,
-            "priority": "normal",
-            "preemptible": rng.random() < 0.5,
-            "max_failures": 1,
-        }
-    assert kind == "plain"
+def _part(
+    command: list[str], gpus: int, priority: str, preemptible: bool, max_failures: int, **rest: Any
+) -> dict[str, Any]:
     return {
-        "command": ["sleep", str(rng.randint(2, 4))],
-        "gpus": 1,
-        "priority": "normal",
-        "preemptible": False,
-        "max_failures": 1,
-        "checkpoint": False,
+        "command": command,
+        "gpus": gpus,
+        "priority": priority,
+        "preemptible": preemptible,
+        "max_failures": max_failures,
+        **rest,
     }
+
+
+def _kind(rng: random.Random, kind: str, lease_s: float, run: Path) -> dict[str, Any]:
+    """The part of a spec that makes the kind: command, GPUs, priority, preemptible, retry budget.
+    (Arguments are drawn left to right: a seed replays the same workload.)"""
+    if kind == "resumer":
+        command = _worker(rng.randint(15, 40), 0.15, 5, lease_s)
+        return _part(command, 1, rng.choice(["low", "normal"]), rng.random() < 0.7, 2)
+    if kind == "runtime":  # the real training runtime (runtime_worker.py): one rank, or a gang of two
+        command = _runtime(run, rng.randint(10, 25))
+        gpus = 2 if rng.random() < 0.25 else 1
+        return _part(command, gpus, rng.choice(["low", "normal"]), rng.random() < 0.7, 2)
+    if kind == "long":
+        return _part(_worker(rng.randint(60, 90), 0.15, 8, lease_s), 1, "low", True, 2)
+    if kind == "gang":
+        return _part(_worker(rng.randint(15, 30), 0.15, 5, lease_s), 2, "high", False, 2)
+    if kind == "failing":
+        command = _worker(30, 0.15, 3, lease_s, fail_at=rng.randint(4, 9))
+        return _part(command, 1, "normal", rng.random() < 0.5, 1)
+    assert kind == "plain"
+    return _part(["sleep", str(rng.randint(2, 4))], 1, "normal", False, 1, checkpoint=False)
 
 
 # Relative frequency. The real runtime costs about 4 s of CPU to start (torch) where the light worker
