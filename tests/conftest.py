@@ -7,12 +7,14 @@ local binaries for the session, so the suite runs on any machine with PostgreSQL
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,7 +26,8 @@ from sqlalchemy import Engine
 from stores import empty_store, migrated_sqlite, throwaway_database
 
 
-def _start_postgres(directory: Path) -> str:
+@contextlib.contextmanager
+def _throwaway_postgres(directory: Path) -> Iterator[str]:
     initdb = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))), None)
     if initdb is None:
         pytest.fail("no PostgreSQL answers and initdb is not installed (apt-get install postgresql)")
@@ -56,31 +59,39 @@ def _start_postgres(directory: Path) -> str:
         check=True,
         capture_output=True,
     )
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    subprocess.run(
+        [*run_as, str(bindir / "pg_ctl"), "-D", str(data), "stop"], check=False, capture_output=True
+    )
 
 
-def _given(variable: str, default: str) -> str | None:
-    """The server `variable` names, else the machine's at `default` when it answers; else None
-    (the fixture starts a throwaway one)."""
-    if variable in os.environ:
-        return os.environ[variable]
+@contextlib.contextmanager
+def _throwaway_redis(directory: Path) -> Iterator[str]:
+    server = RedisServer(directory).start()
+    yield server.url
+    server.stop()
+
+
+def _server(variable: str, default: str, throwaway: Callable[[], ContextManager[str]]) -> Iterator[str]:
+    """The URL of the server `variable` names, else of the machine's at `default` when it answers,
+    else of a throwaway one started for the session."""
     where = urlsplit(default)
-    return default if answers(where.hostname or "127.0.0.1", where.port or 0) else None
+    if variable in os.environ:
+        yield os.environ[variable]
+    elif answers(where.hostname or "127.0.0.1", where.port or 0):
+        yield default
+    else:
+        with throwaway() as url:
+            yield url
 
 
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an administrative database on a running PostgreSQL server."""
-    given = _given("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    if given:
-        yield given
-        return
-    directory = tmp_path_factory.mktemp("postgres")
-    yield _start_postgres(directory)
-    subprocess.run(
-        ["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(directory / "pgdata"), "stop"],
-        check=False,
-        capture_output=True,
+    yield from _server(
+        "GPUYARD_TEST_POSTGRES_URL",
+        "postgresql://postgres@127.0.0.1:5432/test",
+        lambda: _throwaway_postgres(tmp_path_factory.mktemp("postgres")),
     )
 
 
@@ -93,13 +104,11 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    given = _given("GPUYARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if given:
-        yield given
-        return
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server.url
-    server.stop()
+    yield from _server(
+        "GPUYARD_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379/0",
+        lambda: _throwaway_redis(tmp_path_factory.mktemp("redis")),
+    )
 
 
 @pytest.fixture(scope="session")
