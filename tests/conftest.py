@@ -72,7 +72,17 @@ def _throwaway_redis(directory: Path) -> Iterator[str]:
     server.stop()
 
 
-def _server(variable: str, default: str, throwaway: Callable[[], ContextManager[str]]) -> Iterator[str]:
+# The variable that names a server for the suite, and the machine's own.
+POSTGRES = ("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = ("GPUYARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _server(
+    variable: str,
+    default: str,
+    throwaway: Callable[[Path], ContextManager[str]],
+    scratch: pytest.TempPathFactory,
+) -> Iterator[str]:
     """The URL of the server `variable` names, else of the machine's at `default` when it answers,
     else of a throwaway one started for the session."""
     where = urlsplit(default)
@@ -81,18 +91,14 @@ def _server(variable: str, default: str, throwaway: Callable[[], ContextManager[
     elif answers(where.hostname or "127.0.0.1", where.port or 0):
         yield default
     else:
-        with throwaway() as url:
+        with throwaway(scratch.mktemp("server")) as url:
             yield url
 
 
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an administrative database on a running PostgreSQL server."""
-    yield from _server(
-        "GPUYARD_TEST_POSTGRES_URL",
-        "postgresql://postgres@127.0.0.1:5432/test",
-        lambda: _throwaway_postgres(tmp_path_factory.mktemp("postgres")),
-    )
+    yield from _server(*POSTGRES, _throwaway_postgres, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -104,11 +110,7 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from _server(
-        "GPUYARD_TEST_REDIS_URL",
-        "redis://127.0.0.1:6379/0",
-        lambda: _throwaway_redis(tmp_path_factory.mktemp("redis")),
-    )
+    yield from _server(*REDIS, _throwaway_redis, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
