@@ -15,12 +15,14 @@ from gpuyard.bus.base import Message
 from gpuyard.bus.memory import MemoryBus
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
+from gpuyard.domain.retry import young_daly_interval_s
 from gpuyard.domain.spec import parse_spec
 from gpuyard.domain.states import AttemptState
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
 from gpuyard.store import attempts as attempt_store
+from gpuyard.store import interruptions
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
@@ -207,6 +209,42 @@ def test_a_job_is_reserved_leased_and_launched_once(
     assert state(engine, job_id) == "SUCCEEDED"
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(leases)).scalar() == 0
+
+
+def test_the_automatic_checkpoint_interval_is_the_gangs_and_learns_from_what_its_nodes_lost(
+    engine: Engine, settings: Settings, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """A gang on two nodes is interrupted about twice as often as one node (the interval was the one
+    of its least reliable node); a LOST attempt charges each of its nodes half an interruption, kept
+    as it ends and read, not recomputed from past attempts, by the next heartbeat."""
+    submit(engine, clock, spec(gpus=8, nodes=2))
+    service.step()
+    request = next(iter(launcher.launched.values()))
+    nodes = sorted(s.node for s in request.placement.slices)
+    prior = 720 * 3600.0  # FLEET's nodes are on demand
+    with TestClient(create_app(settings, engine, fleet=FLEET, clock=clock)) as api:
+        answer = api.post(
+            f"/v1/attempts/{request.attempt_id}/heartbeat",
+            headers={"Authorization": f"Bearer {request.attempt_secret}"},
+            json={
+                "fencing_token": request.fencing_token,
+                "step": 10,
+                "checkpoint": {"url": "file:///tmp/gpuyard-ckpt/flights/step-10", "step": 10, "cost_s": 4.0},
+            },
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["checkpoint_interval_s"] == pytest.approx(young_daly_interval_s(4.0, prior / 2))
+    launcher.pending_reports.append(WorkerReport(request.attempt_id, Outcome.RUNNING, clock()))
+    service.step()
+    clock.advance(3600)
+    lost = WorkerReport(request.attempt_id, Outcome.LOST, clock(), None, "node gone")
+    launcher.pending_reports.append(lost)
+    service.step()
+    with engine.connect() as conn:
+        kept = {node: (r.run_s, r.interruptions) for node, r in interruptions.records(conn, nodes).items()}
+        mtbi = interruptions.attempt_mtbi_s(conn, dict.fromkeys(nodes, prior), clock())
+    assert kept == {node: (pytest.approx(3600.0), pytest.approx(0.5)) for node in nodes}
+    assert mtbi == pytest.approx(1 / (2 * (0.5 + 1) / (3600.0 + prior)))
 
 
 def test_heartbeats_renew_with_the_right_token_only(

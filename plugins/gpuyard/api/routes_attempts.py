@@ -10,7 +10,7 @@ checkpoint roots (domain/checkpoint_roots.py).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,10 +28,12 @@ from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.domain.retry import young_daly_interval_s
 from gpuyard.domain.states import StopReason
 from gpuyard.store import attempts as attempt_store
+from gpuyard.store import interruptions
 from gpuyard.store.teams import Principal
 
 # Steps and checkpoint steps are stored as BIGINT.
 MAX_STEP = 2**63 - 1
+UNKNOWN_NODE_MTBI_S = 24 * 3600.0  # a node the fleet does not list (it left): taken as a spot node
 
 router = APIRouter(prefix="/v1", tags=["workers"], responses=PROBLEM_RESPONSES)
 
@@ -107,11 +109,11 @@ def _beat(ctx: ApiContext, attempt_id: str, secret: str, body: HeartbeatIn) -> H
     interval = None
     policy = beat.job.spec.checkpoint
     if policy is not None and policy.interval == "auto" and beat.job.checkpoint_cost_s:
+        known = {n.name: n.expected_mtbi_s for n in ctx.fleet.nodes}
         nodes = {n["node"] for n in beat.attempt.placement.get("nodes", [])}
-        fleet_nodes = [n for n in ctx.fleet.nodes if n.name in nodes]
-        prior = min((n.expected_mtbi_s for n in fleet_nodes), default=24 * 3600.0)
+        priors = {node: known.get(node, UNKNOWN_NODE_MTBI_S) for node in nodes}
         with ctx.engine.connect() as conn:
-            mtbi = attempt_store.pool_mtbi_s(conn, nodes, since=now - timedelta(days=7), prior_s=prior)
+            mtbi = interruptions.attempt_mtbi_s(conn, priors, now)
         interval = young_daly_interval_s(beat.job.checkpoint_cost_s, mtbi)
     elif policy is not None:
         interval = policy.interval_seconds

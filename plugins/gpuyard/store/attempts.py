@@ -32,6 +32,7 @@ from gpuyard.domain.states import (
     StopReason,
 )
 from gpuyard.platform_metrics import AttemptRecord, JobRecord
+from gpuyard.store import interruptions
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
 from gpuyard.store.leadership import Lead, fenced
 from gpuyard.store.outbox import append_event
@@ -399,6 +400,9 @@ def finish(
         },
     )
     conn.execute(delete(leases).where(leases.c.attempt_id == attempt_id))
+    if started is not None:  # it ran on its nodes: their interruption records learn from it
+        nodes = [n["node"] for n in found.placement.get("nodes", [])]
+        interruptions.record_ended(conn, nodes, ran_s=ran_s, lost=outcome == AttemptState.LOST, at=at)
     decision = after_attempt(
         job.spec.retry,
         outcome,
@@ -444,25 +448,6 @@ def _earlier_losses_s(conn: Connection, job_id: str, attempt_id: str, at: dateti
         )
     ).scalars()
     return [(at - when).total_seconds() for when in ended]
-
-
-def pool_mtbi_s(conn: Connection, nodes: set[str], *, since: datetime, prior_s: float) -> float:
-    """Observed mean time between interruptions of attempts on `nodes`, or `prior_s` until one is seen.
-
-    Run time of every attempt that ran there since `since`, over the number of them that were LOST.
-    """
-    rows = conn.execute(
-        select(attempts.c.placement, attempts.c.state, attempts.c.started_at, attempts.c.ended_at).where(
-            attempts.c.started_at.is_not(None), attempts.c.started_at >= since
-        )
-    )
-    run_s, interruptions = 0.0, 0
-    for placement, state, started, ended in rows:
-        if not nodes & {n["node"] for n in placement.get("nodes", [])}:
-            continue
-        run_s += ((ended or datetime.now(started.tzinfo)) - started).total_seconds()
-        interruptions += state == AttemptState.LOST.value
-    return run_s / interruptions if interruptions else prior_s
 
 
 def expired(conn: Connection, now: datetime) -> list[str]:

@@ -210,3 +210,15 @@ waits = Table(
     Column("since", UtcDateTime(), nullable=False),
     Column("job_updated_at", UtcDateTime(), nullable=False),
 )
+
+# How often each node interrupts the attempts on it (domain/interruptions.py): decayed attempt time
+# and interruptions, updated in the transaction that ends each attempt; the heartbeat's automatic
+# checkpoint interval reads the rows of the attempt's nodes.
+node_interruptions = Table(
+    "node_interruptions",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column("run_s", Float, nullable=False),
+    Column("interruptions", Float, nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
