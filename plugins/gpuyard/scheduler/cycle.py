@@ -12,6 +12,7 @@ from datetime import datetime
 
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.scheduler.placements import Choose
 from gpuyard.scheduler.plugins import room_now
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.preemption import Preemption
@@ -181,6 +182,19 @@ def place(
     return _placement(job, best, state)
 
 
+def _chosen(
+    job: PendingJob, state: ClusterState, eligibility: _Eligibility, held: set[str], choose: Choose
+) -> Placement | None:
+    """A placement by a rule of its own (`placements.PLACEMENTS`), with the cycle's no-room memo."""
+    shape = eligibility.key(job)
+    if shape in eligibility.no_room:
+        return None
+    found = choose(job, state, eligibility.domains(job), held)
+    if found is None:
+        eligibility.no_room.add(shape)
+    return found
+
+
 def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[str]:
     """The nodes held for a gang that does not fit yet: the `job.nodes` eligible nodes of its domain
     with the most free GPUs. Only those, not the whole domain: other nodes stay open to backfill."""
@@ -199,7 +213,14 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     )
     starving = guard.starving_jobs(pending, state, now, demand) if guard is not None else frozenset()
     preemption = Preemption(
-        state, now, policy.rules, quota=policy.quota, guard=guard, starving=starving, demand=demand
+        state,
+        now,
+        policy.rules,
+        quota=policy.quota,
+        guard=guard,
+        starving=starving,
+        demand=demand,
+        min_run_s=policy.min_run_s,
     )
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempts
@@ -230,7 +251,14 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             if not policy.backfill:
                 break
             continue
-        placement = place(job, state, eligibility, held, policy) if admitted is not None else None
+        placement = None
+        if admitted is not None:
+            choose = policy.placement_rule.choose
+            placement = (
+                place(job, state, eligibility, held, policy)
+                if choose is None
+                else _chosen(job, state, eligibility, held, choose)
+            )
         if placement is not None:
             state.take(
                 job.team, placement, borrowed=admitted == "borrow", cpu=job.cpu, memory_gb=job.memory_gb

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 
+from gpuyard.scheduler.placements import PLACEMENTS, PlacementRule
 from gpuyard.scheduler.plugins import FILTERS, SCORES, Filter, Score
-from gpuyard.scheduler.preemption import RULES, Rule
+from gpuyard.scheduler.preemption import MIN_RUN_S, RULES, Rule
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 from gpuyard.scheduler.starvation import StarvationGuard
 
@@ -127,12 +128,19 @@ class Policy:
     reserve_head: bool = False  # the first gang that does not fit holds nodes so it is not starved
     quota: bool = False  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
     starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
+    placement: str = "best_fit"  # `placements.PLACEMENTS`: the gang's shape and the nodes it takes
+    # A settled attempt (one fair-share rules may take) ran this long (`preemption.MIN_RUN_S`).
+    min_run_s: float = MIN_RUN_S
     filter_plugins: tuple[Filter, ...] = field(init=False, repr=False, compare=False)
     score_plugins: tuple[tuple[float, Score], ...] = field(init=False, repr=False, compare=False)
     rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
+    placement_rule: PlacementRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _known(self.name, "filter", self.filters, FILTERS)
+        _known(self.name, "placement", (self.placement,), PLACEMENTS)
+        if self.min_run_s < 0:
+            raise ValueError(f"policy {self.name!r}: min_run_s must be >= 0, got {self.min_run_s}")
         _known(self.name, "score", tuple(name for name, _ in self.scores), SCORES)
         _known(self.name, "preemption rule", self.preemption, RULES)
         for name, weight in self.scores:
@@ -151,6 +159,7 @@ class Policy:
         object.__setattr__(
             self, "rules", tuple(rule for rule in RULES.values() if rule.name in self.preemption)
         )
+        object.__setattr__(self, "placement_rule", PLACEMENTS[self.placement])
 
     @property
     def preempts(self) -> bool:

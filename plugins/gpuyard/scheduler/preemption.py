@@ -197,9 +197,12 @@ class Preemption:
         guard: StarvationGuard | None,
         starving: frozenset[str],
         demand: float = 1.0,
+        min_run_s: float = MIN_RUN_S,
     ):
-        """`rules`, `quota` and `guard`: the policy's (`Policy.rules`, `.quota`, `.starvation`)."""
+        """`rules`, `quota`, `guard` and `min_run_s`: the policy's (`Policy.rules`, `.quota`,
+        `.starvation`, `.min_run_s`)."""
         self.state, self.now = state, now
+        self.min_run_s = min_run_s
         self.rules = rules  # in the table's order; ranks are per rule of these
         self.quota = quota  # admission by team quota (Kueue semantics)
         self.las = any(rule.name == LAS for rule in rules)  # less-served work is ordered first
@@ -255,7 +258,7 @@ class Preemption:
             weighted = {team: max(q.gpu_quota, 1) * q.weight for team, q in quotas.items()}
             for attempt in self.state.running:
                 p = attempt.placement
-                settled = now_s - attempt.started_s >= MIN_RUN_S
+                settled = now_s - attempt.started_s >= self.min_run_s
                 unsaved = max(0.0, now_s - attempt.saved_s) * attempt.gpus  # = unsaved_gpu_s(now)
                 held = self._held(attempt, now_s, weighted)
                 alike = (
@@ -381,7 +384,9 @@ class Preemption:
                         victim = Victim(attempt, rule.name, rule.reason.format(id=job.id))
                         options.append((candidate.unsaved_gpu_s, victim, keeps_quota[i]))
                         break
-            options.sort(key=lambda option: option[0])
+            # Least unsaved progress first; among equal losses (free checkpoints: every loss is 0) the
+            # work the order serves last: the most-served 2D-LAS queue, then the youngest job.
+            options.sort(key=_victim_order)
             freed: dict[str, int] = {name: len(state.free[name]) for name in names}
             chosen: Victims = []
             loss = 0.0
@@ -424,6 +429,11 @@ class Preemption:
             self.no_victims.add(memo)
             return None
         return best[1], best[2]
+
+
+def _victim_order(option: tuple[float, Victim, bool]) -> tuple[float, int, float]:
+    cost, victim, _ = option
+    return cost, -victim.attempt.las, -victim.attempt.age[0]
 
 
 def _quota_shortfall(

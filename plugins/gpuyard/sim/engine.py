@@ -34,7 +34,8 @@ from gpuyard.scheduler.starvation import Standing, StarvationGuard
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
-_FINISH, _STOPPED, _NODE_UP, _INTERRUPT, _ARRIVAL = range(5)
+# _DEMOTE only asks for a cycle: a running attempt reaches a 2D-LAS threshold (`SimConfig.las_wakes`).
+_FINISH, _STOPPED, _NODE_UP, _INTERRUPT, _ARRIVAL, _DEMOTE = range(6)
 
 
 class SimulationError(RuntimeError):
@@ -60,6 +61,9 @@ class SimConfig:
     # chaotic under such shifts (its dev-week avg JCT moves from 14.6 h to 22.8 h at 1 s), so the
     # benchmark keeps 0.
     cycle_period_s: float = 0.0
+    # Run a cycle when a running attempt reaches a 2D-LAS threshold (Tiresias' queue jump events), not
+    # only at the next arrival or completion: the public simulator's timing (sim/reference.py).
+    las_wakes: bool = False
 
 
 @dataclass
@@ -275,11 +279,9 @@ class Simulator:
     # -- the run --------------------------------------------------------------------------------
 
     def shape(self, gpus: int) -> tuple[int, int]:
-        """(nodes, GPUs per node) of a gang: one node up to a node's GPUs, else the fewest whole nodes."""
-        if self.max_per_node <= 0:
-            return 1, gpus
-        nodes = max(1, math.ceil(gpus / self.max_per_node))
-        return nodes, math.ceil(gpus / nodes)
+        """(nodes, GPUs leased) of a gang, by the policy's placement rule (`placements.PLACEMENTS`):
+        gpuyard's rounds a gang up to even slices, YARN's leases exactly what was asked."""
+        return self.policy.placement_rule.shape(gpus, self.max_per_node)
 
     def _feasible(self, nodes: int, per_node: int, gpu_types: tuple[str, ...]) -> bool:
         return any(
@@ -296,14 +298,15 @@ class Simulator:
         self.last_submit_s = (max(j.submitted_at for j in trace) - start).total_seconds()
         rejected: list[tuple[str, str]] = []
         for tj in trace:
-            nodes, per_node = self.shape(tj.gpus)
+            nodes, leased = self.shape(tj.gpus)
+            per_node = math.ceil(leased / nodes)
             if not self._feasible(nodes, per_node, tj.gpu_types):
                 models = f" of {'|'.join(tj.gpu_types)}" if tj.gpu_types else ""
                 rejected.append(
                     (tj.id, f"{nodes} node(s) x {per_node} GPUs{models} fit in no domain of the fleet")
                 )
                 continue
-            job = _Job(tj, nodes, nodes * per_node, (tj.submitted_at - start).total_seconds(), tj.duration_s)
+            job = _Job(tj, nodes, leased, (tj.submitted_at - start).total_seconds(), tj.duration_s)
             self._push(job.submitted_s, _ARRIVAL, job)
         for node in self.fleet.nodes:
             self._schedule_interruption(node, 0.0)
@@ -641,6 +644,12 @@ class Simulator:
         if attempt.resumed:
             self.totals.resumes += 1
         self._push(attempt.finish_s, _FINISH, attempt)
+        if self.config.las_wakes and self.preempting:
+            for threshold in LAS_THRESHOLDS:
+                if threshold > job.attained_gpu_s:
+                    at = t + (threshold - job.attained_gpu_s) / job.gpus
+                    if at < attempt.finish_s:
+                        self._push(at, _DEMOTE, attempt)
         if self.observer is not None:
             self.observer(LeaseRecord(t, "start", job.trace.id, attempt_id, placement))
 
