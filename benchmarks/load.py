@@ -265,10 +265,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the sustained phase")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--nodes", type=int, default=64, help="fleet: this many nodes of 8 H100")
+    parser.add_argument("--database", default="gpuyard_load", help="recreated empty on --postgres")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuyard-load-"))
-    url = recreate_database(args.postgres, "gpuyard_load")
+    url = recreate_database(args.postgres, args.database)
     fleet = workdir / "fleet.yaml"
     nodes = [
         {

@@ -3,7 +3,9 @@ preemption, leader election. The launcher here only records calls (the launcher 
 
 from __future__ import annotations
 
+import gc
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +18,7 @@ from gpuyard.bus.memory import MemoryBus
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.retry import young_daly_interval_s
-from gpuyard.domain.spec import parse_spec
+from gpuyard.domain.spec import JobSpec, parse_spec
 from gpuyard.domain.states import AttemptState
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.scheduler.service import SchedulerService
@@ -514,6 +516,38 @@ def test_the_service_keeps_its_fleet_index_from_pass_to_pass_until_the_fleet_cha
     assert (
         changed is not index and changed.fleet is fleets[-1] and not changed.eligible(service.policy.filters)
     )
+
+
+def specs_alive(name: str) -> int:
+    """How many JobSpecs named `name` this process still holds (after a full collection)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, JobSpec) and o.name == name)
+
+
+def test_the_service_keeps_the_specs_of_live_jobs_only(
+    engine: Engine, service: SchedulerService, launcher: RecordingLauncher, clock: Clock
+) -> None:
+    """Each job's spec is validated once while the job is read pass after pass, and nothing of it is
+    kept once the job ended, whichever process ended it: after a burst, the memory of the backlog
+    goes (the load benchmark's rss_mb_per_10k)."""
+    name = f"kept-{uuid.uuid4().hex[:8]}"
+    ids = [submit(engine, clock, spec(name=name)) for _ in range(5)]  # 4 fit on the 16 GPUs, 1 waits
+    service.step()
+    assert len(launcher.launched) == 4
+    (waiting,) = set(ids) - {r.job_id for r in launcher.launched.values()}
+    seen = service.snapshot(clock())[2][waiting].spec
+    service.step()
+    assert service.snapshot(clock())[2][waiting].spec is seen  # validated once, pass after pass
+    del seen
+
+    job_store.cancel(engine, waiting, at=clock(), by="someone")  # in another process: the API's
+    for attempt_id in launcher.launched:
+        launcher.pending_reports.append(WorkerReport(attempt_id, Outcome.SUCCEEDED, clock(), 0, "exited 0"))
+    service.step()
+    assert {state(engine, j) for j in ids} == {"SUCCEEDED", "CANCELLED"}
+    service.step()
+    launcher.launched.clear()  # the test's own references to the specs
+    assert specs_alive(name) == 0
 
 
 def test_a_reserved_but_unlaunched_attempt_is_launched_once_after_a_restart(

@@ -14,13 +14,16 @@ from gpuyard.domain.placement import Placement
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import teams as team_store
+from gpuyard.store.specs import SpecCache
 
 
-def read(conn: Connection, index: FleetIndex, now: datetime) -> tuple[list[Job], ClusterState]:
+def read(
+    conn: Connection, index: FleetIndex, now: datetime, specs: SpecCache | None = None
+) -> tuple[list[Job], ClusterState]:
     """The jobs a pass may place, and the cluster of `index`'s fleet: free GPUs, running attempts,
-    each team's use."""
-    waiting = attempt_store.pending_jobs(conn, now)
-    live = attempt_store.live(conn)
+    each team's use (the jobs' specs from the reader's cache `specs`)."""
+    waiting = attempt_store.pending_jobs(conn, now, specs)
+    live = attempt_store.live(conn, specs)
     held = attempt_store.leased_gpus(conn)
     state = ClusterState.empty(index, team_store.list_teams(conn))
     for node, gpus in held.items():

@@ -54,6 +54,7 @@ from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
 from gpuyard.store.leadership import Lead, NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
+from gpuyard.store.specs import SpecCache
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ class SchedulerService:
         self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
         self.waits = WaitRecorder(engine)  # why each job waits, for the API's /v1/queue
+        # The specs of the jobs its passes read, validated once: swept after each pass, so what it
+        # keeps is the pending and live jobs' (store/specs.py).
+        self.specs = SpecCache()
 
     # -- one pass ----------------------------------------------------------------------------------
 
@@ -122,7 +126,7 @@ class SchedulerService:
 
     def snapshot(self, now: datetime) -> tuple[list[PendingJob], ClusterState, dict[str, Job]]:
         with self.engine.connect() as conn:
-            waiting, state = inputs.read(conn, self.fleet_index(), now)
+            waiting, state = inputs.read(conn, self.fleet_index(), now, self.specs)
         return [inputs.pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
 
     def schedule(self) -> CycleResult:
@@ -350,7 +354,7 @@ class SchedulerService:
         """Ask live attempts to stop that must: their job was cancelled, they hung, or ran out of time."""
         now = self.clock()
         with self.engine.connect() as conn:
-            live = attempt_store.live(conn)
+            live = attempt_store.live(conn, self.specs)
         for item in live:
             with attempt_context(item.attempt.id, item.job.id):
                 if item.job.cancel_requested:
@@ -451,6 +455,7 @@ class SchedulerService:
         self.reap()
         self.schedule()
         self.deliver_stops()
+        self.specs.sweep()  # the specs of jobs this pass did not read (they ended, or wait out a backoff)
 
     # -- the loop ----------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from gpuyard.store import interruptions
 from gpuyard.store.jobs import attempt_from_row, get, job_from_row
 from gpuyard.store.leadership import Lead, fenced
 from gpuyard.store.outbox import append_event
+from gpuyard.store.specs import SpecCache
 from gpuyard.store.tables import attempts, jobs, leases
 from gpuyard.store.teams import configured_checkpoint_roots
 from gpuyard.store.transitions import move_attempt, move_job
@@ -75,15 +76,18 @@ _JOB = "job__"  # the prefix of the job's columns where attempts are read joined
 _JOB_COLUMNS = [column.label(f"{_JOB}{column.name}") for column in jobs.c]
 
 
-def live(conn: Connection) -> list[LiveAttempt]:
-    """Every live attempt with its job, oldest first, in one query."""
+def live(conn: Connection, specs: SpecCache | None = None) -> list[LiveAttempt]:
+    """Every live attempt with its job, oldest first, in one query (the jobs' specs from `specs`)."""
     rows = conn.execute(
         select(attempts, *_JOB_COLUMNS)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.state.in_(LIVE))
         .order_by(attempts.c.created_at)
     ).all()
-    return [LiveAttempt(attempt=attempt_from_row(row), job=job_from_row(row, prefix=_JOB)) for row in rows]
+    return [
+        LiveAttempt(attempt=attempt_from_row(row), job=job_from_row(row, prefix=_JOB, specs=specs))
+        for row in rows
+    ]
 
 
 def asked_to_stop(conn: Connection) -> set[str]:
@@ -484,7 +488,8 @@ def leased_by_team(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
     return held, borrowed
 
 
-def pending_jobs(conn: Connection, now: datetime) -> list[Job]:
+def pending_jobs(conn: Connection, now: datetime, specs: SpecCache | None = None) -> list[Job]:
+    """The jobs a pass may place, in submission order (their specs from `specs`)."""
     rows = conn.execute(
         select(jobs)
         .where(
@@ -494,7 +499,7 @@ def pending_jobs(conn: Connection, now: datetime) -> list[Job]:
         )
         .order_by(jobs.c.seq)
     )
-    return [job_from_row(row) for row in rows]
+    return [job_from_row(row, specs=specs) for row in rows]
 
 
 def metric_records(conn: Connection, since: datetime) -> tuple[list[AttemptRecord], list[JobRecord]]:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import secrets
-import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cachetools import LRUCache, cached
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -16,6 +14,7 @@ from gpuyard.domain.model import Attempt, Event, Job
 from gpuyard.domain.spec import JobSpec
 from gpuyard.domain.states import TERMINAL_JOB_STATES, AttemptState, JobState
 from gpuyard.store.outbox import append_event, job_events
+from gpuyard.store.specs import SpecCache
 from gpuyard.store.tables import attempts, jobs
 from gpuyard.store.transitions import move_job
 
@@ -231,21 +230,13 @@ def job_from_mapping(row: dict[str, Any], spec: JobSpec) -> Job:
     )
 
 
-@cached(
-    LRUCache(maxsize=20_000),
-    key=lambda job_id, spec_hash, spec: (job_id, spec_hash),
-    lock=threading.Lock(),
-)
-def _parsed_spec(job_id: str, spec_hash: str, spec: dict[str, Any]) -> JobSpec:
-    """A job's spec is written once, at submit, and JobSpec is frozen: it is validated once per
-    process, not on every read (the scheduler reads every live job's row three times a pass)."""
-    return JobSpec.model_validate(spec)
-
-
-def job_from_row(row: Any, *, prefix: str = "") -> Job:
-    """The Job of a `jobs` row; with `prefix`, of the columns labelled `<prefix><name>` in a join."""
+def job_from_row(row: Any, *, prefix: str = "", specs: SpecCache | None = None) -> Job:
+    """The Job of a `jobs` row; with `prefix`, of the columns labelled `<prefix><name>` in a join. Its
+    spec is validated here, or taken from `specs`, the cache of a reader that reads it again and again."""
     mapping = {name[len(prefix) :]: value for name, value in row._mapping.items() if name.startswith(prefix)}
-    return job_from_mapping(mapping, _parsed_spec(mapping["id"], mapping["spec_hash"], mapping["spec"]))
+    if specs is None:
+        return job_from_mapping(mapping, JobSpec.model_validate(mapping["spec"]))
+    return job_from_mapping(mapping, specs.get(mapping["id"], mapping["spec_hash"], mapping["spec"]))
 
 
 def attempt_from_row(row: Any) -> Attempt:
