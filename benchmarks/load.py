@@ -7,20 +7,25 @@ is started per job), on a fleet of --nodes x 8 GPUs. Phases:
 1. warm-up: --warmup jobs, placed and ended (caches, pools and imports settle; not counted);
 2. burst: --burst jobs as fast as --connections concurrent clients submit them; then every job of
    the backlog is placed and ends;
-3. sustained: --rate jobs per second for --seconds; then every job ends.
+3. sustained: --rate jobs per second for --seconds; then every job ends;
+4. a second burst of --burst jobs, placed and ended (with --second-burst, the default).
 
 Reports submit latency p50/p99 and errors per phase, submit-to-placed delay p50/p99 (job created ->
 its first attempt reserved, both from the store) of the sustained phase, the burst's drain time, and
-each process's RSS growth from after the warm-up to the end, per 10,000 jobs.
+each process's RSS growth from after the warm-up to the end of phase 3, per 10,000 jobs
+(`rss_mb_per_10k`), and across the second burst (`rss_mb_second_10k`): memory kept per job grows
+again in a second burst; memory a backlog of that size costs once (the allocator's arenas, a pass
+over 10,000 pending jobs) does not.
 
     .venv/bin/python benchmarks/load.py [--burst 10000] [--rate 5] [--seconds 60]
 
-Last line: RESULT burst_errors=E sched_delay_p99_s=D rss_mb_per_10k=M (M: the largest of the processes)
-Goals: E = 0 (and no error in the sustained phase), D < 2, M < 20.
+Last line: RESULT burst_errors=E sched_delay_p99_s=D rss_mb_per_10k=M rss_mb_second_10k=S (M and S:
+the largest of the processes). Goals: E = 0 (and no error in the sustained phase), D < 2, M < 20.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -266,6 +271,9 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--nodes", type=int, default=64, help="fleet: this many nodes of 8 H100")
     parser.add_argument("--database", default="gpuyard_load", help="recreated empty on --postgres")
+    parser.add_argument(
+        "--second-burst", action=argparse.BooleanOptionalAction, default=True, help="phase 4 [on]"
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuyard-load-"))
@@ -327,13 +335,13 @@ def main() -> int:
         pids = measured(processes)
 
         warmup = Phase("warm-up")
-        log(f"[1/3] warm-up: {args.warmup} jobs")
+        log(f"[1/4] warm-up: {args.warmup} jobs")
         load(base, token, lambda c: burst(c, warmup, args.warmup, args.connections), args.connections)
         wait_for(url, "warm-up", UNFINISHED, 300)
         before = {name: rss_mb(pid) for name, pid in pids.items()}
 
         spike = Phase("burst")
-        log(f"[2/3] burst: {args.burst} jobs, {args.connections} connections")
+        log(f"[2/4] burst: {args.burst} jobs, {args.connections} connections")
         started = time.monotonic()
         load(base, token, lambda c: burst(c, spike, args.burst, args.connections), args.connections)
         submit_s = time.monotonic() - started
@@ -346,12 +354,20 @@ def main() -> int:
         )
 
         steady = Phase("sustained")
-        log(f"[3/3] sustained: {args.rate:g} jobs/s for {args.seconds:g}s")
+        log(f"[3/4] sustained: {args.rate:g} jobs/s for {args.seconds:g}s")
         load(base, token, lambda c: sustained(c, steady, args.rate, args.seconds), args.connections)
         wait_for(url, "sustained", UNFINISHED, 300)
         after = {name: rss_mb(pid) for name, pid in pids.items()}
         delays = placement_delays(url, steady.job_ids)
         log(f"      {steady.summary()}")
+        again = after
+        if args.second_burst:
+            second = Phase("second burst")
+            log(f"[4/4] second burst: {args.burst} jobs")
+            load(base, token, lambda c: burst(c, second, args.burst, args.connections), args.connections)
+            wait_for(url, "second burst", UNFINISHED, 1800)
+            again = {name: rss_mb(pid) for name, pid in pids.items()}
+            log(f"      {second.summary()}")
     finally:
         for process in processes.values():
             os.killpg(process.pid, signal.SIGTERM)
@@ -361,11 +377,12 @@ def main() -> int:
 
     counted = len(spike.job_ids) + len(steady.job_ids)
     growth = {name: (after[name] - before[name]) / max(1, counted) * 10_000 for name in pids}
+    second_growth = {name: (again[name] - after[name]) / max(1, args.burst) * 10_000 for name in pids}
     for name in pids:
         log(
             f"      RSS {name}: {before[name]:.0f} -> {drained[name]:.0f} (burst ended) "
-            f"-> {after[name]:.0f} MB "
-            f"({growth[name]:+.1f} MB per 10,000 jobs)"
+            f"-> {after[name]:.0f} MB ({growth[name]:+.1f} MB per 10,000 jobs) -> {again[name]:.0f} MB "
+            f"after the second burst ({second_growth[name]:+.1f} MB per 10,000)"
         )
     p50, p99 = percentile(delays, 50) or 0.0, percentile(delays, 99) or 0.0
     log(
@@ -374,6 +391,7 @@ def main() -> int:
     print(
         f"RESULT burst_errors={len(spike.errors)} sustained_errors={len(steady.errors)} "
         f"sched_delay_p50_s={p50:.3f} sched_delay_p99_s={p99:.3f} rss_mb_per_10k={max(growth.values()):.1f}"
+        + (f" rss_mb_second_10k={max(second_growth.values()):.1f}" if args.second_burst else "")
     )
     met = not spike.errors and not steady.errors and p99 < 2.0 and max(growth.values()) < 20.0
     return 0 if met else 1
