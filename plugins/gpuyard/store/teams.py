@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -178,22 +178,11 @@ def token_team(conn: Connection, token_id: str) -> str | None:
 
 def list_tokens(conn: Connection, team: str | None) -> list[TokenInfo]:
     """The tokens of `team` (every team's when None), newest first."""
-    query = select(tokens).order_by(tokens.c.created_at.desc(), tokens.c.id)
+    listed = [tokens.c[f.name] for f in fields(TokenInfo)]  # never the secret's hash
+    query = select(*listed).order_by(tokens.c.created_at.desc(), tokens.c.id)
     if team is not None:
         query = query.where(tokens.c.team == team)
-    return [
-        TokenInfo(
-            id=r.id,
-            team=r.team,
-            role=Role(r.role),
-            description=r.description,
-            created_at=r.created_at,
-            expires_at=r.expires_at,
-            last_used_at=r.last_used_at,
-            revoked_at=r.revoked_at,
-        )
-        for r in conn.execute(query)
-    ]
+    return [TokenInfo(**{**r._mapping, "role": Role(r.role)}) for r in conn.execute(query)]
 
 
 def authenticate(conn: Connection, token: str, now: datetime | None = None) -> Principal | None:
