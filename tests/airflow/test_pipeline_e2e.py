@@ -119,6 +119,7 @@ class World:
     flights: Run
     preempted: str | None
     tracking: TrackingServer
+    team_b_token: str
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +142,9 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         for name, value in pipeline.env().items():  # this process reads as the pipeline
             monkeypatch_module.setenv(name, value)
         admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+        team_b = subprocess.run(  # a team exists once it has a token
+            [GPUYARD, "token", "create", "--team", "b"], env=gpuyard.env, capture_output=True, text=True
+        ).stdout.strip()
         for team in ("a", "b"):
             mlflow_access.hand_to_team(admin, team, tracking.credentials(mlflow_access.team_user(team)))
         (root / "airflow").mkdir()
@@ -159,7 +163,7 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         try:
             flights = dags_test(env, "flights_delay")
             preemption.stop.set()
-            yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking)
+            yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking, team_b)
         finally:
             preemption.stop.set()
             admin.close()
@@ -308,9 +312,6 @@ def test_team_b_s_job_can_neither_read_team_a_s_runs_nor_move_any_alias(world: W
     [other] = [v.version for v in versions if v.version != champion.version]  # the grid's other candidate
     experiment = mlflow.get_run(champion.run_id).info.experiment_id
     store = Path(storage.local_path(definition.data.root)) / "mlflow.db"
-    token = subprocess.run(
-        [GPUYARD, "token", "create", "--team", "b"], env=world.gpuyard.env, capture_output=True, text=True
-    ).stdout.strip()
     args = [world.tracking.url, experiment, champion.run_id, "flights-delay", str(other), str(store)]
     spec = {
         "name": "mlflow-probe",
@@ -321,7 +322,7 @@ def test_team_b_s_job_can_neither_read_team_a_s_runs_nor_move_any_alias(world: W
         "resources": {"gpus": 1},
         "retry": {"max_failures": 0},
     }
-    with world.gpuyard.client(token) as http:
+    with world.gpuyard.client(world.team_b_token) as http:
         response = http.post("/v1/jobs", json=spec)
         assert response.status_code == 201, response.text
         job_id = response.json()["id"]
