@@ -330,7 +330,7 @@ def _work_root(definition: PipelineDefinition) -> str:
 def _grid(path: str, sets: dict[str, Any]) -> list[dict[str, Any]]:
     """The jobs' overrides; first the roots they write under, open to their teams' users, and the
     team's rights on the tracking server (EDIT on the experiment, READ on the registered model)."""
-    from pipelines import lineage, mlflow_access
+    from pipelines import lineage
 
     definition = _definition(path)
     storage.shared_root(definition.checkpoint_root)
