@@ -15,6 +15,7 @@ job, evaluation, publication.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -126,9 +127,10 @@ class World:
 def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
     from pipelines.demo import Preemption
 
-    with open_directory("gpuyard-e2e-") as root:
+    with open_directory("gpuyard-e2e-") as root, contextlib.ExitStack() as started:
         monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
         gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
+        started.callback(gpuyard.stop)  # also when the setup below fails
         dags = root / "dags"
         dags.mkdir()
         definition = sliced(
@@ -136,12 +138,14 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         )
         dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
         data = Path(storage.local_path(load_definition(definition).data.root))  # the tutorial's too
-        tracking = TrackingServer(data, root / "mlflow.log").start()
+        tracking = started.enter_context(TrackingServer(data, root / "mlflow.log"))
         pipeline = tracking.provision(("a", "b"))
         monkeypatch_module.setenv("MLFLOW_TRACKING_URI", tracking.url)  # the definitions' store
         for name, value in pipeline.env().items():  # this process reads as the pipeline
             monkeypatch_module.setenv(name, value)
-        admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+        admin = started.enter_context(
+            GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+        )
         team_b = subprocess.run(  # a team exists once it has a token
             [GPUYARD, "token", "create", "--team", "b"], env=gpuyard.env, capture_output=True, text=True
         ).stdout.strip()
@@ -160,15 +164,10 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
         preemption = Preemption(admin)
         preemption.start()
-        try:
-            flights = dags_test(env, "flights_delay")
-            preemption.stop.set()
-            yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking, team_b)
-        finally:
-            preemption.stop.set()
-            admin.close()
-            gpuyard.stop()
-            tracking.stop()
+        started.callback(preemption.stop.set)
+        flights = dags_test(env, "flights_delay")
+        preemption.stop.set()
+        yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking, team_b)
 
 
 @pytest.fixture(scope="module")
