@@ -3,7 +3,8 @@
 1. `gpuyard up`: SQLite store, in-process bus, scheduler, local launcher on 2 CPU slots (no GPU
    here, and every output says so; run as root, its workers run as team a's own user), a token of
    team `a`, and the pipeline's MLflow tracking server (pipelines/tracking_server.py), which the
-   tasks and the training jobs log to over HTTP;
+   tasks (as the pipeline's MLflow identity) and the training jobs (as team a's MLflow user, whose
+   credentials are team a's gpuyard secrets) log to over HTTP;
 2. `airflow dags test flights_delay` (Airflow's state in .gpuyard/demo/airflow, the `gpuyard_default`
    connection from the environment) on the real 2013 New York flights of the definition's 21 days:
    ingest, Great Expectations, Spark, Feast, the training sets, a grid of GPU jobs, evaluation,
@@ -36,7 +37,7 @@ from pathlib import Path
 from gpuyard.client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
 from rich.console import Console
 
-from pipelines import storage
+from pipelines import mlflow_access, storage
 from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition
 from pipelines.tracking_server import TrackingServer
 
@@ -235,9 +236,17 @@ def main() -> int:
             f"starting the MLflow tracking server on {definition.data.root} (a first start creates its store)"
         ):
             os.environ["MLFLOW_TRACKING_URI"] = tracking.start().url  # the definition's, for this process too
-        console.print(f"MLflow tracking server at {tracking.url} on {definition.data.root}")
+            team = definition.job.team
+            pipeline = tracking.provision((team,))
+            os.environ.update(pipeline.env())  # this process reads the outcome as the pipeline
+            mlflow_access.hand_to_team(admin, team, tracking.credentials(mlflow_access.team_user(team)))
+        console.print(
+            f"MLflow tracking server at {tracking.url} on {definition.data.root}: the pipeline's tasks "
+            f"sign in as {pipeline.username!r}, team {team}'s jobs as {mlflow_access.team_user(team)!r} "
+            f"(its gpuyard secrets {', '.join(mlflow_access.SECRET_ENV.values())})"
+        )
         connection = {"conn_type": "gpuyard", "host": url, "password": token}
-        airflow_env = airflow_environment(connection, tracking.url)
+        airflow_env = airflow_environment(connection, tracking.url) | pipeline.env()
         subprocess.run(
             [str(BIN / "airflow"), "db", "migrate"], env=airflow_env, capture_output=True, check=True
         )

@@ -126,6 +126,22 @@ def tag_training_run(
         mlflow.set_tag(run_id, key, value)
 
 
+def register(definition: PipelineDefinition, run_id: str, model_uri: str) -> str:
+    """`models:/<model>/<version>` of the run's model in the definition's registered model: the
+    version registered before for this run (a retry), else a new one."""
+    import mlflow
+
+    name = definition.promotion.model
+    if model_uri.startswith(f"models:/{name}/"):
+        return model_uri  # registered already
+    found = [v for v in client(definition).search_model_versions(f"run_id = '{run_id}'") if v.name == name]
+    if found:
+        return f"models:/{name}/{max(int(v.version) for v in found)}"
+    mlflow.set_tracking_uri(definition.tracking_uri)
+    version = mlflow.register_model(model_uri, name)
+    return f"models:/{name}/{version.version}"
+
+
 def tag_version(definition: PipelineDefinition, version: str, tags: Mapping[str, Any]) -> None:
     mlflow = client(definition)
     for key, value in tags.items():

@@ -31,8 +31,8 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowSkipException
 from gpuyard.airflow.operators.training import GpuTrainingOperator
 
+from pipelines import mlflow_access, storage
 from pipelines import prepare as prepare_step
-from pipelines import storage
 from pipelines.definition import REPOSITORY, PipelineDefinition, load_definition
 
 log = logging.getLogger(__name__)
@@ -328,15 +328,20 @@ def _work_root(definition: PipelineDefinition) -> str:
 
 @task(task_id="grid")
 def _grid(path: str, sets: dict[str, Any]) -> list[dict[str, Any]]:
-    """The jobs' overrides; first the roots they write under, open to their teams' users."""
+    """The jobs' overrides; first the roots they write under, open to their teams' users, and the
+    team's rights on the tracking server (EDIT on the experiment, READ on the registered model)."""
+    from pipelines import lineage
+
     definition = _definition(path)
     storage.shared_root(definition.checkpoint_root)
     storage.shared_root(_work_root(definition))
-    fixed = {
-        "data.path": sets["train"]["data_url"],
-        "mlflow.experiment": definition.experiment,
-        "mlflow.register_model": definition.promotion.model,
-    }
+    pipeline = mlflow_access.from_environment()
+    if pipeline is not None:
+        experiment = lineage.experiment_id(definition)
+        model = definition.promotion.model
+        mlflow_access.grant_team(definition.tracking_uri, definition.job.team, experiment, model, pipeline)
+    # the jobs log their models in their runs; the pipeline registers them (pick_best)
+    fixed = {"data.path": sets["train"]["data_url"], "mlflow.experiment": definition.experiment}
     if definition.artifact_location is not None:
         fixed["mlflow.artifact_location"] = definition.artifact_location
     return [fixed | dict(entry) for entry in definition.job.grid]
@@ -360,6 +365,8 @@ def train(definition: PipelineDefinition, sets: Any) -> Any:
         else None,
         mlflow_tracking_uri=definition.tracking_uri,
         mlflow_parent_run_id=START.format(field="mlflow_run_id"),
+        # the team's MLflow user, by reference to its secrets, where the tracking server asks for one
+        env_from_secret=mlflow_access.SECRET_ENV if mlflow_access.from_environment() else None,
         reproducibility={
             "seed": int(definition.training.get("seed", 0)),
             "code_version": START.format(field="git_commit"),
@@ -379,6 +386,9 @@ def _pick_best(path: str, sets: dict[str, Any], results: list[dict[str, Any]]) -
     for result in results:
         lineage.tag_training_run(definition, result["mlflow_run_id"], result, sets["train"])
         run = mlflow.get_run(result["mlflow_run_id"])
+        if result["model_uri"]:  # the model the job logged, registered by the pipeline's identity
+            version = lineage.register(definition, result["mlflow_run_id"], result["model_uri"])
+            result = {**result, "model_uri": version}
         scored.append((run.data.metrics.get("val_loss", float("inf")), result))
     best_loss, best = min(scored, key=lambda pair: pair[0])
     for loss, result in scored:
@@ -390,7 +400,8 @@ def _pick_best(path: str, sets: dict[str, Any], results: list[dict[str, Any]]) -
 
 
 def pick_best(definition: PipelineDefinition, sets: Any, candidates: Any) -> Any:
-    """The candidate of the grid with the lowest val_loss; the others are tagged rejected."""
+    """Register each candidate's model (the pipeline's identity: jobs never write the registry); the
+    one of the grid with the lowest val_loss goes on, the others are tagged rejected."""
     return _pick_best(str(definition.path), sets, candidates.output)
 
 

@@ -7,6 +7,12 @@ registry are `sqlite:///<root>/mlflow.db`; the artifacts live in `<root>/mlartif
 server (`--serve-artifacts`: experiments it creates get `mlflow-artifacts:` locations, and clients
 upload and download through it). Production runs the same server on PostgreSQL and an object store
 (deploy/mlflow.yaml). `make demo`, `make ui` and the Airflow tests start one.
+
+It asks for credentials (MLflow's basic-auth app, pipelines/mlflow_access.py): its user store is
+`<root>/mlflow-auth/basic_auth.db`, and the passwords it hands out are kept beside it, one file
+each (`<name>.password`), in that 0700 folder of the platform's user. The server runs with umask
+077, and the store's files it made before are closed to other users: the data root is readable by
+every local user (team workers among them), its MLflow files are not.
 """
 
 from __future__ import annotations
@@ -23,10 +29,14 @@ from pathlib import Path
 
 import httpx
 
+from pipelines import mlflow_access
+from pipelines.mlflow_access import Credentials
+
 MLFLOW = Path(sys.executable).parent / "mlflow"
+AUTH_DIR = "mlflow-auth"
 
 
-def command(root: Path, port: int) -> list[str]:
+def command(root: Path, port: int, *, auth: bool = True) -> list[str]:
     """`mlflow server` on `root`'s store and artifacts, on 127.0.0.1:`port`, one worker (SQLite)."""
     return [
         str(MLFLOW),
@@ -37,7 +47,43 @@ def command(root: Path, port: int) -> list[str]:
         f"--backend-store-uri=sqlite:///{root / 'mlflow.db'}",
         f"--artifacts-destination={(root / 'mlartifacts').as_uri()}",
         "--serve-artifacts",
+        *(["--app-name=basic-auth"] if auth else []),
     ]
+
+
+def stored_credentials(root: Path, username: str) -> Credentials:
+    """`username`'s password on the server of `root`: made once, kept in `<root>/mlflow-auth` (0600)."""
+    folder = root / AUTH_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / f"{username}.password"
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(mlflow_access.new_password())
+    return Credentials(username, path.read_text().strip())
+
+
+def auth_environment(root: Path) -> dict[str, str]:
+    """What `mlflow server --app-name=basic-auth` on `root` needs: its configuration (written here),
+    the admin's password (used on a first start) and a key for its CSRF tokens."""
+    config = root / AUTH_DIR / "basic_auth.ini"
+    admin = stored_credentials(root, mlflow_access.ADMIN)
+    config.write_text(mlflow_access.auth_config(f"sqlite:///{root / AUTH_DIR / 'basic_auth.db'}"))
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": admin.password,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_access.new_password(),
+    }
+
+
+def close_store(root: Path) -> None:
+    """The store's files an earlier server made (umask 022): for the platform's user only."""
+    for path in (root / "mlflow.db", root / AUTH_DIR / "basic_auth.db"):
+        if path.exists():
+            path.chmod(0o600)
+    if (root / "mlartifacts").is_dir():
+        (root / "mlartifacts").chmod(0o700)
 
 
 def free_port() -> int:
@@ -47,10 +93,13 @@ def free_port() -> int:
 
 
 class TrackingServer:
-    """The server of the data root `root` (a local directory), its output in `log`."""
+    """The server of the data root `root` (a local directory), its output in `log`; with `auth`, it
+    asks for credentials, and `provision` makes the pipeline's identity and the teams' users."""
 
-    def __init__(self, root: Path, log: Path, env: Mapping[str, str] | None = None) -> None:
-        self.root, self.log, self.env = root, log, env
+    def __init__(
+        self, root: Path, log: Path, env: Mapping[str, str] | None = None, *, auth: bool = True
+    ) -> None:
+        self.root, self.log, self.env, self.auth = root, log, env, auth
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -58,14 +107,19 @@ class TrackingServer:
     def start(self, timeout_s: float = 120.0) -> TrackingServer:
         """Start it and return once it answers /health (its first start creates the schema)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        if self.auth:
+            env |= auth_environment(self.root)
+        close_store(self.root)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                command(self.root, self.port),
-                env=None if self.env is None else dict(self.env),
+                command(self.root, self.port, auth=self.auth),
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                umask=0o077,
             )
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
@@ -74,6 +128,18 @@ class TrackingServer:
                 raise RuntimeError(f"the MLflow tracking server on {self.root} did not start; see {self.log}")
             time.sleep(0.2)
         return self
+
+    def credentials(self, username: str) -> Credentials:
+        """A user's credentials on this server (its admin, its pipeline, a team's user)."""
+        return stored_credentials(self.root, username)
+
+    def provision(self, teams: tuple[str, ...]) -> Credentials:
+        """Make the pipeline's identity and a user per team (mlflow_access.provision); returns the
+        pipeline's credentials. Team credentials: `credentials(mlflow_access.team_user(team))`."""
+        pipeline = self.credentials(mlflow_access.PIPELINE)
+        users = {team: self.credentials(mlflow_access.team_user(team)) for team in teams}
+        mlflow_access.provision(self.url, self.credentials(mlflow_access.ADMIN), pipeline, users)
+        return pipeline
 
     def _healthy(self) -> bool:
         try:

@@ -4,7 +4,8 @@ Airflow (standalone: api-server, scheduler, dag-processor, triggerer) on its dem
 gpuyard page in its navigation (the plugin's app; queue, fleet, jobs' timelines, figures), gpuyard up
 on its demo home (the API and its interactive docs), and the pipeline's MLflow tracking server
 (pipelines/tracking_server.py, its UI and the artifacts it serves) on its store. Local only
-(127.0.0.1), no login (every Airflow user is an admin here). Ctrl-C stops them.
+(127.0.0.1), no login to Airflow (every Airflow user is an admin here); MLflow asks for one (its
+admin's password is in the store's `mlflow-auth/admin.password`). Ctrl-C stops them.
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
 """
 
@@ -18,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipelines import storage, tracking_server
+from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
 from pipelines.demo import BIN, DEMO, PIPELINE, airflow_environment, environment
 
@@ -32,6 +33,8 @@ def main() -> int:
         for name, default in (("airflow", "8080"), ("gpuyard", "8081"), ("mlflow", "5000"))
     }
     definition = load_definition(PIPELINE)
+    root = Path(storage.local_path(definition.data.root))
+    pipeline = tracking_server.stored_credentials(root, mlflow_access.PIPELINE)
     logs = DEMO / "ui-logs"
     logs.mkdir(exist_ok=True)
     base = environment()
@@ -52,6 +55,7 @@ def main() -> int:
                 },
                 f"http://127.0.0.1:{ports['mlflow']}",
             )
+            | pipeline.env()
             | {
                 "AIRFLOW__API__PORT": ports["airflow"],
                 "AIRFLOW__API__HOST": "127.0.0.1",
@@ -63,8 +67,8 @@ def main() -> int:
             base | {"GPUYARD_HOME": str(DEMO / "gpuyard"), "GPUYARD_WORKER_DIR": str(DEMO.parents[1])},
         ),
         "mlflow": (
-            tracking_server.command(Path(storage.local_path(definition.data.root)), int(ports["mlflow"])),
-            base,
+            tracking_server.command(root, int(ports["mlflow"])),
+            base | tracking_server.auth_environment(root),
         ),
     }
     running = {
@@ -84,7 +88,10 @@ def main() -> int:
         f"(sign in with a gpuyard token, e.g. the admin token in {token})"
     )
     print(f"gpuyard:  http://127.0.0.1:{ports['gpuyard']}/docs  (the API; admin token in {token})")
-    print(f"MLflow:   http://127.0.0.1:{ports['mlflow']}/#/models/{definition.promotion.model}")
+    print(
+        f"MLflow:   http://127.0.0.1:{ports['mlflow']}/#/models/{definition.promotion.model}  (user "
+        f"{mlflow_access.ADMIN}, password in {root / tracking_server.AUTH_DIR / 'admin.password'})"
+    )
     print(f"logs in {logs}; Ctrl-C stops all three")
     try:
         while all(p.poll() is None for p in running.values()):

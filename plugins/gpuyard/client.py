@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 import tenacity
@@ -460,6 +461,11 @@ class GpuyardClient(_Connection[httpx.Client]):
 
     def whoami(self) -> dict[str, Any]:
         return self._call("GET", "/v1/whoami")  # type: ignore[no-any-return]
+
+    def put_secret(self, team: str, name: str, value: str) -> dict[str, Any]:
+        """Store a secret of `team` (a team admin's or platform admin's call); the value is never shown."""
+        path = f"/v1/teams/{quote(team, safe='')}/secrets/{quote(name, safe='')}"
+        return self._call("PUT", path, json={"value": value})  # type: ignore[no-any-return]
 
     def events(
         self,

@@ -5,14 +5,17 @@ second pipeline (docs/airflow.md), added from scratch beside it.
 The slice is the definition with fewer days, fewer steps and one CPU slot per job; the DAG file
 is the repository's own, pointed at that copy of its definition. Everything lives in a directory
 every user may enter, and MLflow is the pipeline's tracking server, as in `make demo`: `gpuyard up`
-runs as root, so the training jobs run as team a's user. The tutorial's pipeline shares
-flights_delay's data root by design, so its data steps (the shared steps this module ran for
-flights_delay just before) are marked done and its own steps run: training set, GPU job,
-evaluation, publication.
+runs as root, so the training jobs run as team a's user. The tracking server asks for credentials:
+the DAG's tasks sign in as the pipeline, the training jobs as team a's MLflow user (its gpuyard
+secrets), and a job of team b, with team b's, can read and move nothing of team a's. The tutorial's
+pipeline shares flights_delay's data root by design, so its data steps (the shared steps this
+module ran for flights_delay just before) are marked done and its own steps run: training set, GPU
+job, evaluation, publication.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,10 +32,10 @@ import yaml
 from airflow_harness import ROOT, airflow_environment
 from gpuyard.client import GpuyardClient, resolve_endpoint
 from gpuyard.launchers import worker_env
-from servers import open_directory
-from stack import AIRFLOW, Gpuyard
+from servers import open_directory, wait_until
+from stack import AIRFLOW, GPUYARD, Gpuyard
 
-from pipelines import storage
+from pipelines import mlflow_access, storage
 from pipelines.definition import HOME_VARIABLE, load_definition
 from pipelines.tracking_server import TrackingServer
 
@@ -116,15 +119,18 @@ class World:
     dags: Path
     flights: Run
     preempted: str | None
+    tracking: TrackingServer
+    team_b_token: str
 
 
 @pytest.fixture(scope="module")
 def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
     from pipelines.demo import Preemption
 
-    with open_directory("gpuyard-e2e-") as root:
+    with open_directory("gpuyard-e2e-") as root, contextlib.ExitStack() as started:
         monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
         gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
+        started.callback(gpuyard.stop)  # also when the setup below fails
         dags = root / "dags"
         dags.mkdir()
         definition = sliced(
@@ -132,8 +138,19 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         )
         dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
         data = Path(storage.local_path(load_definition(definition).data.root))  # the tutorial's too
-        tracking = TrackingServer(data, root / "mlflow.log").start()
+        tracking = started.enter_context(TrackingServer(data, root / "mlflow.log"))
+        pipeline = tracking.provision(("a", "b"))
         monkeypatch_module.setenv("MLFLOW_TRACKING_URI", tracking.url)  # the definitions' store
+        for name, value in pipeline.env().items():  # this process reads as the pipeline
+            monkeypatch_module.setenv(name, value)
+        admin = started.enter_context(
+            GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
+        )
+        team_b = subprocess.run(  # a team exists once it has a token
+            [GPUYARD, "token", "create", "--team", "b"], env=gpuyard.env, capture_output=True, text=True
+        ).stdout.strip()
+        for team in ("a", "b"):
+            mlflow_access.hand_to_team(admin, team, tracking.credentials(mlflow_access.team_user(team)))
         (root / "airflow").mkdir()
         connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
         env = airflow_environment(
@@ -141,21 +158,16 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
             AIRFLOW__CORE__DAGS_FOLDER=str(dags),
             AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
             MLFLOW_TRACKING_URI=tracking.url,
+            **pipeline.env(),
             **{HOME_VARIABLE: str(root)},
         )
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
-        admin = GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
         preemption = Preemption(admin)
         preemption.start()
-        try:
-            flights = dags_test(env, "flights_delay")
-            preemption.stop.set()
-            yield World(root, gpuyard, env, dags, flights, preemption.attempt)
-        finally:
-            preemption.stop.set()
-            admin.close()
-            gpuyard.stop()
-            tracking.stop()
+        started.callback(preemption.stop.set)
+        flights = dags_test(env, "flights_delay")
+        preemption.stop.set()
+        yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking, team_b)
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +263,88 @@ def test_the_training_jobs_ran_as_team_a_s_user_and_mlflow_s_files_are_the_serve
     stored = [p for p in (data / "mlartifacts").rglob("*") if p.is_file()]
     assert any(p.name == "MLmodel" for p in stored), stored  # the models the jobs logged, over HTTP
     assert {p.stat().st_uid for p in [data / "mlflow.db", *stored]} == {os.getuid()}
+    # and for its user only: the data root is open to every team's worker, the tracking server's files not
+    closed = [data / "mlflow.db", data / "mlartifacts", data / "mlflow-auth", *stored]
+    assert {stat.S_IMODE(p.stat().st_mode) & 0o077 for p in closed} == {0}, closed
+
+
+# Team b's job, with team b's MLflow credentials (its gpuyard secrets, by reference), against team a's
+# experiment, run and model: argv is the tracking server, the experiment, the run, the model, the
+# version the champion alias does not name, and the server's store file. One line per try.
+TEAM_B_PROBE = """
+import json, os, sys
+import httpx
+url, experiment, run, model, other, store = sys.argv[1:]
+http = httpx.Client(base_url=url, timeout=60, auth=(os.environ["MLFLOW_TRACKING_USERNAME"],
+                                                    os.environ["MLFLOW_TRACKING_PASSWORD"]))
+api = "/api/2.0/mlflow"
+def probe(what, response):
+    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    print("PROBE", json.dumps({"what": what, "status": response.status_code, "body": body}))
+print("PROBE", json.dumps({"what": "user", "status": 0, "body": os.environ["MLFLOW_TRACKING_USERNAME"]}))
+probe("experiments", http.post(f"{api}/experiments/search", json={"max_results": 100}))
+probe("search runs", http.post(f"{api}/runs/search", json={"experiment_ids": [experiment]}))
+probe("get run", http.get(f"{api}/runs/get", params={"run_id": run}))
+probe("set alias", http.post(f"{api}/registered-models/alias",
+                             json={"name": model, "alias": "champion", "version": other}))
+probe("new alias", http.post(f"{api}/registered-models/alias",
+                             json={"name": model, "alias": "team-b", "version": other}))
+probe("delete alias", http.request("DELETE", f"{api}/registered-models/alias",
+                                   json={"name": model, "alias": "champion"}))
+probe("new version", http.post(f"{api}/model-versions/create",
+                               json={"name": model, "source": f"runs:/{run}/model", "run_id": run}))
+try:
+    open(store, "rb").read(16)
+    print("PROBE", json.dumps({"what": "store file", "status": 200, "body": {}}))
+except PermissionError:
+    print("PROBE", json.dumps({"what": "store file", "status": 403, "body": {}}))
+"""
+
+
+def test_team_b_s_job_can_neither_read_team_a_s_runs_nor_move_any_alias(world: World) -> None:
+    from mlflow.tracking import MlflowClient
+
+    definition = load_definition(world.root / "definitions" / "flights_delay" / "pipeline.yaml")
+    mlflow = MlflowClient(definition.tracking_uri)  # as the pipeline
+    champion = mlflow.get_model_version_by_alias("flights-delay", "champion")
+    versions = mlflow.search_model_versions("name = 'flights-delay'")
+    [other] = [v.version for v in versions if v.version != champion.version]  # the grid's other candidate
+    experiment = mlflow.get_run(champion.run_id).info.experiment_id
+    store = Path(storage.local_path(definition.data.root)) / "mlflow.db"
+    args = [world.tracking.url, experiment, champion.run_id, "flights-delay", str(other), str(store)]
+    spec = {
+        "name": "mlflow-probe",
+        "team": "b",
+        "image": "local",
+        "command": ["python", "-c", TEAM_B_PROBE, *args],
+        "env_from_secret": mlflow_access.SECRET_ENV,
+        "resources": {"gpus": 1},
+        "retry": {"max_failures": 0},
+    }
+    with world.gpuyard.client(world.team_b_token) as http:
+        response = http.post("/v1/jobs", json=spec)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        ended = wait_until(
+            lambda: http.get(f"/v1/jobs/{job_id}").json()["state"] in ("SUCCEEDED", "FAILED"),
+            timeout_s=120,
+            what="team b's probe",
+        )
+        assert ended and http.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCEEDED"
+        lines = http.get(f"/v1/jobs/{job_id}/logs").text.splitlines()
+    said = [json.loads(line.split("PROBE ", 1)[1]) for line in lines if "PROBE " in line]
+    tries = {t["what"]: t for t in said}
+    assert tries["user"]["body"] == "team-b"  # its own credentials reached it, by reference
+    assert tries["experiments"]["status"] == 200  # signed in: a user, and one that sees ...
+    seen = tries["experiments"]["body"].get("experiments", [])
+    assert experiment not in [e["experiment_id"] for e in seen]
+    assert tries["search runs"]["body"].get("runs", []) == []  # ... none of team a's runs
+    allowed = ("user", "experiments", "search runs")
+    refused = {what: t["status"] for what, t in tries.items() if what not in allowed}
+    assert refused == dict.fromkeys(refused, 403) and len(refused) == 6, tries
+    after = mlflow.get_registered_model("flights-delay")
+    assert after.aliases == {"champion": champion.version}, after.aliases  # nothing moved
+    assert len(mlflow.search_model_versions("name = 'flights-delay'")) == len(versions)
 
 
 TUTORIAL_FILE = re.compile(r"<!-- tutorial: (\S+) -->\n```\w+\n(.*?)```", re.DOTALL)

@@ -39,6 +39,8 @@ def test_through_the_server_an_experiment_s_artifacts_are_served_and_a_file_stor
 
     with TrackingServer(root, tmp_path / "mlflow.log") as server:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        for name, value in server.provision(()).env().items():  # as the pipeline's identity
+            monkeypatch.setenv(name, value)
         assert definition.tracking_uri == server.url and definition.artifact_location is None
         client = MlflowClient(server.url)
         experiment = client.get_experiment(lineage.experiment_id(definition))

@@ -34,9 +34,5 @@ class AdminClient(GpuyardClient):
     def secrets(self, team: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/teams/{quote(team, safe='')}/secrets")  # type: ignore[no-any-return]
 
-    def put_secret(self, team: str, name: str, value: str) -> dict[str, Any]:
-        path = f"/v1/teams/{quote(team, safe='')}/secrets/{quote(name, safe='')}"
-        return self._call("PUT", path, json={"value": value})  # type: ignore[no-any-return]
-
     def delete_secret(self, team: str, name: str) -> None:
         self._call("DELETE", f"/v1/teams/{quote(team, safe='')}/secrets/{quote(name, safe='')}")

@@ -79,6 +79,8 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
     :param workdir_root: when set, the job's work directory is `<root>/<key digest>`.
     :param mlflow_tracking_uri: where the training run logs; also where the operator finds the
         run and the registered model of the job. `mlflow_parent_run_id` makes the run its child.
+    :param env_from_secret: variable -> name of a secret of the team, set in the workers'
+        environment by reference (e.g. the team's MLflow credentials); never a value here.
     """
 
     template_fields: Sequence[str] = (
@@ -122,6 +124,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         workdir_root: str | None = None,
         mlflow_tracking_uri: str | None = None,
         mlflow_parent_run_id: str | None = None,
+        env_from_secret: Mapping[str, str] | None = None,
         gpuyard_conn_id: str = GpuyardHook.default_conn_name,
         deferrable: bool = True,
         poll_s: float = 20.0,
@@ -141,6 +144,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         }
         self.max_failures = max_failures
         self.env, self.labels = dict(env or {}), dict(labels or {})
+        self.env_from_secret = dict(env_from_secret or {})
         self.reproducibility = dict(reproducibility or {})
         self.workdir_root = workdir_root
         self.mlflow_tracking_uri, self.mlflow_parent_run_id = mlflow_tracking_uri, mlflow_parent_run_id
@@ -197,6 +201,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             "image": self.image,
             "command": command,
             "env": env,
+            "env_from_secret": dict(self.env_from_secret),
             "resources": {
                 "gpus": int(chosen["gpus"]),
                 "gpu_types": [chosen["gpu_type"]] if chosen["gpu_type"] else [],
