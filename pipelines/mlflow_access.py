@@ -82,31 +82,22 @@ def auth_config(database_uri: str, *, cache_ttl_s: int = CACHE_TTL_S) -> str:
     )
 
 
-class AccessClient:
+class AccessClient(httpx.Client):
     """The basic-auth app's REST API (users, roles, grants) as `credentials`."""
 
     def __init__(self, url: str, credentials: Credentials) -> None:
-        self.http = httpx.Client(
+        super().__init__(
             base_url=url.rstrip("/"), auth=(credentials.username, credentials.password), timeout=60
         )
 
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> AccessClient:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self.http.request(method, path, **kwargs)
+        response = self.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise AccessError(f"{method} {path}: {response.status_code} {response.text[:300]}")
         return response.json() if response.content else {}
 
     def user_exists(self, username: str) -> bool:
-        response = self.http.get("/api/2.0/mlflow/users/get", params={"username": username})
+        response = self.get("/api/2.0/mlflow/users/get", params={"username": username})
         return response.status_code == 200
 
     def ensure_user(self, credentials: Credentials) -> None:
