@@ -360,9 +360,8 @@ def main() -> int:
         after = {name: rss_mb(pid) for name, pid in pids.items()}
         delays = placement_delays(url, steady.job_ids)
         log(f"      {steady.summary()}")
-        again = after
+        again, second = after, Phase("second burst")
         if args.second_burst:
-            second = Phase("second burst")
             log(f"[4/4] second burst: {args.burst} jobs")
             load(base, token, lambda c: burst(c, second, args.burst, args.connections), args.connections)
             wait_for(url, "second burst", UNFINISHED, 1800)
@@ -391,7 +390,11 @@ def main() -> int:
     print(
         f"RESULT burst_errors={len(spike.errors)} sustained_errors={len(steady.errors)} "
         f"sched_delay_p50_s={p50:.3f} sched_delay_p99_s={p99:.3f} rss_mb_per_10k={max(growth.values()):.1f}"
-        + (f" rss_mb_second_10k={max(second_growth.values()):.1f}" if args.second_burst else "")
+        + (
+            f" second_burst_errors={len(second.errors)} rss_mb_second_10k={max(second_growth.values()):.1f}"
+            if args.second_burst
+            else ""
+        )
     )
     met = not spike.errors and not steady.errors and p99 < 2.0 and max(growth.values()) < 20.0
     return 0 if met else 1
