@@ -250,3 +250,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.iter_markers("xdist_group")) and (group := shared_fixture_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Lines a test asked to show whatever happened (its `summary` property: the fault campaign's seed
+    and RESULT), which a pytest-xdist worker's own output never brings to the terminal."""
+    lines = [
+        str(value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "summary"
+    ]
+    if lines:
+        terminalreporter.section("summaries")
+        for line in lines:
+            terminalreporter.write_line(line)
