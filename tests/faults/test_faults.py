@@ -47,7 +47,9 @@ def test_a_bounded_fault_campaign_keeps_every_promise(
     # Under pytest-xdist a worker's output never reaches the terminal: the summary prints these.
     record_property("summary", f"fault campaign seed {seed}: {result}")  # tests/conftest.py
     assert sum(report.injected.values()) >= 4, "the campaign injected almost no faults"
-    assert sum(report.jobs.values()) >= 10, "the campaign ran almost no jobs"
+    # A floor against a campaign that ran nothing, not a figure: a random draw heavy in database delays
+    # submits fewer jobs in its 50 s (seed 851734: 9 under a loaded suite, every promise kept).
+    assert sum(report.jobs.values()) >= 5, "the campaign ran almost no jobs"
     assert not report.rejected, report.rejected
     assert not report.violations, "\n".join(map(str, report.violations))
 
