@@ -46,7 +46,8 @@ def test_a_bounded_fault_campaign_keeps_every_promise(
         print(result)
     # Under pytest-xdist a worker's output never reaches the terminal: the summary prints these.
     record_property("summary", f"fault campaign seed {seed}: {result}")  # tests/conftest.py
-    assert sum(report.injected.values()) >= 4, "the campaign injected almost no faults"
+    # Faults run one after another, some for up to 18 s: a draw of long ones fits few in 50 s.
+    assert sum(report.injected.values()) >= 2, "the campaign injected almost no faults"
     # A floor against a campaign that ran nothing, not a figure: a random draw heavy in database delays
     # submits fewer jobs in its 50 s (seed 851734: 9 under a loaded suite, every promise kept).
     assert sum(report.jobs.values()) >= 5, "the campaign ran almost no jobs"
