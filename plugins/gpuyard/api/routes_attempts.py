@@ -109,9 +109,9 @@ def _beat(ctx: ApiContext, attempt_id: str, secret: str, body: HeartbeatIn) -> H
     interval = None
     policy = beat.job.spec.checkpoint
     if policy is not None and policy.interval == "auto" and beat.job.checkpoint_cost_s:
-        known = {n.name: n.expected_mtbi_s for n in ctx.fleet.nodes}
         nodes = {n["node"] for n in beat.attempt.placement.get("nodes", [])}
-        priors = {node: known.get(node, UNKNOWN_NODE_MTBI_S) for node in nodes}
+        listed = {n.name: n.expected_mtbi_s for n in ctx.fleet.nodes if n.name in nodes}
+        priors = dict.fromkeys(nodes, UNKNOWN_NODE_MTBI_S) | listed
         with ctx.engine.connect() as conn:
             mtbi = interruptions.attempt_mtbi_s(conn, priors, now)
         interval = young_daly_interval_s(beat.job.checkpoint_cost_s, mtbi)
