@@ -361,6 +361,19 @@ def pods_of(cluster: Cluster, attempt_id: str) -> list[str]:
     ]
 
 
+@contextmanager
+def clock_stopped(service: SchedulerService) -> Iterator[None]:
+    """The scheduler's clock stands still while the test's kubelet brings pods up: a kubelet takes
+    milliseconds, a test's steps between a reservation and its pods running can take a loaded
+    machine longer than the tests' short lease (LEASE_S)."""
+    clock, at = service.clock, service.clock()
+    service.clock = lambda: at
+    try:
+        yield
+    finally:
+        service.clock = clock
+
+
 def step_until(service: SchedulerService, condition: object, what: str, timeout_s: float = 15.0) -> None:
     def stepped() -> object:
         service.step()

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import LEASE_S, Cluster, detail, pods_of, scheduler_on, step_until, submit
+from conftest import LEASE_S, Cluster, clock_stopped, detail, pods_of, scheduler_on, step_until, submit
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.observability import logs
 from gpuyard.scheduler.service import SchedulerService
@@ -34,18 +34,21 @@ def launched(cluster: Cluster, service: SchedulerService, engine: Engine, job_id
 
 def pulling(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> tuple[str, str]:
     """The job's attempt and its one pod, bound to its node and creating its container."""
-    attempt_id = launched(cluster, service, engine, job_id)
-    (pod,) = pods_of(cluster, attempt_id)
-    cluster.bind(pod)
-    cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image registry.example/train:1"))
+    with clock_stopped(service):
+        attempt_id = launched(cluster, service, engine, job_id)
+        (pod,) = pods_of(cluster, attempt_id)
+        cluster.bind(pod)
+        cluster.set_pod_status(pod, waiting("ContainerCreating", "pulling image registry.example/train:1"))
     return attempt_id, pod
 
 
 def run_pods(cluster: Cluster, service: SchedulerService, engine: Engine, job_id: str) -> str:
-    attempt_id = launched(cluster, service, engine, job_id)
-    for name in pods_of(cluster, attempt_id):
-        cluster.set_pod_status(name, running())
-    step_until(service, lambda: detail(engine, job_id).job.state.value == "RUNNING", "running")
+    """The job's attempt, once its pods run (its lease cannot pass before the test's kubelet acts)."""
+    with clock_stopped(service):
+        attempt_id = launched(cluster, service, engine, job_id)
+        for name in pods_of(cluster, attempt_id):
+            cluster.set_pod_status(name, running())
+        step_until(service, lambda: detail(engine, job_id).job.state.value == "RUNNING", "running")
     return attempt_id
 
 
