@@ -27,6 +27,7 @@ with DAG(
     params=step.params(PIPELINE),
     default_args={"owner": PIPELINE.owner, "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
     tags=["gpuyard", "retraining"],
+    on_failure_callback=step.report_failure,  # names the failed tasks
     doc_md=__doc__,
 ) as dag:
     run = step.start(PIPELINE)
@@ -34,7 +35,7 @@ with DAG(
     raw_checked = step.validate_raw(PIPELINE, run)
     corrected = step.reprepare_corrections(PIPELINE, run)  # what corrected raw days reach
     prepared = step.prepare(PIPELINE)  # the Spark jobs, or pandas below spark.spark_from_rows
-    features_checked = step.validate_features(PIPELINE, run)
+    features_checked = step.validate_features(PIPELINE)
     applied = step.feast_apply(PIPELINE, run)
     materialized = step.materialize(PIPELINE, run)
     sets = step.training_set(PIPELINE, run)
@@ -45,7 +46,7 @@ with DAG(
     parity = step.training_serving_parity(PIPELINE, run, best, sets)
     gate = step.approval(PIPELINE) if PIPELINE.promotion.require_approval else None
     published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
-    done = step.finish(PIPELINE, run)
+    done = step.finish(PIPELINE, run)  # start's teardown: closes the MLflow run, whatever happened
 
     chain(landed, raw_checked, corrected, prepared, features_checked, applied, materialized, sets)
     chain(sets_checked, candidates)

@@ -21,6 +21,7 @@ from pipelines.definition import REPOSITORY, PipelineDefinition
 from pipelines.errors import ConfigError
 
 PARENT_TAG = "mlflow.parentRunId"
+WINDOW_TAG = "pipeline.window"  # the days the DAG run's first `start` chose (JSON)
 
 
 def client(definition: PipelineDefinition) -> Any:
@@ -65,9 +66,15 @@ def start_run(
     run_id: str,
     logical_date: str | None,
     params: Mapping[str, Any],
-    window: Mapping[str, str],
-) -> str:
-    """The DAG run's MLflow run: found again by its tags on a retry, else created (idempotent)."""
+    window: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The DAG run's MLflow run, open (RUNNING), with the window and commit its first start recorded.
+
+    Airflow runs `start` again on a retry and whenever a task of the run is cleared (a setup is
+    cleared with its work), so the run is found again by its tags and keeps what it began with:
+    the same MLflow run, the same days, the same code version. Returns the window's fields with
+    `mlflow_run_id` and `git_commit`.
+    """
     mlflow = client(definition)
     experiment = experiment_id(definition)
     found = mlflow.search_runs(
@@ -75,27 +82,33 @@ def start_run(
         filter_string=f"tags.`airflow.dag_id` = '{dag_id}' and tags.`airflow.run_id` = '{run_id}'",
         max_results=1,
     )
-    if found:
-        return str(found[0].info.run_id)
+    if found and WINDOW_TAG in found[0].data.tags:
+        run = found[0]
+        mlflow.update_run(run.info.run_id, status="RUNNING")  # a cleared task reopens a closed run
+        first = json.loads(run.data.tags[WINDOW_TAG])
+        return {**first, "mlflow_run_id": run.info.run_id, "git_commit": run.data.tags["git.commit"]}
     commit = git_commit()
-    run = mlflow.create_run(
-        experiment,
-        run_name=f"{dag_id} {run_id}",
-        tags={
-            "airflow.dag_id": dag_id,
-            "airflow.run_id": run_id,
-            "airflow.logical_date": logical_date or "",
-            "git.commit": commit,
-            "pipeline.name": definition.name,
-            "pipeline.definition_sha256": definition.digest,
-            "pipeline.definition": str(definition.path.relative_to(REPOSITORY))
-            if definition.path.is_relative_to(REPOSITORY)
-            else str(definition.path),
-        },
-    )
+    run_id_mlflow = found[0].info.run_id if found else None  # a start cut off before its window
+    if run_id_mlflow is None:
+        run_id_mlflow = mlflow.create_run(
+            experiment,
+            run_name=f"{dag_id} {run_id}",
+            tags={
+                "airflow.dag_id": dag_id,
+                "airflow.run_id": run_id,
+                "airflow.logical_date": logical_date or "",
+                "pipeline.name": definition.name,
+                "pipeline.definition_sha256": definition.digest,
+                "pipeline.definition": str(definition.path.relative_to(REPOSITORY))
+                if definition.path.is_relative_to(REPOSITORY)
+                else str(definition.path),
+            },
+        ).info.run_id
     for key, value in {**params, **{f"window.{k}": v for k, v in window.items()}}.items():
-        mlflow.log_param(run.info.run_id, key, str(value))
-    return str(run.info.run_id)
+        mlflow.log_param(run_id_mlflow, key, _text(value))  # the same value again is no error
+    mlflow.set_tag(run_id_mlflow, "git.commit", commit)
+    mlflow.set_tag(run_id_mlflow, WINDOW_TAG, _text(dict(window)))  # last: the run is complete
+    return {**window, "mlflow_run_id": run_id_mlflow, "git_commit": commit}
 
 
 def manifest_digest(manifest_url: str) -> str:

@@ -111,11 +111,11 @@ def _start(path: str) -> dict[str, Any]:
     landed, corrected = _triggering_days(context)
     run_date = str(landed[-1]) if landed else context["params"]["run_date"]
     window = definition.window(run_date)
-    days = {k: str(v) for k, v in window.model_dump().items()} | {"holdout_end": str(window.holdout_end)}
-    days |= {"corrected_dates": [str(d) for d in corrected]}
+    days: dict[str, Any] = {k: str(v) for k, v in window.model_dump().items()}
+    days |= {"holdout_end": str(window.holdout_end), "corrected_dates": [str(d) for d in corrected]}
     dag_run = context["dag_run"]
     logical = context.get("logical_date")
-    parent = lineage.start_run(
+    return lineage.start_run(
         definition,
         dag_id=dag_run.dag_id,
         run_id=dag_run.run_id,
@@ -123,11 +123,16 @@ def _start(path: str) -> dict[str, Any]:
         params=dict(context["params"]),
         window=days,
     )
-    return {**days, "mlflow_run_id": parent, "git_commit": lineage.git_commit()}
 
 
 def start(definition: PipelineDefinition) -> Any:
-    """The run's window (from the Params, or the triggering asset event) and its MLflow run."""
+    """The run's window (from the Params, or the triggering asset event) and its MLflow run.
+
+    The run's setup (`finish` is its teardown): Airflow runs it again with any task cleared, and it
+    then returns what the DAG run's first start chose (pipelines/lineage.py). Its direct downstream
+    tasks keep the default trigger rule (Airflow's rule for setups); a task after a branch reads
+    the window from XCom instead (`_run_window`).
+    """
     return _start(str(definition.path))
 
 
@@ -241,16 +246,17 @@ def prepare(definition: PipelineDefinition) -> TaskGroup:
     return group
 
 
-# after the preparation's branch: the engine not taken is skipped
+# after the preparation's branch: the engine not taken is skipped; the window from XCom, since a
+# setup's direct downstream tasks must keep the default trigger rule
 @task(task_id="validate_features", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
-def _validate_features(path: str, run: dict[str, Any]) -> list[str]:
+def _validate_features(path: str) -> list[str]:
     from pipelines import validate
 
-    return [r.report_url for r in validate.validate_features(_config(path, run))]
+    return [r.report_url for r in validate.validate_features(_config(path, _run_window()))]
 
 
-def validate_features(definition: PipelineDefinition, run: Any) -> Any:
-    return _validate_features(str(definition.path), run)
+def validate_features(definition: PipelineDefinition) -> Any:
+    return _validate_features(str(definition.path))
 
 
 @task(task_id="feast_apply")
@@ -493,14 +499,21 @@ def publish(definition: PipelineDefinition, run: Any, verdict: Any, approved: An
     return _publish.override(outlets=[model_asset(definition)])(str(definition.path), run, verdict, approved)
 
 
-@task(task_id="finish", trigger_rule=TriggerRule.ALL_DONE)
+def failed_tasks(states: dict[str, Any]) -> list[str]:
+    """The tasks of a run that failed themselves (not those left undone behind them), by Airflow's
+    task states of the run."""
+    return sorted(task for task, state in states.items() if state == "failed")
+
+
+def _run_states(ti: Any) -> dict[str, Any]:
+    return dict(ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {}))
+
+
+@task(task_id="finish")
 def _finish(path: str, run: dict[str, Any]) -> str:
     from pipelines import lineage
 
-    context = get_current_context()
-    ti, dag_run = context["ti"], context["dag_run"]
-    states = ti.get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id]).get(dag_run.run_id, {})
-    failed = sorted(task for task, state in states.items() if state in ("failed", "upstream_failed"))
+    failed = failed_tasks(_run_states(get_current_context()["ti"]))
     status = "FAILED" if failed else "FINISHED"
     definition = _definition(path)
     lineage.log_to_run(run["mlflow_run_id"], definition, {}, **{"pipeline.failed_tasks": failed})
@@ -509,5 +522,28 @@ def _finish(path: str, run: dict[str, Any]) -> str:
 
 
 def finish(definition: PipelineDefinition, run: Any) -> Any:
-    """Close the run's MLflow run: FINISHED, or FAILED naming the tasks that failed."""
-    return _finish(str(definition.path), run)
+    """Close the run's MLflow run: FINISHED, or FAILED naming the tasks that failed.
+
+    `start`'s teardown: it runs whatever the work did (once `start` succeeded), and, a teardown, it
+    does not decide the DAG run's state: the work's last tasks do, so a failed training fails the
+    run. Wire it after the run's last tasks.
+    """
+    return _finish(str(definition.path), run).as_teardown(setups=run.operator)
+
+
+def report_failure(context: Any) -> None:
+    """The DAG-level failure callback: says which tasks failed the run.
+
+    The DAG processor runs it with `ti`, the task that failed last, and Airflow's task states to
+    ask; `airflow dags test` runs it in its own process with no supervisor to ask, and there the
+    task that failed last is all it names.
+    """
+    ti = context.get("ti")
+    if ti is None:  # Airflow found no failed task to hand over
+        log.error("DAG run %s failed: %s", context.get("run_id"), context.get("reason"))
+        return
+    try:
+        failed = failed_tasks(_run_states(ti))
+    except NameError:  # no SUPERVISOR_COMMS: a callback of `airflow dags test`
+        failed = [ti.task_id]
+    log.error("DAG run %s of %s failed: failed tasks: %s", ti.run_id, ti.dag_id, ", ".join(failed))

@@ -278,6 +278,15 @@ class AirflowStack:
 
         return wait_until(reached, timeout_s, 0.5, what=f"{task_id} in {states}")  # type: ignore[no-any-return]
 
+    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 240) -> str:
+        """The state the DAG run ends in (success or failed)."""
+
+        def ended() -> str | None:
+            state = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json().get("state")
+            return state if state in ("success", "failed") else None
+
+        return wait_until(ended, timeout_s, 0.5, what=f"DAG run {run_id} ended")  # type: ignore[no-any-return]
+
     def logs(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str]:
         """Every log file of the task instance (each try's and each trigger's), by file name."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"

@@ -30,6 +30,12 @@ for dag_id, dag in bag.dags.items():
         "params": {k: dag.params.get_param(k).value for k in dag.params},
         "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
+        "setups": sorted(t.task_id for t in dag.tasks if t.is_setup),
+        "teardowns": sorted(t.task_id for t in dag.tasks if t.is_teardown),
+        # Airflow's leaves for the run's state: a task followed by teardowns only, not a teardown
+        "leaves": sorted(t.task_id for t in dag.tasks if not t.is_teardown
+            and all(dag.get_task(d).is_teardown for d in t.downstream_task_ids)),
+        "on_failure": getattr(dag.on_failure_callback, "__name__", None),
     }
 print(json.dumps({"errors": bag.import_errors, "dags": dags}, default=str))
 """
@@ -81,6 +87,14 @@ def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
         assert upstream in tasks[downstream], f"{upstream} must run before {downstream}"
     assert "approve" not in tasks  # the definition asks for no approval
     assert folder["dags"]["flights_delay"]["mapped"] == ["train"]
+
+
+def test_flights_delay_s_run_state_is_its_work_s_and_a_failure_is_reported(folder: dict[str, Any]) -> None:
+    dag = folder["dags"]["flights_delay"]
+    # start opens the MLflow run, finish closes it whatever happened, and decides nothing
+    assert dag["setups"] == ["start"] and dag["teardowns"] == ["finish"]
+    assert dag["leaves"] == ["publish"]  # a failed training leaves it upstream_failed: the run fails
+    assert dag["on_failure"] == "report_failure"
 
 
 def test_flights_delay_schedule_assets_and_params_are_the_definitions(folder: dict[str, Any]) -> None:

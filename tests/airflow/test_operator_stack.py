@@ -44,6 +44,7 @@ class World:
     gate: Gate
     airflow: AirflowStack
     mlflow_uri: str
+    definition: Path  # the retraining cases' pipeline definition
 
     def saved_cursor(self, dag_id: str) -> int:
         """The cursor in the DAG's task's XCom: 0 as the operator defers, then what its trigger saved
@@ -130,9 +131,11 @@ def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
             "mark_failed",
             "token_check",
             "approval",
+            "failed_training",
+            "cleared_training",
         ):
             airflow.wait_for_dag(f"case_{case}")
-        yield World(gpuyard, gate, airflow, mlflow_uri)
+        yield World(gpuyard, gate, airflow, mlflow_uri, root / "approval.yaml")
     finally:
         airflow.stop()
         gate.stop()
@@ -369,6 +372,56 @@ def test_a_rejection_at_the_gate_is_recorded_and_publishes_nothing(world: World)
     rejected = mlflow.get_model_version("cases-model", version)
     assert "but not approved by" in rejected.tags["rejected"]
     assert rejected.aliases == []  # not the champion, whether or not another version is
+
+
+def dag_run_s_mlflow_runs(world: World, dag: str, run: str) -> list[Any]:
+    """The MLflow runs `start` opened for a DAG run (found by their Airflow tags)."""
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(world.mlflow_uri)
+    experiment = mlflow.get_experiment_by_name(load_definition(world.definition).experiment)
+    tags = f"tags.`airflow.dag_id` = '{dag}' and tags.`airflow.run_id` = '{run}'"
+    return list(mlflow.search_runs([experiment.experiment_id], filter_string=tags))
+
+
+def test_a_failed_training_fails_the_dag_run_and_its_mlflow_run_and_publishes_nothing(world: World) -> None:
+    dag = "case_failed_training"
+    run = world.airflow.trigger(dag)
+    assert world.airflow.wait_run(dag, run) == "failed"  # the teardown ran, and decided nothing
+    states = {t: world.airflow.ti(dag, run, t)["state"] for t in ("start", "train", "publish", "finish")}
+    assert states == {
+        "start": "success",
+        "train": "failed",
+        "publish": "upstream_failed",
+        "finish": "success",
+    }
+    [parent] = dag_run_s_mlflow_runs(world, dag, run)
+    assert parent.info.status == "FAILED"
+    assert json.loads(parent.data.tags["pipeline.failed_tasks"]) == ["train"]
+    # the DAG processor ran the failure callback, which asked Airflow for the run's failed tasks
+    said = f"DAG run {run} of {dag} failed: failed tasks: train"
+    wait_until(lambda: any(said in text for _, text in world.airflow.all_logs()), 60, 0.5, what=said)
+
+
+def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(world: World) -> None:
+    dag = "case_cleared_training"
+    run = world.airflow.trigger(dag)
+    assert world.airflow.wait_run(dag, run) == "success"
+    [first] = dag_run_s_mlflow_runs(world, dag, run)
+    assert first.info.status == "FINISHED"
+    cleared = world.airflow.api.post(
+        f"/dags/{dag}/clearTaskInstances",
+        json={"dry_run": False, "dag_run_id": run, "task_ids": ["train"], "only_failed": False},
+    )
+    assert cleared.status_code == 200, cleared.text
+    # Airflow clears the task's setup and teardown with it
+    assert {t["task_id"] for t in cleared.json()["task_instances"]} == {"start", "train", "finish"}
+    assert world.airflow.wait_run(dag, run) == "success"
+    [again] = dag_run_s_mlflow_runs(world, dag, run)
+    assert again.info.run_id == first.info.run_id and again.info.status == "FINISHED"
+    assert again.data.tags["pipeline.window"] == first.data.tags["pipeline.window"]
+    assert again.data.tags["git.commit"] == first.data.tags["git.commit"]
+    assert world.airflow.ti(dag, run, "start")["try_number"] == 2  # start ran again, and found its run
 
 
 def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(world: World) -> None:

@@ -21,22 +21,32 @@ CASES = {
     "token-check": (True, 10, 0.0),
 }
 
+
+def training(name: str, steps: int, **arguments: object) -> GpuTrainingOperator:
+    """The cases' GPU training task: a job of team a on the tiny training set."""
+    return GpuTrainingOperator(
+        task_id="train",
+        name=name,
+        team="a",
+        training_config=os.environ.get("GPUYARD_CASES_CONFIG", "missing.yaml"),
+        checkpoint_root=os.environ.get("GPUYARD_CASES_CHECKPOINTS", "file:///tmp/missing"),
+        max_steps=steps,
+        gpus=1,
+        gpu_type="cpu",
+        preemptible=True,
+        mlflow_tracking_uri=os.environ.get("GPUYARD_CASES_MLFLOW"),
+        **arguments,  # type: ignore[arg-type]
+    )
+
+
 for name, (deferrable, steps, step_s) in CASES.items():
     with DAG(
         f"case_{name.replace('-', '_')}", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False
     ):
-        GpuTrainingOperator(
-            task_id="train",
-            name=name,
-            team="a",
-            training_config=os.environ.get("GPUYARD_CASES_CONFIG", "missing.yaml"),
-            checkpoint_root=os.environ.get("GPUYARD_CASES_CHECKPOINTS", "file:///tmp/missing"),
+        training(
+            name,
+            steps,
             overrides={"train.step_sleep_s": step_s},
-            max_steps=steps,
-            gpus=1,
-            gpu_type="cpu",
-            preemptible=True,
-            mlflow_tracking_uri=os.environ.get("GPUYARD_CASES_MLFLOW"),
             deferrable=deferrable,
             retries=1,
             retry_delay=dt.timedelta(seconds=1),
@@ -72,3 +82,31 @@ if os.environ.get("GPUYARD_CASES_DEFINITION"):
         gate = step.approval(PIPELINE)
         published = step.publish(PIPELINE, run, verdict, gate.output)
         chain(verdict, gate, published)
+
+    # The retraining DAGs' run around a training job: the real `start` (the setup, opening the DAG
+    # run's MLflow run) and `finish` (its teardown), and the pipelines' failure callback. The job
+    # fails (a data path that does not exist: one attempt, no retry; publication stays behind it)
+    # or trains 10 steps.
+    def retraining(dag_id: str, overrides: dict[str, object], publishes: bool) -> None:
+        with DAG(
+            dag_id,
+            schedule=None,
+            start_date=dt.datetime(2026, 1, 1),
+            catchup=False,
+            params={**step.params(PIPELINE), "verdict": Param({}, type="object")},
+            on_failure_callback=step.report_failure,
+        ):
+            run = step.start(PIPELINE)
+            trained = training(
+                dag_id.replace("_", "-"),
+                10,
+                overrides=overrides,
+                max_failures=0,
+                mlflow_parent_run_id=step.START.format(field="mlflow_run_id"),
+                retries=0,
+            )
+            work = [trained, step.publish(PIPELINE, run, evaluated()).operator] if publishes else [trained]
+            chain(run, *work, step.finish(PIPELINE, run))
+
+    retraining("case_failed_training", {"data.path": "/nonexistent"}, publishes=True)
+    retraining("case_cleared_training", {}, publishes=False)
