@@ -322,6 +322,7 @@ def airflow_env(home: Path, dags: Path, url: str, token: str) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
         "AIRFLOW__TRIGGERER__CAPACITY": "2000",
         "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps({"conn_type": "gpuyard", "host": url, "password": token}),
         "PATH": f"{BIN}:{env.get('PATH', '')}",

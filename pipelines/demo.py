@@ -71,6 +71,7 @@ def airflow_environment(connection: dict[str, str], tracking_uri: str) -> dict[s
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPOSITORY / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # GPU jobs wait in the triggerer, not a worker
         "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps(connection),
     }
 

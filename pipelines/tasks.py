@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -188,15 +189,21 @@ def validate_raw(definition: PipelineDefinition, run: Any) -> Any:
 
 
 def spark_connection(definition: PipelineDefinition) -> str:
-    """The Airflow connection spark-submit uses: the master the definition names.
+    """The Airflow connection spark-submit uses: the master the definition names (_spark_master)."""
+    return f"spark_{definition.name}"
 
-    Defined through the environment of whatever process parses the DAG file (the task's own
-    worker among them), unless the deployment defined it already (a cluster's credentials).
-    """
-    conn_id = f"spark_{definition.name}"
-    connection = {"conn_type": "spark", "host": definition.spark.master}
-    os.environ.setdefault(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
-    return conn_id
+
+def _spark_master(definition: PipelineDefinition) -> Callable[[Any], None]:
+    """The Spark jobs' pre_execute: defines their connection in the task's own process as it runs
+    (not as the DAG file is parsed), unless the deployment defined it already (a cluster's
+    credentials)."""
+    variable = f"AIRFLOW_CONN_{spark_connection(definition).upper()}"
+    connection = json.dumps({"conn_type": "spark", "host": definition.spark.master})
+
+    def define(context: Any) -> None:
+        os.environ.setdefault(variable, connection)
+
+    return define
 
 
 def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
@@ -208,6 +215,7 @@ def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
             application=str(prepare_step.JOBS_DIR / f"{job}.py"),
             application_args=prepare_step.job_arguments(config, job, start, end),
             conn_id=spark_connection(definition),
+            pre_execute=_spark_master(definition),
             conf={"spark.sql.session.timeZone": "UTC"},
             name=f"{definition.name}-{job}",
             env_vars={"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -379,6 +387,13 @@ def train(definition: PipelineDefinition, sets: Any) -> Any:
             "data_snapshot": "{{ ti.xcom_pull(task_ids='training_set')['train']['data_snapshot_id'] }}",
         },
         labels={"pipeline": definition.name},
+        # the run's Params (the form's values, else the definition's), each to its argument
+        max_steps="{{ params.max_steps }}",
+        gpus="{{ params.gpus }}",
+        gpu_type="{{ params.gpu_type }}",
+        priority="{{ params.priority }}",
+        preemptible="{{ params.preemptible }}",
+        new_job="{{ params.new_job }}",
     ).expand(overrides=_grid(str(definition.path), sets))
 
 

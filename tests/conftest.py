@@ -12,13 +12,13 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import mlflow_targets
 import pytest
 import redis
 from gpuyard.store.db import make_engine, migrate
@@ -196,35 +196,13 @@ def no_inherited_prometheus_dirs() -> Iterator[None]:
     _restore_prometheus_dirs()
 
 
-# MLflow's process-wide targets: the module global `mlflow.set_tracking_uri` and `set_registry_uri`
-# keep, and the variable each exports for subprocesses.
-_MLFLOW_TARGETS = (
-    ("mlflow.tracking._tracking_service.utils", "_tracking_uri", "MLFLOW_TRACKING_URI"),
-    ("mlflow.tracking._model_registry.utils", "_registry_uri", "MLFLOW_REGISTRY_URI"),
-)
-
-
 @pytest.fixture(autouse=True)
 def mlflow_targets_restored() -> Iterator[None]:
     """A test that points MLflow at its own store leaves the worker's next test where it found it (a
     random order ran one test against another's store, and one with a server's address where it
-    expected none). MLflow has no public reset of its globals."""
-
-    def now() -> list[tuple[object, str | None]]:
-        return [
-            (getattr(sys.modules.get(module), name, None), os.environ.get(variable))
-            for module, name, variable in _MLFLOW_TARGETS
-        ]
-
-    before = now()
-    yield
-    for (module, name, variable), (value, exported) in zip(_MLFLOW_TARGETS, before, strict=True):
-        if module in sys.modules:
-            setattr(sys.modules[module], name, value)
-        if exported is None:
-            os.environ.pop(variable, None)
-        else:
-            os.environ[variable] = exported
+    expected none). A module's fixture that points MLflow somewhere uses `mlflow_targets.kept` too."""
+    with mlflow_targets.kept():
+        yield
 
 
 # Parallel runs (pytest-xdist, `--dist loadgroup`, as make test runs the suite): a heavy system that

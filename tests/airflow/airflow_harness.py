@@ -26,6 +26,7 @@ def airflow_environment(home: Path, **extra: str) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # as the repository's deployments set it
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "SPARK_LOCAL_IP": "127.0.0.1",
         "GX_ANALYTICS_ENABLED": "false",

@@ -13,9 +13,11 @@ from pipelines.definition import load_definition
 pytestmark = pytest.mark.slow  # Airflow's DAG processor and `dags test`
 
 SHAPE = """
-import json
+import json, os
 from airflow.dag_processing.dagbag import DagBag
+before = dict(os.environ)
 bag = DagBag(dag_folder=%r)
+written = sorted(k for k, v in os.environ.items() if before.get(k) != v)
 dags = {}
 for dag_id, dag in bag.dags.items():
     timetable = dag.timetable
@@ -36,8 +38,10 @@ for dag_id, dag in bag.dags.items():
         "leaves": sorted(t.task_id for t in dag.tasks if not t.is_teardown
             and all(dag.get_task(d).is_teardown for d in t.downstream_task_ids)),
         "on_failure": getattr(dag.on_failure_callback, "__name__", None),
+        "train": {k: v for k, v in getattr(dag.task_dict.get("train"), "partial_kwargs", {}).items()
+            if k in ("gpus", "gpu_type", "priority", "preemptible", "max_steps", "new_job")},
     }
-print(json.dumps({"errors": bag.import_errors, "dags": dags}, default=str))
+print(json.dumps({"errors": bag.import_errors, "dags": dags, "written": written}, default=str))
 """
 
 
@@ -54,6 +58,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_dag_folder_imports_with_no_errors(folder: dict[str, Any]) -> None:
     assert folder["errors"] == {}
     assert "flights_delay" in folder["dags"]
+
+
+def test_parsing_the_dag_folder_writes_nothing_to_the_environment(folder: dict[str, Any]) -> None:
+    assert folder["written"] == []  # the Spark jobs define their connection as they run
+
+
+def test_flights_delay_hands_its_params_to_the_training_job_by_argument(folder: dict[str, Any]) -> None:
+    arguments = ("gpus", "gpu_type", "priority", "preemptible", "max_steps", "new_job")
+    assert folder["dags"]["flights_delay"]["train"] == {a: f"{{{{ params.{a} }}}}" for a in arguments}
 
 
 def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:

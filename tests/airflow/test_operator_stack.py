@@ -10,6 +10,7 @@ training jobs run as team a's user where `gpuyard up` runs as root.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from airflow_harness import ROOT
 from gpuyard.airflow.narration import Story, attempt_of
+from gpuyard.airflow.operators.training import BACKSTOP_S
 from servers import open_directory, wait_until
 from stack import AirflowStack, Gate, Gpuyard
 
@@ -36,6 +38,7 @@ from pipelines.tracking_server import TrackingServer
 pytestmark = pytest.mark.slow
 
 DONE = {"success", "failed", "upstream_failed"}
+EXECUTION_TIMEOUT_S = 20  # case_execution_timeout's
 
 
 @dataclass
@@ -117,6 +120,7 @@ def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
         GPUYARD_CASES_CONFIG=str(config),
         GPUYARD_CASES_CHECKPOINTS=(root / "checkpoints").as_uri(),
         GPUYARD_CASES_MLFLOW=mlflow_uri,
+        GPUYARD_CASES_TIMEOUT_S=str(EXECUTION_TIMEOUT_S),
         GPUYARD_CASES_DEFINITION=str(root / "approval.yaml"),
         AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
         AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD="5",
@@ -129,6 +133,7 @@ def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
             "kill_while_following",
             "triggerer_restart",
             "mark_failed",
+            "execution_timeout",
             "token_check",
             "approval",
             "failed_training",
@@ -275,6 +280,27 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
     told = "\n".join(world.airflow.logs(dag, run, "train").values())
     assert "Trigger cancelled by user action, invoking on_kill" in told
     assert f"gpuyard job {job['id']}: cancelled (the task was stopped by a user)" in told
+
+
+def test_execution_timeout_cancels_the_job_at_the_deadline(world: World) -> None:
+    dag, name = "case_execution_timeout", "execution-timeout"
+    run = world.airflow.trigger(dag)
+    ti = world.airflow.wait_ti(dag, run, "train", DONE)
+    assert ti["state"] == "failed"
+    [job] = world.gpuyard.jobs(name)
+    wait_until(
+        lambda: world.gpuyard.job(job["id"])["state"] == "CANCELLED", 120, 0.5, what="the job cancelled"
+    )
+    told = "\n".join(world.airflow.logs(dag, run, "train").values())
+    # the trigger ended the wait at the deadline (Airflow's own deferral timeout, a minute later,
+    # would have failed the task without cancelling anything) and the operator cancelled the job
+    assert "execution_timeout passed before the job ended" in told
+    assert f"gpuyard job {job['id']}: cancelled (the task was killed)" in told
+    assert "AirflowTaskTimeout" in told
+    ran_s = (
+        dt.datetime.fromisoformat(ti["end_date"]) - dt.datetime.fromisoformat(ti["start_date"])
+    ).total_seconds()
+    assert EXECUTION_TIMEOUT_S <= ran_s < EXECUTION_TIMEOUT_S + BACKSTOP_S, ran_s
 
 
 def registered_version(world: World) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import mlflow_targets
 import pandas as pd
 import pytest
 
@@ -32,10 +33,9 @@ def private(feast_config, tmp_path_factory):
     data = pd.read_parquet(storage.local_path(built.data_url))
     columns = built.manifest["feature_columns"]
     tracking = f"sqlite:///{root}/mlflow.db"
-    # No process-wide active experiment or tracking URI is left behind for later tests.
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(tracking)
-    try:
+    # No process-wide tracking URI is left behind for later tests (nor MLflow's default exported)
+    with mlflow_targets.kept():
+        mlflow.set_tracking_uri(tracking)
         experiment = mlflow.MlflowClient(tracking).create_experiment(
             "parity",
             artifact_location=(root / "artifacts").as_uri(),  # not ./mlruns of the cwd
@@ -43,8 +43,6 @@ def private(feast_config, tmp_path_factory):
         with mlflow.start_run(experiment_id=experiment):
             model = LinearRegression().fit(data[columns].to_numpy(dtype="float32"), data["is_late"])
             info = mlflow.sklearn.log_model(model, name="model")
-    finally:
-        mlflow.set_tracking_uri(previous)
     return config, info.model_uri, built.manifest_url, tracking
 
 

@@ -1,7 +1,8 @@
 """DAGs of the operator tests: one GpuTrainingOperator task each, on a tiny training set.
 
-The tests set GPUYARD_CASES_CONFIG (training config), GPUYARD_CASES_CHECKPOINTS (checkpoint root)
-and GPUYARD_CASES_MLFLOW (tracking URI) for every Airflow process.
+The tests set GPUYARD_CASES_CONFIG (training config), GPUYARD_CASES_CHECKPOINTS (checkpoint root),
+GPUYARD_CASES_MLFLOW (tracking URI) and GPUYARD_CASES_TIMEOUT_S (the timeout case's
+execution_timeout) for every Airflow process.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ for name, (deferrable, steps, step_s) in CASES.items():
             retries=1,
             retry_delay=dt.timedelta(seconds=1),
         )
+
+
+# execution_timeout caps the job (deferrable from `[operators] default_deferrable`, as the tests'
+# Airflow sets it): the trigger ends the wait at the deadline and the job is cancelled.
+with DAG("case_execution_timeout", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False):
+    training(
+        "execution-timeout",
+        100_000,
+        overrides={"train.step_sleep_s": 0.2},
+        execution_timeout=dt.timedelta(seconds=float(os.environ.get("GPUYARD_CASES_TIMEOUT_S", "20"))),
+    )
 
 
 # The approval gate and publication of the retraining DAGs (pipelines/tasks.py) on a registered

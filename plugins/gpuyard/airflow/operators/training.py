@@ -27,22 +27,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, ResumableJobMixin
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 
 from gpuyard.airflow.hooks.gpuyard import GpuyardHook
 from gpuyard.airflow.links import JOB_ID_XCOM, GpuyardJobLink
 from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, lost_steps, tell_batch
-from gpuyard.airflow.triggers.job import CURSOR_XCOM, GpuJobTrigger
+from gpuyard.airflow.triggers.job import CURSOR_XCOM, TIMED_OUT, GpuJobTrigger
 from gpuyard.client import TERMINAL_STATES, ApiError, GpuyardClient
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-PARAM_FIELDS = ("max_steps", "gpus", "gpu_type", "priority", "preemptible", "new_job")
+# The job's size and standing: templated arguments ("{{ params.gpus }}"), rendered as strings unless
+# the DAG renders native objects, and read back here with their types (a bad one names its argument).
+CHOICES: dict[str, tuple[type, Any]] = {  # argument: (type, default)
+    "gpus": (int, 1),
+    "gpu_type": (str, None),
+    "priority": (str, "normal"),
+    "preemptible": (bool, False),
+    "max_steps": (int, None),
+    "new_job": (bool, False),
+}
+NONE_TEXT = frozenset({"", "None", "null"})  # how Jinja renders a None Param
+BOOL_TEXT = {"true": True, "false": False}
+BACKSTOP_S = 60  # Airflow's deferral timeout, past the trigger's deadline (the trigger module)
 ACTIVE = frozenset({"PENDING", "SCHEDULED", "RUNNING"})
 CANCELLING = "CANCELLING"  # a job asked to cancel that has not ended yet: not worth re-attaching to
 SUPERSEDED = "SUPERSEDED"  # the stored job belongs to an earlier clear of a `new_job` task
@@ -57,6 +70,24 @@ def idempotency_key(
     key += f"/clear-{clear}" if clear else ""
     key += f"/gen-{generation}" if generation else ""
     return key if len(key) <= MAX_KEY else "airflow/sha256-" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def choice(argument: str, value: Any) -> Any:
+    """A rendered job argument with its type (CHOICES), its default for None."""
+    kind, default = CHOICES[argument]
+    if value is None or (isinstance(value, str) and value.strip() in NONE_TEXT):
+        return default
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in BOOL_TEXT:
+            return BOOL_TEXT[value.strip().lower()]
+    elif kind is int:
+        if not isinstance(value, bool) and isinstance(value, int | str) and str(value).strip().isdigit():
+            return int(value)
+    elif isinstance(value, str):
+        return value
+    raise ValueError(f"GpuTrainingOperator argument {argument}: expected {kind.__name__}, got {value!r}")
 
 
 def key_digest(key: str) -> str:
@@ -74,13 +105,18 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
     :param checkpoint_root: fsspec URL; the job checkpoints under `<root>/<key digest>`.
     :param overrides: `--set KEY=VALUE` pairs for the training config (a mapping over this gives
         one job per map index: `.partial(...).expand(overrides=[...])`).
-    :param gpus, gpu_type, priority, preemptible, max_steps, new_job: None takes the run's Param
-        of the same name (the DAG's Params form), else the default.
+    :param gpus, gpu_type, priority, preemptible, max_steps, new_job: the job's size and standing,
+        templated (a DAG hands its Params on as "{{ params.gpus }}"); None takes the default
+        (1 GPU of any type, normal priority, not preemptible, the config's steps, no fresh job).
     :param workdir_root: when set, the job's work directory is `<root>/<key digest>`.
     :param mlflow_tracking_uri: where the training run logs; also where the operator finds the
         run and the registered model of the job. `mlflow_parent_run_id` makes the run its child.
     :param env_from_secret: variable -> name of a secret of the team, set in the workers'
         environment by reference (e.g. the team's MLflow credentials); never a value here.
+    :param deferrable: follow the job in the triggerer (frees the worker slot); None takes
+        `[operators] default_deferrable` (false unless set).
+    :param execution_timeout: also caps the job: at the try's start plus this, the job is
+        cancelled and the try fails (in the trigger when deferred, else in the worker).
     """
 
     template_fields: Sequence[str] = (
@@ -95,6 +131,11 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         "workdir_root",
         "mlflow_tracking_uri",
         "mlflow_parent_run_id",
+        "image",
+        "nodes",
+        "max_failures",
+        "env_from_secret",
+        *CHOICES,
     )
     template_fields_renderers = {"overrides": "json", "env": "json", "reproducibility": "json"}
     operator_extra_links = (GpuyardJobLink(),)
@@ -110,14 +151,14 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         checkpoint_root: str,
         overrides: Mapping[str, Any] | None = None,
         image: str = "python:3.11-slim",
-        gpus: int | None = None,
+        gpus: int | str | None = None,
         gpu_type: str | None = None,
-        nodes: int = 1,
+        nodes: int | str = 1,
         priority: str | None = None,
-        preemptible: bool | None = None,
-        max_steps: int | None = None,
-        new_job: bool | None = None,
-        max_failures: int = 2,
+        preemptible: bool | str | None = None,
+        max_steps: int | str | None = None,
+        new_job: bool | str | None = None,
+        max_failures: int | str = 2,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         reproducibility: Mapping[str, Any] | None = None,
@@ -126,7 +167,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         mlflow_parent_run_id: str | None = None,
         env_from_secret: Mapping[str, str] | None = None,
         gpuyard_conn_id: str = GpuyardHook.default_conn_name,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poll_s: float = 20.0,
         **kwargs: Any,
     ) -> None:
@@ -134,46 +175,37 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         self.name, self.team, self.training_config = name, team, training_config
         self.checkpoint_root, self.image, self.nodes = checkpoint_root, image, nodes
         self.overrides = dict(overrides or {})
-        self.explicit = {
-            "gpus": gpus,
-            "gpu_type": gpu_type,
-            "priority": priority,
-            "preemptible": preemptible,
-            "max_steps": max_steps,
-            "new_job": new_job,
-        }
+        self.gpus, self.gpu_type, self.priority = gpus, gpu_type, priority
+        self.preemptible, self.max_steps, self.new_job = preemptible, max_steps, new_job
         self.max_failures = max_failures
         self.env, self.labels = dict(env or {}), dict(labels or {})
         self.env_from_secret = dict(env_from_secret or {})
         self.reproducibility = dict(reproducibility or {})
         self.workdir_root = workdir_root
         self.mlflow_tracking_uri, self.mlflow_parent_run_id = mlflow_tracking_uri, mlflow_parent_run_id
+        if deferrable is None:
+            from airflow.sdk.configuration import conf
+
+            deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
         self.gpuyard_conn_id, self.deferrable, self.poll_s = gpuyard_conn_id, deferrable, poll_s
         self._job_id: str | None = None
 
     # -- what to run -------------------------------------------------------------------------------
 
-    def settings(self, context: Context) -> dict[str, Any]:
-        """The Param-driven fields: the argument when given, else the run's Param, else the default."""
-        defaults = {"gpus": 1, "gpu_type": None, "priority": "normal", "preemptible": False}
-        params = context.get("params") or {}
-        return {
-            field: self.explicit[field]
-            if self.explicit[field] is not None
-            else params.get(field, defaults.get(field))
-            for field in PARAM_FIELDS
-        }
+    def chosen(self) -> dict[str, Any]:
+        """The job's size and standing as rendered, with their types and defaults."""
+        return {argument: choice(argument, getattr(self, argument)) for argument in CHOICES}
 
     def key(self, context: Context, generation: int = 0) -> str:
         ti = context["ti"]
-        clear = (context["dag_run"].clear_number or 0) if self.settings(context)["new_job"] else 0
+        clear = (context["dag_run"].clear_number or 0) if self.chosen()["new_job"] else 0
         return idempotency_key(
             ti.dag_id, ti.run_id, ti.task_id, ti.map_index, clear=clear, generation=generation
         )
 
     def job_spec(self, context: Context, key: str) -> dict[str, Any]:
         """The JobSpec of this task instance's job: the same for the same key on every try."""
-        ti, chosen, digest = context["ti"], self.settings(context), key_digest(key)
+        ti, chosen, digest = context["ti"], self.chosen(), key_digest(key)
         sets = dict(self.overrides)
         if chosen["max_steps"] is not None:
             sets["train.max_steps"] = int(chosen["max_steps"])
@@ -205,11 +237,11 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             "resources": {
                 "gpus": int(chosen["gpus"]),
                 "gpu_types": [chosen["gpu_type"]] if chosen["gpu_type"] else [],
-                "nodes": self.nodes,
+                "nodes": int(self.nodes),
             },
             "priority": chosen["priority"],
             "preemptible": bool(chosen["preemptible"]),
-            "retry": {"max_failures": self.max_failures},
+            "retry": {"max_failures": int(self.max_failures)},
             "checkpoint": {"url": f"{self.checkpoint_root.rstrip('/')}/{digest}", "interval": "auto"},
             "reproducibility": self.reproducibility,
             "labels": labels,
@@ -277,6 +309,13 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             # starts from 0 whatever an earlier try saved, and a first start finds it (Airflow logs a
             # missing XCom as an error).
             ti.xcom_push(key=CURSOR_XCOM, value=0)
+            # The try's start anchors the deadline (as the Kubernetes pod operator's does): a
+            # resumption or a re-deferral keeps it
+            deadline = (
+                ti.start_date.timestamp() + self.execution_timeout.total_seconds()
+                if self.execution_timeout is not None and ti.start_date is not None
+                else None
+            )
             self.defer(
                 trigger=GpuJobTrigger(
                     job_id=job_id,
@@ -286,9 +325,11 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
                     task_id=ti.task_id,
                     map_index=ti.map_index,
                     gpuyard_conn_id=self.gpuyard_conn_id,
+                    deadline=deadline,
                 ),
                 method_name="execute_complete",
-                timeout=self.execution_timeout,
+                # Airflow's own timeout fails the task without a word to the job: a backstop only
+                timeout=None if deadline is None else max(deadline - time.time(), 0) + BACKSTOP_S,
             )
         with GpuyardHook(self.gpuyard_conn_id).get_conn() as client:
             job = self._follow(client, job_id)
@@ -303,7 +344,14 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         return result
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        """Resumed by GpuJobTrigger once the job ended."""
+        """Resumed by GpuJobTrigger once the job ended, or its deadline passed."""
+        if event["state"] == TIMED_OUT:
+            self._job_id = event["job_id"]
+            self.on_kill()
+            raise AirflowTaskTimeout(
+                f"gpuyard job {event['job_id']}: execution_timeout ({self.execution_timeout}) passed;"
+                " the job was cancelled"
+            )
         if event["state"] != "SUCCEEDED":
             raise AirflowException(
                 f"gpuyard job {event['job_id']} {event['state']}: {event.get('reason') or ''}"

@@ -13,11 +13,18 @@ restarted, or moved it) resumes from the larger of that and the cursor it was de
 state change is missed, and none told before its save is told again; what a crash caught between
 telling and saving is told once more.
 On a user's mark-failed, clear or mark-success of the deferred task, `on_kill` cancels the job.
+
+Deadline: with `deadline` (epoch seconds: the task's start plus its `execution_timeout`, as the
+operator computes it) the trigger stops following at that moment and fires a TIMED_OUT event; the
+operator then cancels the job and fails the try. Airflow's own deferral timeout fails the task
+without calling the operator, which would leave the job spending GPUs: the operator sets that one
+past the deadline, a backstop for a trigger that never ran.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -31,6 +38,7 @@ from gpuyard.airflow.triggers.followers import Followers
 from gpuyard.client import TERMINAL_STATES, ApiError, AsyncGpuyardClient, Endpoint
 
 CURSOR_XCOM = "gpuyard_cursor"
+TIMED_OUT = "TIMED_OUT"  # the event's state when the deadline passed before the job ended
 
 
 class GpuJobTrigger(BaseTrigger):
@@ -47,9 +55,11 @@ class GpuJobTrigger(BaseTrigger):
         task_id: str,
         map_index: int = -1,
         gpuyard_conn_id: str = GpuyardHook.default_conn_name,
+        deadline: float | None = None,
     ) -> None:
         super().__init__()
         self.job_id, self.cursor, self.gpuyard_conn_id = job_id, cursor, gpuyard_conn_id
+        self.deadline = deadline
         self.ti_key = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -59,52 +69,58 @@ class GpuJobTrigger(BaseTrigger):
                 "job_id": self.job_id,
                 "cursor": self.cursor,
                 "gpuyard_conn_id": self.gpuyard_conn_id,
+                "deadline": self.deadline,
                 **self.ti_key,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         endpoint = await GpuyardHook(self.gpuyard_conn_id).aendpoint()
-        cursor = max(self.cursor, await self._saved_cursor())
-        story = await self._recalled(endpoint, cursor)
-        self.log.info(f"gpuyard job {self.job_id}: following its events after #{cursor}")
+        self.cursor = max(self.cursor, await self._saved_cursor())
+        story = await self._recalled(endpoint, self.cursor)
+        self.log.info(f"gpuyard job {self.job_id}: following its events after #{self.cursor}")
         followers = Followers.of(endpoint)  # no await between this and follow(): the hub stays open
-        outcome: tuple[str, str | None] | None = None
-        summarized = False
-        async with aclosing(followers.follow(self.job_id, cursor)) as batches:
+        left_s = None if self.deadline is None else self.deadline - time.time()
+        try:
+            async with asyncio.timeout(left_s):
+                state, reason = await self._follow(followers, story)
+        except TimeoutError:
+            state, reason = TIMED_OUT, "the task's execution_timeout passed before the job ended"
+            self.log.info(f"gpuyard job {self.job_id}: {reason}; the task cancels it")
+        yield TriggerEvent({"job_id": self.job_id, "state": state, "reason": reason, "cursor": self.cursor})
+
+    async def _follow(self, followers: Followers, story: Story) -> tuple[str, str | None]:
+        """Tell the job's events after `self.cursor`, moving it, until the job ends: its outcome."""
+        async with aclosing(followers.follow(self.job_id, self.cursor)) as batches:
             try:
                 async for batch in batches:
                     if not batch:  # the backlog is told: the job may have ended while nobody followed
                         job = await followers.job(self.job_id)
-                        if job["state"] in TERMINAL_STATES:
-                            outcome = (job["state"], job.get("reason"))
-                            break
+                        if job["state"] in TERMINAL_STATES:  # ended while no trigger followed it
+                            state, reason = job["state"], job.get("reason")
+                            self.log.info(f"gpuyard {story.summary(self.job_id, state, reason)}")
+                            return state, reason
                         continue
                     needed = any(story.needs_attempt(event) for event in batch)
                     job = await followers.job(self.job_id) if needed else None
                     lines = tell_batch(story, batch, job)
-                    cursor = batch[-1]["seq"]
+                    self.cursor = batch[-1]["seq"]
                     ended = next((e for e in batch if e["type"] in TERMINAL_JOB_EVENTS), None)
                     if ended is not None:
                         state = ended["type"].split(".", 1)[1].upper()
-                        outcome = (state, (ended.get("data") or {}).get("reason"))
-                        lines.append(f"gpuyard {story.summary(self.job_id, *outcome)}")
-                        summarized = True
+                        reason = (ended.get("data") or {}).get("reason")
+                        lines.append(f"gpuyard {story.summary(self.job_id, state, reason)}")
                     # One record per batch: each wakes Airflow's supervisor loop, which reads its log
                     # socket 4 KiB a loop. Written in this tick, a page's records reach it together
                     # (`ainfo`, from executor threads, measured worse: p99 6.5 s against 4.5 s).
                     if lines:
                         self.log.info("\n".join(lines))
                     if ended is not None:
-                        break
-                    followers.save(self.ti_key, cursor, self._save_cursor)
+                        return state, reason
+                    followers.save(self.ti_key, self.cursor, self._save_cursor)
             finally:
                 followers.forget(self.ti_key)  # the trigger's event ends the deferral: nothing to save
-        assert outcome is not None
-        state, reason = outcome
-        if not summarized:  # it ended while no trigger followed it
-            self.log.info(f"gpuyard {story.summary(self.job_id, state, reason)}")
-        yield TriggerEvent({"job_id": self.job_id, "state": state, "reason": reason, "cursor": cursor})
+        raise RuntimeError(f"gpuyard job {self.job_id}: its events stopped before it ended")
 
     async def on_kill(self) -> None:
         client = AsyncGpuyardClient(await GpuyardHook(self.gpuyard_conn_id).aendpoint())
