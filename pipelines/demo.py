@@ -72,6 +72,8 @@ def airflow_environment(connection: dict[str, str], tracking_uri: str) -> dict[s
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # GPU jobs wait in the triggerer, not a worker
+        # LocalExecutor runs this many task processes (Airflow's default, 32, on a laptop's cores)
+        "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
         "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps(connection),
     }
 
@@ -90,17 +92,24 @@ def start_gpuyard(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 90
-    while not (home / SERVER_FILE).exists():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"gpuyard up did not start; see {DEMO / 'gpuyard.log'}")
-        time.sleep(0.2)
+    wait_for_gpuyard(server, home, DEMO / "gpuyard.log")
     return server, home
 
 
-def team_token(home: Path, env: dict[str, str]) -> str:
+def wait_for_gpuyard(server: subprocess.Popen[bytes], home: Path, log: Path) -> str:
+    """The URL `gpuyard up` announces in its home once it serves (its server file)."""
+    deadline = time.monotonic() + 90
+    while not (home / SERVER_FILE).exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"gpuyard up did not start; see {log}")
+        time.sleep(0.2)
+    return str(json.loads((home / SERVER_FILE).read_text())["url"])
+
+
+def team_token(home: Path, env: dict[str, str], description: str = "make demo: Airflow") -> str:
+    """A new token of team a (the pipeline's team), for Airflow's `gpuyard_default` connection."""
     done = subprocess.run(
-        [str(BIN / "gpuyard"), "token", "create", "--team", "a", "--description", "make demo: Airflow"],
+        [str(BIN / "gpuyard"), "token", "create", "--team", "a", "--description", description],
         env=env | {"GPUYARD_HOME": str(home)},
         capture_output=True,
         text=True,

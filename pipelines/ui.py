@@ -5,7 +5,10 @@ gpuyard page in its navigation (the plugin's app; queue, fleet, jobs' timelines,
 on its demo home (the API and its interactive docs), and the pipeline's MLflow tracking server
 (pipelines/tracking_server.py, its UI and the artifacts it serves) on its store. Local only
 (127.0.0.1), no login to Airflow (every Airflow user is an admin here); MLflow asks for one (its
-admin's password is in the store's `mlflow-auth/admin.password`). Ctrl-C stops them.
+admin's password is in the store's `mlflow-auth/admin.password`). Airflow's `gpuyard_default`
+connection holds a new token of the pipeline's team, so a run triggered from its UI trains and
+publishes. Ctrl-C or SIGTERM stops all three (each runs in a process group of its own: SIGTERM,
+then SIGKILL for what still runs after STOP_S).
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
 """
 
@@ -19,9 +22,17 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpuyard.client import SERVER_FILE
+
 from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
-from pipelines.demo import BIN, DEMO, PIPELINE, airflow_environment, environment
+from pipelines.demo import BIN, DEMO, PIPELINE, airflow_environment, environment, team_token, wait_for_gpuyard
+
+STOP_S = 15.0  # how long the three get to stop on SIGTERM, together
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops what `make ui` started, as Ctrl-C does
 
 
 def main() -> int:
@@ -38,62 +49,56 @@ def main() -> int:
     logs = DEMO / "ui-logs"
     logs.mkdir(exist_ok=True)
     base = environment()
-    commands = {
-        "airflow": (
-            [str(BIN / "airflow"), "standalone"],
-            airflow_environment(
-                {
-                    "conn_type": "gpuyard",
-                    "host": f"http://127.0.0.1:{ports['gpuyard']}",
-                    # the job link opens the gpuyard page, which links each job's MLflow run
-                    "extra": json.dumps(
-                        {
-                            "ui_url": f"http://127.0.0.1:{ports['airflow']}/gpuyard",
-                            "mlflow_ui_url": f"http://127.0.0.1:{ports['mlflow']}",
-                        }
-                    ),
-                },
-                f"http://127.0.0.1:{ports['mlflow']}",
-            )
-            | pipeline.env()
-            | {
-                "AIRFLOW__API__PORT": ports["airflow"],
-                "AIRFLOW__API__HOST": "127.0.0.1",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            },
-        ),
-        "gpuyard": (
-            [str(BIN / "gpuyard"), "up", "--port", ports["gpuyard"]],
-            base | {"GPUYARD_HOME": str(DEMO / "gpuyard"), "GPUYARD_WORKER_DIR": str(DEMO.parents[1])},
-        ),
-        "mlflow": (
-            tracking_server.command(root, int(ports["mlflow"])),
-            base | tracking_server.auth_environment(root),
-        ),
-    }
-    running = {
-        name: subprocess.Popen(
+    home = DEMO / "gpuyard"
+    (home / SERVER_FILE).unlink(missing_ok=True)  # left by a gpuyard that did not stop cleanly
+    signal.signal(signal.SIGTERM, _interrupted)
+    running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str, command: list[str], env: dict[str, str]) -> None:
+        running[name] = subprocess.Popen(
             command,
             env=env,
             stdout=(logs / f"{name}.log").open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        for name, (command, env) in commands.items()
-    }
-    print(f"Airflow:  http://127.0.0.1:{ports['airflow']}/dags/{PIPELINE}  (no login)")
-    token = DEMO / "gpuyard" / "admin.token"
-    print(
-        f"gpuyard page in Airflow: http://127.0.0.1:{ports['airflow']}/plugin/gpuyard  "
-        f"(sign in with a gpuyard token, e.g. the admin token in {token})"
-    )
-    print(f"gpuyard:  http://127.0.0.1:{ports['gpuyard']}/docs  (the API; admin token in {token})")
-    print(
-        f"MLflow:   http://127.0.0.1:{ports['mlflow']}/#/models/{definition.promotion.model}  (user "
-        f"{mlflow_access.ADMIN}, password in {root / tracking_server.AUTH_DIR / 'admin.password'})"
-    )
-    print(f"logs in {logs}; Ctrl-C stops all three")
+
     try:
+        start(
+            "gpuyard",
+            [str(BIN / "gpuyard"), "up", "--port", ports["gpuyard"]],
+            base | {"GPUYARD_HOME": str(home), "GPUYARD_WORKER_DIR": str(DEMO.parents[1])},
+        )
+        start(
+            "mlflow",
+            tracking_server.command(root, int(ports["mlflow"])),
+            base | tracking_server.auth_environment(root),
+        )
+        url = wait_for_gpuyard(running["gpuyard"], home, logs / "gpuyard.log")
+        connection = {
+            "conn_type": "gpuyard",
+            "host": url,
+            "password": team_token(home, base, "make ui: Airflow"),
+            # the job link opens the gpuyard page, which links each job's MLflow run
+            "extra": json.dumps(
+                {
+                    "ui_url": f"http://127.0.0.1:{ports['airflow']}/gpuyard",
+                    "mlflow_ui_url": f"http://127.0.0.1:{ports['mlflow']}",
+                }
+            ),
+        }
+        start(
+            "airflow",
+            [str(BIN / "airflow"), "standalone"],
+            airflow_environment(connection, f"http://127.0.0.1:{ports['mlflow']}")
+            | pipeline.env()
+            | {
+                "AIRFLOW__API__PORT": ports["airflow"],
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            },
+        )
+        say_where(ports, definition.promotion.model, root, logs)
         while all(p.poll() is None for p in running.values()):
             time.sleep(1)
         failed = [name for name, p in running.items() if p.poll() is not None]
@@ -102,12 +107,41 @@ def main() -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        for process in running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in running.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=20)
+        stop(list(running.values()))
+
+
+def say_where(ports: dict[str, str], model: str, root: Path, logs: Path) -> None:
+    print(f"Airflow:  http://127.0.0.1:{ports['airflow']}/dags/{PIPELINE}  (no login)")
+    print(
+        "  trigger a run: unpause the DAG, then Trigger (the Params form: run date, steps, GPUs, ...);"
+        " the training jobs run on this gpuyard as team a"
+    )
+    token = DEMO / "gpuyard" / "admin.token"
+    print(
+        f"gpuyard page in Airflow: http://127.0.0.1:{ports['airflow']}/plugin/gpuyard  "
+        f"(sign in with a gpuyard token, e.g. the admin token in {token})"
+    )
+    print(f"gpuyard:  http://127.0.0.1:{ports['gpuyard']}/docs  (the API; admin token in {token})")
+    print(
+        f"MLflow:   http://127.0.0.1:{ports['mlflow']}/#/models/{model}  (user "
+        f"{mlflow_access.ADMIN}, password in {root / tracking_server.AUTH_DIR / 'admin.password'})"
+    )
+    print(f"logs in {logs}; Ctrl-C stops all three")
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each process group, SIGKILL to those still there after STOP_S."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_S
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:  # the group, not only its leader: Airflow's children too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 if __name__ == "__main__":
