@@ -69,8 +69,10 @@ def test_a_migration_waits_for_the_lock_and_says_so(fresh_database: str, tmp_pat
         holder.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
         run = gpuyard("migrate", fresh_database, tmp_path)
         waiting = (
+            # advisory locks are per database: another test's migration elsewhere is not this one
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-            f"AND objid = {MIGRATION_LOCK}"
+            f"AND objid = {MIGRATION_LOCK} "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         wait_until(lambda: holder.execute(waiting).fetchone() == (1,), timeout_s=60, what="migrate to wait")
         assert revision(fresh_database) is None  # nothing was done while another held the lock
