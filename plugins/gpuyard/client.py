@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -467,30 +467,32 @@ class GpuyardClient(_Connection[httpx.Client]):
         path = f"/v1/teams/{quote(team, safe='')}/secrets/{quote(name, safe='')}"
         return self._call("PUT", path, json={"value": value})  # type: ignore[no-any-return]
 
-    def events(
-        self,
-        *,
-        job_id: str | None = None,
-        after: int | None = None,
-        wait_s: float = 0.0,
-        limit: int = 500,
-    ) -> dict[str, Any]:
-        """One page of the event log after cursor `after` (None: from now), oldest first.
-
-        With `wait_s`, an empty page is held up to that long for new events (a long poll). Returns
-        `{"events": [...], "cursor": N}`: pass `cursor` as the next `after` to miss and repeat nothing.
-        """
-        params = _events_params(job_id, after, wait_s, limit)
-        return self._call("GET", "/v1/events", params=params, timeout=wait_s + 30.0)  # type: ignore[no-any-return]
+    def events(self, **query: Unpack[EventsQuery]) -> dict[str, Any]:
+        """One page of the event log (EventsQuery says which): `{"events": [...], "cursor": N}`; pass
+        `cursor` as the next `after` to miss and repeat nothing."""
+        return self._call("GET", "/v1/events", **_events_request(query))  # type: ignore[no-any-return]
 
 
-def _events_params(job_id: str | None, after: int | None, wait_s: float, limit: int) -> dict[str, Any]:
-    params: dict[str, Any] = {"wait": wait_s, "limit": limit}
-    if job_id is not None:
-        params["job"] = job_id
-    if after is not None:
-        params["after"] = after
-    return params
+class EventsQuery(TypedDict, total=False):
+    """A page of the event log: of one job (`job_id`, default every visible job's), after cursor
+    `after` (default: from now), oldest first, at most `limit` (500) events; with `wait_s` (0), an
+    empty page is held up to that long for new events (a long poll)."""
+
+    job_id: str | None
+    after: int | None
+    wait_s: float
+    limit: int
+
+
+def _events_request(query: EventsQuery) -> dict[str, Any]:
+    """The GET's params and timeout: a long poll's wait plus the usual 30 s."""
+    wait_s = query.get("wait_s", 0.0)
+    params: dict[str, Any] = {"wait": wait_s, "limit": query.get("limit", 500)}
+    if query.get("job_id") is not None:
+        params["job"] = query["job_id"]
+    if query.get("after") is not None:
+        params["after"] = query["after"]
+    return {"params": params, "timeout": wait_s + 30.0}
 
 
 class AsyncGpuyardClient(_Connection[httpx.AsyncClient]):
@@ -518,14 +520,6 @@ class AsyncGpuyardClient(_Connection[httpx.AsyncClient]):
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
 
-    async def events(
-        self,
-        *,
-        job_id: str | None = None,
-        after: int | None = None,
-        wait_s: float = 0.0,
-        limit: int = 500,
-    ) -> dict[str, Any]:
+    async def events(self, **query: Unpack[EventsQuery]) -> dict[str, Any]:
         """See GpuyardClient.events."""
-        params = _events_params(job_id, after, wait_s, limit)
-        return await self._call("GET", "/v1/events", params=params, timeout=wait_s + 30.0)  # type: ignore[no-any-return]
+        return await self._call("GET", "/v1/events", **_events_request(query))  # type: ignore[no-any-return]
