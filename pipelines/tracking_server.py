@@ -34,6 +34,9 @@ from pipelines.mlflow_access import Credentials
 
 MLFLOW = Path(sys.executable).parent / "mlflow"
 AUTH_DIR = "mlflow-auth"
+# MLflow 3's server-side jobs (GenAI evaluation, trace roll-ups) are not used here: without this the
+# server starts huey consumer processes beside it that poll for jobs that never come.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def command(root: Path, port: int, *, auth: bool = True) -> list[str]:
@@ -107,7 +110,7 @@ class TrackingServer:
     def start(self, timeout_s: float = 120.0) -> TrackingServer:
         """Start it and return once it answers /health (its first start creates the schema)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ if self.env is None else self.env)
+        env = dict(os.environ if self.env is None else self.env) | SERVER_ENV
         if self.auth:
             env |= auth_environment(self.root)
         close_store(self.root)

@@ -72,7 +72,7 @@ def main() -> int:
         start(
             "mlflow",
             tracking_server.command(root, int(ports["mlflow"])),
-            base | tracking_server.auth_environment(root),
+            base | tracking_server.SERVER_ENV | tracking_server.auth_environment(root),
         )
         url = wait_for_gpuyard(running["gpuyard"], home, logs / "gpuyard.log")
         connection = {

@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipelines import lineage, storage
@@ -42,6 +43,9 @@ def test_through_the_server_an_experiment_s_artifacts_are_served_and_a_file_stor
         for name, value in server.provision(()).env().items():  # as the pipeline's identity
             monkeypatch.setenv(name, value)
         assert definition.tracking_uri == server.url and definition.artifact_location is None
+        assert server.process is not None
+        started = [" ".join(p.cmdline()) for p in psutil.Process(server.process.pid).children(recursive=True)]
+        assert started and not [c for c in started if "huey" in c], started  # no idle job consumers
         client = MlflowClient(server.url)
         experiment = client.get_experiment(lineage.experiment_id(definition))
         assert experiment.name == definition.experiment

@@ -47,6 +47,13 @@ def server_args(backend: str, artifacts: str, port: int) -> list[str]:
     return [*container["command"], *args]
 
 
+def manifest_env() -> dict[str, str]:
+    """The container's plain-valued environment (not HOME: this machine's user keeps its own)."""
+    (_auth, deployment, _service) = yaml.safe_load_all(MANIFEST.read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"] != "HOME"}
+
+
 def auth_config(database: str) -> str:
     """The manifest's basic-auth configuration, its user store on this machine's PostgreSQL."""
     (auth, _deployment, _service) = yaml.safe_load_all(MANIFEST.read_text())
@@ -69,11 +76,15 @@ def mlflow_server(postgres_server: str, tmp_path: Path) -> Iterator[tuple[str, P
     command[0] = str(Path(sys.executable).parent / command[0])  # this environment's mlflow
     log = tmp_path / "mlflow.log"
     (tmp_path / "basic_auth.ini").write_text(auth_config(f"{base}/{name}_auth"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | {
-        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
-        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN.password,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_access.new_password(),
-    }
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        | manifest_env()
+        | {
+            "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN.password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_access.new_password(),
+        }
+    )
     server = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
