@@ -138,17 +138,16 @@ class AccessClient(httpx.Client):
             self._call("POST", "/api/3.0/mlflow/roles/assign", json=body)
 
     def grant(self, username: str, resource_type: str, resource_id: str, permission: str) -> None:
-        """`permission` on one resource (an experiment id, a registered model's name); needs MANAGE on it."""
-        self._call(
-            "POST",
-            "/api/3.0/mlflow/users/permissions/grant",
-            json={
-                "username": username,
-                "resource_type": resource_type,
-                "resource_id": resource_id,
-                "permission": permission,
-            },
-        )
+        """`permission` on one resource (an experiment id, a registered model's name); needs MANAGE on it.
+        Every DAG run grants again, and the server refuses a second grant on one resource: that refusal
+        means the user holds the grant already (grant_team always gives the same levels). The pipeline
+        may not read a user's permission to compare, nor revoke and grant again without a window in
+        which a running job of the team is refused."""
+        path = "/api/3.0/mlflow/users/permissions/grant"
+        body = {"username": username, "resource_type": resource_type, "resource_id": resource_id}
+        response = self.request("POST", path, json=body | {"permission": permission})
+        if response.status_code >= 400 and "RESOURCE_ALREADY_EXISTS" not in response.text:
+            raise AccessError(f"POST {path}: {response.status_code} {response.text[:300]}")
 
 
 class AccessError(RuntimeError):

@@ -7,8 +7,8 @@ on its demo home (the API and its interactive docs), and the pipeline's MLflow t
 (127.0.0.1), no login to Airflow (every Airflow user is an admin here); MLflow asks for one (its
 admin's password is in the store's `mlflow-auth/admin.password`). Airflow's `gpuyard_default`
 connection holds a new token of the pipeline's team, so a run triggered from its UI trains and
-publishes. Ctrl-C or SIGTERM stops all three (each runs in a process group of its own: SIGTERM,
-then SIGKILL for what still runs after STOP_S).
+publishes. Ctrl-C or SIGTERM stops all three and what they started (each runs in a session of its
+own: SIGTERM to every process of it, then SIGKILL for what still runs after STOP_S).
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
 """
 
@@ -95,6 +95,9 @@ def main() -> int:
             | {
                 "AIRFLOW__API__PORT": ports["airflow"],
                 "AIRFLOW__API__HOST": "127.0.0.1",
+                # task processes report to the API server's execution API: on this port, not 8080's
+                "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{ports['airflow']}",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{ports['airflow']}/execution/",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             },
         )
@@ -130,18 +133,25 @@ def say_where(ports: dict[str, str], model: str, root: Path, logs: Path) -> None
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM to each process group, SIGKILL to those still there after STOP_S."""
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+    """SIGTERM to every process of each one's session, SIGKILL to those still there after STOP_S.
+    The session, not the process group: Airflow runs each task in a process group of its own."""
+    _signal_sessions(processes, signal.SIGTERM)
     deadline = time.monotonic() + STOP_S
     for process in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:  # the group, not only its leader: Airflow's children too
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+    _signal_sessions(processes, signal.SIGKILL)
+    for process in processes:
         process.wait()
+
+
+def _signal_sessions(processes: list[subprocess.Popen[bytes]], signum: int) -> None:
+    sessions = {process.pid for process in processes}  # each started with start_new_session
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(entry)
+            if os.getsid(pid) in sessions:
+                os.kill(pid, signum)
 
 
 if __name__ == "__main__":

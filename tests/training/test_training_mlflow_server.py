@@ -128,6 +128,7 @@ def test_a_training_job_logs_its_run_and_model_to_the_tracking_server(
     client = MlflowClient(url, registry_uri=url)
     experiment_id = client.create_experiment("flights")
     mlflow_access.grant_team(url, "a", experiment_id, "flight-delay", pipeline)
+    mlflow_access.grant_team(url, "a", experiment_id, "flight-delay", pipeline)  # every DAG run grants
     config, work = write_config(
         tmp_path,
         flights_parquet,
