@@ -517,15 +517,14 @@ class Airflow:
     """An Airflow home with the one-task DAG and its metadata database; the triggerer once started."""
 
     def __init__(
-        self, work: Path, args: argparse.Namespace, database: str | None, plane: ControlPlane | None
+        self, work: Path, args: argparse.Namespace, database: str | None, gpuyard: tuple[str, str] | None
     ):
+        """`gpuyard`: the API's URL and a team token for the `gpuyard_default` connection (None: none)."""
         self.work, self.home, dags = work, work / "airflow", work / "dags"
         self.home.mkdir(parents=True)
         dags.mkdir()
         (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(dag_id=DAG_ID))
-        self.env = airflow_env(
-            self.home, dags, plane.url if plane else None, plane.token("a") if plane else None
-        )
+        self.env = airflow_env(self.home, dags, *(gpuyard or (None, None)))
         if args.pace is not None:
             self.env["AIRFLOW__GPUYARD__FOLLOW_PACE_S"] = str(args.pace)
         if database:  # psycopg 3 for both of Airflow's engines (its async default wants asyncpg)
@@ -633,6 +632,7 @@ def follow(work: Path, mode: str, args: argparse.Namespace, runs: list[Run]) -> 
         metadata = stack.enter_context(store_database(args.postgres, f"airflow_{mode}"))
         plane = ControlPlane(work / "gpuyard", slots=args.tasks, database_url=database)
         stack.callback(plane.close)
+        token = plane.token("a")  # the jobs' submitter and the triggers' connection
         spec = {
             "name": "bench",
             "team": "a",
@@ -642,10 +642,10 @@ def follow(work: Path, mode: str, args: argparse.Namespace, runs: list[Run]) -> 
             "preemptible": True,
         }
         with httpx.Client(
-            base_url=plane.url, headers={"Authorization": f"Bearer {plane.token('a')}"}, timeout=30
+            base_url=plane.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
         ) as api:
             jobs = {f"bench-{i:04d}": api.post("/v1/jobs", json=spec).json()["id"] for i in range(args.tasks)}
-        airflow = Airflow(work, args, metadata, plane)
+        airflow = Airflow(work, args, metadata, (plane.url, token))
         stack.callback(airflow.close)
         airflow.defer(mode, jobs)
         triggerer = airflow.start_triggerer(STARTED[mode], args.tasks)

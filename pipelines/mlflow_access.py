@@ -143,11 +143,14 @@ class AccessClient(httpx.Client):
         means the user holds the grant already (grant_team always gives the same levels). The pipeline
         may not read a user's permission to compare, nor revoke and grant again without a window in
         which a running job of the team is refused."""
-        path = "/api/3.0/mlflow/users/permissions/grant"
         body = {"username": username, "resource_type": resource_type, "resource_id": resource_id}
-        response = self.request("POST", path, json=body | {"permission": permission})
-        if response.status_code >= 400 and "RESOURCE_ALREADY_EXISTS" not in response.text:
-            raise AccessError(f"POST {path}: {response.status_code} {response.text[:300]}")
+        try:
+            self._call(
+                "POST", "/api/3.0/mlflow/users/permissions/grant", json=body | {"permission": permission}
+            )
+        except AccessError as error:
+            if "RESOURCE_ALREADY_EXISTS" not in str(error):
+                raise
 
 
 class AccessError(RuntimeError):
