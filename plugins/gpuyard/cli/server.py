@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from gpuyard.cli.common import Home, fail, hidden, log, out, server_settings, store
+from gpuyard.memory import run_on_c_allocator
 from gpuyard.settings import SettingsError
 
 app = typer.Typer()
@@ -22,6 +23,7 @@ def up(
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8080,
 ) -> None:
     """Run the embedded all-in-one control plane: API, outbox relay, scheduler and local launcher."""
+    run_on_c_allocator()  # its scheduler reads backlogs (gpuyard/memory.py)
     import threading
 
     import uvicorn
@@ -92,6 +94,7 @@ def up(
 @app.command()
 def scheduler(home: Home = None) -> None:
     """Run the scheduler alone (production). Replicas are safe: one leads, the others stand by."""
+    run_on_c_allocator()  # it reads backlogs (gpuyard/memory.py)
     import signal
     import threading
 
