@@ -39,9 +39,9 @@ class Postgres:
     def admin_url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def url(self, port: int | None = None) -> str:
-        """The suite's database, directly or through a proxy listening on `port`."""
-        return f"postgresql://postgres@127.0.0.1:{port or self.port}/{DATABASE}"
+    def url(self, port: int | None = None, host: str = "127.0.0.1") -> str:
+        """The suite's database, directly or through a proxy listening on `host`:`port`."""
+        return f"postgresql://postgres@{host}:{port or self.port}/{DATABASE}"
 
     def _ctl(self, *args: str) -> None:
         subprocess.run(

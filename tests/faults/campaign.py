@@ -27,10 +27,11 @@ from sqlalchemy import Engine, create_engine, func, select
 
 from . import workload
 from .backends import Postgres, Redis, SmallDisk
-from .cluster import Cluster, labelled
+from .cluster import COMPONENTS, Cluster, labelled
 from .faults import Injector, Target
 from .history import FINAL_JOB_STATES, History, JournalCollector, read_exits, read_store
 from .invariants import Violation, check
+from .network import Network
 from .pausing import thaw_all
 from .proxy import FaultProxy
 
@@ -155,9 +156,18 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
     (run / "redis").mkdir()
     redis_server = Redis(run / "redis").start()
     undo.callback(redis_server.stop)
+    # Each component in a network namespace of its own, the links listening on the bridge, so one
+    # component can be cut off from all the others (network.py); where none can be made, loopback.
+    network = None
+    if Network.possible():
+        network = Network(COMPONENTS).create()
+        undo.callback(network.remove)
+    else:
+        echo("  (no network namespaces: not root? no partition fault)")
+    listen = network.gateway if network else "127.0.0.1"
     links = [
-        FaultProxy("127.0.0.1", postgres.port, name="PostgreSQL link").start(),
-        FaultProxy("127.0.0.1", redis_server.port, name="Redis link").start(),
+        FaultProxy("127.0.0.1", postgres.port, name="PostgreSQL link", listen=listen).start(),
+        FaultProxy("127.0.0.1", redis_server.port, name="Redis link", listen=listen).start(),
     ]
     for link in links:
         undo.callback(link.stop)
@@ -181,10 +191,11 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
     undo.callback(thaw_all)  # before the kill: a frozen worker dies of nothing until thawed
     cluster = Cluster(
         run,
-        database_url=postgres.url(links[0].port),
-        redis_url=f"redis://127.0.0.1:{links[1].port}/0",
+        database_url=postgres.url(links[0].port, host=listen),
+        redis_url=f"redis://{listen}:{links[1].port}/0",
         api_port=free_port(),
         lease_s=campaign.lease_s,
+        network=network,
     )
     migrate(engine)
     undo.callback(cluster.stop)
@@ -207,6 +218,8 @@ def _settle(
     `stall_s`. Returns how long it took, or None if it never came."""
     for link in (target.postgres_link, target.redis_link):
         link.heal()
+    if target.cluster.network is not None:
+        target.cluster.network.heal_all()
     for name in target.cluster.components:
         target.cluster.skew(name, 0)
     healed = time.monotonic()

@@ -6,6 +6,8 @@ Like a Deployment's controller, `supervise()` restarts any component that exited
 them). Every component runs under libfaketime with a clock file of its own, so the suite can skew
 one component's clock (and its workers': they inherit it) at any moment, while monotonic time stays
 true (FAKETIME_DONT_FAKE_MONOTONIC=1; `clockskew/sitecustomize.py` works around its time.sleep bug).
+Given a `Network`, every component runs in a network namespace of its own (its workers with it), so
+the suite can cut one off from all the others (`network.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import httpx
 from gpuyard.store.tables import leaders
 from sqlalchemy import Engine, select
 
+from .network import Network
+
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+COMPONENTS = ("api", "relay", "scheduler-1", "scheduler-2")
 SKEW = Path(__file__).parent / "clockskew"
 
 
@@ -42,8 +47,18 @@ class Component:
 
 
 class Cluster:
-    def __init__(self, run: Path, *, database_url: str, redis_url: str, api_port: int, lease_s: float):
-        self.run, self.api_port, self.lease_s = run, api_port, lease_s
+    def __init__(
+        self,
+        run: Path,
+        *,
+        database_url: str,
+        redis_url: str,
+        api_port: int,
+        lease_s: float,
+        network: Network | None = None,
+    ):
+        self.run, self.api_port, self.lease_s, self.network = run, api_port, lease_s, network
+        self.api_host = network.address("api") if network else "127.0.0.1"
         self.home = run / "home"
         self.logs = run / "logs"
         for directory in (self.home, self.logs, run / "clock"):
@@ -99,11 +114,12 @@ class Cluster:
         }
         cli = [sys.executable, "-m", "gpuyard.cli"]
         commands = {
-            "api": [*cli, "api", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "2"],
+            "api": [*cli, "api", "--host", self.api_host, "--port", str(api_port), "--workers", "2"],
             "relay": [*cli, "relay"],
             "scheduler-1": [*cli, "scheduler"],
             "scheduler-2": [*cli, "scheduler"],
         }
+        assert tuple(commands) == COMPONENTS
         self.components = {
             name: Component(name, argv, run / "clock" / name) for name, argv in commands.items()
         }
@@ -112,7 +128,7 @@ class Cluster:
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.api_host}:{self.api_port}"
 
     # -- processes ------------------------------------------------------------------------------------
 
@@ -120,8 +136,8 @@ class Cluster:
         with (self.logs / f"{component.name}.log").open("ab") as log:
             log.write(f"--- start {component.starts + 1} at {time.monotonic():.3f}\n".encode())
             log.flush()
-            component.process = subprocess.Popen(
-                component.argv,
+            component.process = subprocess.Popen(  # nsenter execs the command: one pid
+                self.network.argv(component.name, component.argv) if self.network else component.argv,
                 env={**self.env, "FAKETIME_TIMESTAMP_FILE": str(component.clock)},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,7 +1,8 @@
 """The faults a campaign injects, one small function each, and the seeded schedule that runs them.
 
 A fault acts at once (a SIGKILL, a restart, a FLUSHALL, copies on the bus) or for a while (a slow,
-black-holed or cut link; a skewed clock; a full disk), healing itself before it returns. Each returns
+black-holed or cut link; a component partitioned from the others; a skewed clock; a full disk),
+healing itself before it returns. Each returns
 what it did, or None when it found nothing to act on (no attempt running, say). Faults run one after
 another; the moments, kinds, durations and choices all come from the seed, so a failing seed replays
 the same schedule (the processes' own interleaving is the machine's).
@@ -282,6 +283,25 @@ def _redis(target: Target) -> FaultProxy:
     return target.redis_link
 
 
+def partition(target: Target, rng: random.Random) -> str | None:
+    """Cut one component (and the workers it started) off from every other and from PostgreSQL and
+    Redis, past an attempt's lease, then restore its link. Cut off, the leader loses its lead to the
+    standby while it still believes it leads, and its workers lose their heartbeats while they go on
+    running and writing checkpoints; the API answers nobody; the relay publishes nothing."""
+    network = target.cluster.network
+    if network is None:
+        return None
+    leader = target.cluster.leader(target.engine)
+    name = rng.choice(sorted(target.cluster.components))
+    seconds = _pause_for(target, rng, target.cluster.lease_s)
+    network.cut(name)
+    try:
+        time.sleep(seconds)
+    finally:
+        network.heal(name)
+    return f"{name}{' (leading)' if name == leader else ''} cut off for {seconds:.1f}s"
+
+
 def skew_clock(target: Target, rng: random.Random) -> str:
     name = rng.choice(sorted(target.cluster.components))
     offset = rng.choice([-1, 1]) * rng.uniform(5, SKEW_LIMIT_S)
@@ -292,34 +312,39 @@ def skew_clock(target: Target, rng: random.Random) -> str:
     return f"{name}'s clock {offset:+.0f}s for {duration:.1f}s"
 
 
-FAULTS: dict[str, tuple[float, Fault]] = {  # kind -> (relative frequency, fault)
-    "kill-api-worker": (2, kill_api_worker),
-    "kill-relay": (1, kill_relay),
-    "kill-leader": (1.5, kill_leader),
-    "kill-worker": (2, kill_worker),
-    "kill-mid-checkpoint": (1.5, kill_mid_checkpoint),
-    "full-disk": (1, full_disk),
-    "restart-postgres": (0.7, restart_postgres),
-    "restart-redis": (0.7, restart_redis),
-    "flush-redis": (0.7, flush_redis),
-    "duplicate-bus-messages": (1, duplicate_bus_messages),
-    "delay-postgres": (0.7, degrade(_postgres, "delay", (3, 8))),
-    "blackhole-postgres": (0.7, degrade(_postgres, "blackhole", (2, 18))),
-    "cut-postgres": (0.7, degrade(_postgres, "cut", (1, 6))),
-    "delay-redis": (0.5, degrade(_redis, "delay", (3, 8))),
-    "blackhole-redis": (0.5, degrade(_redis, "blackhole", (2, 12))),
-    "cut-redis": (0.5, degrade(_redis, "cut", (1, 6))),
-    "skew-clock": (1, skew_clock),
-    "pause-leader": (1, pause_leader),
-    "pause-relay": (0.5, pause_relay),
-    "pause-api-worker": (0.7, pause_api_worker),
-    "pause-worker": (1, pause_worker),
-    "slow-fsync": (1, slow_fsync),
+FAULTS: dict[str, Fault] = {
+    "kill-api-worker": kill_api_worker,
+    "kill-relay": kill_relay,
+    "kill-leader": kill_leader,
+    "kill-worker": kill_worker,
+    "kill-mid-checkpoint": kill_mid_checkpoint,
+    "full-disk": full_disk,
+    "restart-postgres": restart_postgres,
+    "restart-redis": restart_redis,
+    "flush-redis": flush_redis,
+    "duplicate-bus-messages": duplicate_bus_messages,
+    "delay-postgres": degrade(_postgres, "delay", (3, 8)),
+    "blackhole-postgres": degrade(_postgres, "blackhole", (2, 18)),
+    "cut-postgres": degrade(_postgres, "cut", (1, 6)),
+    "delay-redis": degrade(_redis, "delay", (3, 8)),
+    "blackhole-redis": degrade(_redis, "blackhole", (2, 12)),
+    "cut-redis": degrade(_redis, "cut", (1, 6)),
+    "skew-clock": skew_clock,
+    "pause-leader": pause_leader,
+    "pause-relay": pause_relay,
+    "pause-api-worker": pause_api_worker,
+    "pause-worker": pause_worker,
+    "slow-fsync": slow_fsync,
+    "partition": partition,
 }
 
 
 class Injector:
-    """Runs faults at random moments until `until` (monotonic); counts what it injected."""
+    """Runs faults at random moments until `until` (monotonic); counts what it injected.
+
+    Kinds are dealt from a seeded deck of every kind, shuffled again when it runs out: a campaign
+    strikes with every kind before it repeats one, so a long run covers each kind about as often as
+    the next. A kind that found nothing to act on (no attempt running) goes under the deck."""
 
     def __init__(
         self,
@@ -336,16 +361,20 @@ class Injector:
         self.log: list[str] = []
 
     def run(self, stop: threading.Event) -> None:
-        kinds, weights = list(FAULTS), [weight for weight, _ in FAULTS.values()]
+        deck: list[str] = []
         while not stop.wait(self.rng.uniform(*self.gap_s)) and time.monotonic() < self.until:
-            kind = self.rng.choices(kinds, weights=weights)[0]
+            if not deck:
+                deck = sorted(FAULTS)
+                self.rng.shuffle(deck)
+            kind = deck.pop()
             started = time.monotonic()
             try:
-                done = FAULTS[kind][1](self.target, self.rng)
+                done = FAULTS[kind](self.target, self.rng)
             except Exception as error:  # a fault that could not be injected is reported, not fatal
                 done = f"could not inject: {error!r}"
             else:
                 if done is None:
+                    deck.insert(0, kind)
                     continue
                 self.injected[kind] += 1
             line = f"{started:10.1f} {kind}: {done}"  # the monotonic clock, as the journal and the logs

@@ -36,16 +36,28 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 class FaultProxy:
-    def __init__(self, target_host: str, target_port: int, *, port: int | None = None, name: str = ""):
+    """`listen`: the address the link listens on (the fault suite's bridge, where components run in
+    network namespaces of their own: tests/faults/network.py)."""
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        port: int | None = None,
+        name: str = "",
+        listen: str = "127.0.0.1",
+    ):
         self.target = (target_host, target_port)
-        self.port = port or free_port()
+        self.listen = listen
+        self.port = port or free_port(listen)
         self.name = name or f"proxy:{target_port}"
         self.mode: Mode = "pass"
         self.delay_s = 0.0
@@ -56,7 +68,7 @@ class FaultProxy:
 
     @property
     def address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
+        return (self.listen, self.port)
 
     def start(self) -> FaultProxy:
         self._call(self._start())
@@ -88,7 +100,7 @@ class FaultProxy:
             self._flowing.set()
         if self._server is None:
             self._server = await asyncio.start_server(
-                self._accept, "127.0.0.1", self.port, reuse_address=True
+                self._accept, self.listen, self.port, reuse_address=True
             )
 
     async def _set(self, mode: Mode, delay_s: float) -> None:

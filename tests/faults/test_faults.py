@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from training import exit_codes
 
+from . import faults
 from . import run as runner
 from .campaign import Campaign, Report, run_campaign
 from .faults import FAULTS
@@ -73,6 +75,41 @@ def test_the_runner_ends_with_a_result_line_and_refuses_a_launcher_it_cannot_dri
     assert set(kinds) == set(FAULTS)
     assert runner.main(["--seed", "7", "--campaigns", "1", "--launcher", "kubernetes"]) == 2
     assert "emulated cluster" in capsys.readouterr().err
+
+
+def test_a_campaign_strikes_with_every_kind_before_it_repeats_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deck: a seeded order, each kind once per round; a kind that found nothing to act on is
+    dealt again later in the round, not lost from it."""
+    struck: list[str] = []
+    stop = threading.Event()
+    idle = {"kill-worker"}  # finds no attempt the first time it is dealt
+
+    def fault(kind: str) -> Callable[[object, random.Random], str | None]:
+        def strike(target: object, rng: random.Random) -> str | None:
+            if kind in idle:
+                idle.discard(kind)
+                return None
+            struck.append(kind)
+            if len(struck) == 2 * len(FAULTS):
+                stop.set()
+            return "done"
+
+        return strike
+
+    monkeypatch.setattr(faults, "FAULTS", {kind: fault(kind) for kind in FAULTS})
+
+    def deal(seed: int) -> list[str]:
+        struck.clear()
+        stop.clear()
+        idle.add("kill-worker")
+        injector = faults.Injector(None, seed, until=float("inf"), echo=lambda _: None, gap_s=(0, 0))  # type: ignore[arg-type]
+        injector.run(stop)
+        assert injector.injected == {kind: 2 for kind in FAULTS}
+        return list(struck)
+
+    first = deal(5)
+    assert sorted(first[: len(FAULTS)]) == sorted(FAULTS) == sorted(first[len(FAULTS) :])
+    assert first == deal(5) and first != deal(6)
 
 
 def test_a_seed_plans_the_same_workload(tmp_path: Path) -> None:
