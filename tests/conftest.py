@@ -22,7 +22,7 @@ import mlflow_targets
 import pytest
 import redis
 from gpuyard.store.db import make_engine, migrate
-from servers import RedisServer, answers, free_port, open_directory
+from servers import RedisServer, S3Server, answers, free_port, open_directory
 from sqlalchemy import Engine
 from stores import empty_store, migrated_sqlite, throwaway_database
 
@@ -154,6 +154,27 @@ def throwaway_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """An S3 endpoint on loopback (moto's server), once per test process."""
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new, empty bucket of the test's own (its s3:// URL), this process's S3 clients pointed at it."""
+    import fsspec
+
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()  # instances keep the endpoint they began with
+    return s3_server.create_bucket(f"gpuyard-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

@@ -90,6 +90,55 @@ class RedisServer:
             self.process = None
 
 
+class S3Server:
+    """An S3 endpoint on loopback: moto's server in a process of its own, reached over HTTP by whoever
+    has `env` (fsspec's s3fs, boto3, MLflow, a worker). Every bucket is empty at start; nothing is kept."""
+
+    CREDENTIALS = {"AWS_ACCESS_KEY_ID": "gpuyard-test", "AWS_SECRET_ACCESS_KEY": "gpuyard-test"}
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client of this endpoint needs in its environment."""
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_DEFAULT_REGION": "us-east-1", **self.CREDENTIALS}
+
+    def start(self) -> S3Server:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: answers("127.0.0.1", self.port), what=f"moto's S3 server on {self.port}")
+        return self
+
+    def create_bucket(self, name: str) -> str:
+        """A new bucket; its s3:// URL."""
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id=self.CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
 @contextlib.contextmanager
 def open_directory(prefix: str = "gpuyard-open-") -> Iterator[Path]:
     """A directory every user can enter and write (mode 1777, like /tmp), for what a test hands a job of

@@ -57,6 +57,21 @@ def test_copy_verifies_every_file_and_the_manifest(tmp_path: Path) -> None:
         copy_checkpoint(source, (tmp_path / "a-file" / "step").as_uri())
 
 
+def test_a_checkpoint_travels_to_an_object_store_and_back(tmp_path: Path, s3_bucket: str) -> None:
+    """Between sites whose stores are S3 buckets (moto's server over HTTP), verified both ways."""
+    source = write_checkpoint(tmp_path / "east" / "step-000000120", 120)
+    there = copy_checkpoint(source, f"{s3_bucket}/a/job-1/step-000000120")
+    assert there.files == 4
+    back = copy_checkpoint(f"{s3_bucket}/a/job-1/step-000000120", (tmp_path / "west" / "step").as_uri())
+    assert back.files == 4 and back.bytes == there.bytes
+    for name in ("state/__0_0.distcp", "rng/rank-0.pt", "trainer.pt", "manifest.json"):
+        assert (tmp_path / "west" / "step" / name).read_bytes() == (
+            tmp_path / "east" / "step-000000120" / name
+        ).read_bytes()
+    with pytest.raises(TransferError, match="does not exist"):
+        copy_checkpoint(f"{s3_bucket}/a/job-1/step-000000999", (tmp_path / "x").as_uri())
+
+
 @pytest.mark.parametrize("case", ["intact", "corrupt", "another team's"])
 def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
     engine: Engine, tmp_path: Path, case: str

@@ -131,16 +131,22 @@ def train_a_bit(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) 
         opt.zero_grad()
 
 
-@pytest.mark.parametrize(("async_save", "scheme"), [(False, "file"), (True, "file"), (True, "memory")])
+@pytest.mark.parametrize(
+    ("async_save", "scheme"), [(False, "file"), (True, "file"), (True, "memory"), (True, "s3")]
+)
 def test_save_and_restore_round_trip(
-    tmp_path: Path, world: distributed.World, async_save: bool, scheme: str
+    tmp_path: Path, world: distributed.World, async_save: bool, scheme: str, request: pytest.FixtureRequest
 ) -> None:
-    """Any fsspec URL: a local folder, or an in-memory filesystem standing in for an object store."""
+    """Any fsspec URL: a local folder, an in-memory filesystem, an S3 bucket over HTTP (moto's server)."""
     torch.manual_seed(0)
     model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     train_a_bit(model, opt, 3)
-    url = tmp_path.as_uri() if scheme == "file" else f"memory://ckpt-{tmp_path.name}"
+    url = {
+        "file": lambda: tmp_path.as_uri(),
+        "memory": lambda: f"memory://ckpt-{tmp_path.name}",
+        "s3": lambda: request.getfixturevalue("s3_bucket") + "/team-a/job-1",
+    }[scheme]()
     store = CheckpointStore(url)
     ckpt = Checkpointer(store, 0, 1, world.checkpoint_group, async_save=async_save)
     torch.manual_seed(1234)
