@@ -39,8 +39,9 @@ AUTH_DIR = "mlflow-auth"
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def command(root: Path, port: int, *, auth: bool = True) -> list[str]:
-    """`mlflow server` on `root`'s store and artifacts, on 127.0.0.1:`port`, one worker (SQLite)."""
+def command(root: Path, port: int, *, auth: bool = True, artifacts: str | None = None) -> list[str]:
+    """`mlflow server` on `root`'s store, on 127.0.0.1:`port`, one worker (SQLite); the artifacts in
+    `artifacts` (an object store's URL: s3://bucket/prefix), else `<root>/mlartifacts`."""
     return [
         str(MLFLOW),
         "server",
@@ -48,7 +49,7 @@ def command(root: Path, port: int, *, auth: bool = True) -> list[str]:
         f"--port={port}",
         "--workers=1",
         f"--backend-store-uri=sqlite:///{root / 'mlflow.db'}",
-        f"--artifacts-destination={(root / 'mlartifacts').as_uri()}",
+        f"--artifacts-destination={artifacts or (root / 'mlartifacts').as_uri()}",
         "--serve-artifacts",
         *(["--app-name=basic-auth"] if auth else []),
     ]
@@ -97,12 +98,20 @@ def free_port() -> int:
 
 class TrackingServer:
     """The server of the data root `root` (a local directory), its output in `log`; with `auth`, it
-    asks for credentials, and `provision` makes the pipeline's identity and the teams' users."""
+    asks for credentials, and `provision` makes the pipeline's identity and the teams' users. With
+    `artifacts`, an object store's URL, it keeps the artifacts there (reading the AWS settings of its
+    environment, as production's does), still serving them to its clients."""
 
     def __init__(
-        self, root: Path, log: Path, env: Mapping[str, str] | None = None, *, auth: bool = True
+        self,
+        root: Path,
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        auth: bool = True,
+        artifacts: str | None = None,
     ) -> None:
-        self.root, self.log, self.env, self.auth = root, log, env, auth
+        self.root, self.log, self.env, self.auth, self.artifacts = root, log, env, auth, artifacts
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -116,7 +125,7 @@ class TrackingServer:
         close_store(self.root)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                command(self.root, self.port, auth=self.auth),
+                command(self.root, self.port, auth=self.auth, artifacts=self.artifacts),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+import fsspec
 import psutil
 import pytest
 
@@ -30,15 +31,17 @@ def test_a_shared_root_is_made_mode_1777_and_an_existing_directory_is_left_as_it
 
 @pytest.mark.slow  # `mlflow server` starts and creates its schema: 35-77 s on this loaded machine
 def test_through_the_server_an_experiment_s_artifacts_are_served_and_a_file_store_s_are_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: str
 ) -> None:
+    """The server as production runs it: its artifacts in an object store (moto's S3 over HTTP),
+    which only the server reaches; its clients upload and download through it."""
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path))
     definition = load_definition("flights_delay")
     root = Path(storage.local_path(definition.data.root))
     assert definition.artifact_location == storage.join(definition.data.root, "mlartifacts")  # a file store
     from mlflow.tracking import MlflowClient
 
-    with TrackingServer(root, tmp_path / "mlflow.log") as server:
+    with TrackingServer(root, tmp_path / "mlflow.log", artifacts=f"{s3_bucket}/mlflow") as server:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         for name, value in server.provision(()).env().items():  # as the pipeline's identity
             monkeypatch.setenv(name, value)
@@ -52,8 +55,15 @@ def test_through_the_server_an_experiment_s_artifacts_are_served_and_a_file_stor
         assert experiment.artifact_location.startswith("mlflow-artifacts:")
         run = client.create_run(experiment.experiment_id).info.run_id
         (tmp_path / "report.txt").write_text("served")
-        client.log_artifact(run, str(tmp_path / "report.txt"))
-        assert [p.name for p in (root / "mlartifacts").rglob("report.txt")] == ["report.txt"]
+        with monkeypatch.context() as without_s3:  # the client knows no object store: it goes through
+            for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                without_s3.delenv(name)
+            client.log_artifact(run, str(tmp_path / "report.txt"))
+            fetched = client.download_artifacts(run, "report.txt", str(tmp_path / "fetched"))
+        assert Path(fetched).read_text() == "served"
+        stored = fsspec.filesystem("s3").find(f"{s3_bucket}/mlflow")
+        assert [p.rsplit("/", 1)[1] for p in stored] == ["report.txt"], stored
+        assert not (root / "mlartifacts").exists()
 
         client.create_experiment("old", artifact_location=(root / "old-artifacts").as_uri())
         old = definition.model_copy(
