@@ -47,7 +47,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo
+	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo deploy
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

@@ -1,25 +1,15 @@
-"""Fixtures for the Kubernetes launcher tests: kmock's Kubernetes emulator on a real HTTP port.
-
-The emulator runs in its own thread and event loop, so the synchronous `kubernetes` client (and the
-launcher's watch threads) talk to it over HTTP exactly as they would to an API server. The only
-additions to kmock's emulator are what a real API server does on every write and the launcher relies
-on: a `uid` and `creationTimestamp` on creation, a growing `resourceVersion`, and 404 for an object
-created in a namespace that does not exist.
-"""
+"""Fixtures for the Kubernetes launcher tests: the emulated cluster's API server (deploy/local,
+`local_cluster.apiserver`: kmock's emulator on a real HTTP port), with the test playing kube-scheduler
+and the kubelets through the API (`Cluster`)."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import itertools
-import threading
-import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kmock
 import kubernetes_validate
 import pytest
 import yaml
@@ -38,88 +28,12 @@ from gpuyard.store.jobs import JobDetail
 from kmock import action
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
+from local_cluster.apiserver import ApiServer, ApiServerEmulator
 from servers import wait_until
 from sqlalchemy import Engine
 
 NAMESPACE = "gpuyard"  # the control plane's
 KUBELET_FINALIZER = "kubelet.test/terminating"  # holds a deleted pod for its grace period
-SERVED = (  # served even before the first object
-    "v1/pods",
-    "v1/services",
-    "v1/secrets",
-    "v1/nodes",
-    "v1/resourcequotas",
-    "v1/serviceaccounts",
-    "networking.k8s.io/v1/networkpolicies",
-    "rbac.authorization.k8s.io/v1/roles",
-    "rbac.authorization.k8s.io/v1/rolebindings",
-)
-
-
-class ApiServerEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus the metadata a real API server stamps on writes."""
-
-    _versions = itertools.count(1000)
-    # kmock cannot route /api/v1/namespaces (it reads 'namespaces' as the start of a namespaced path):
-    # the namespaces that exist are kept here (Cluster.apply adds them). The launcher never reads them.
-    namespaces: dict[str, dict[str, Any]]
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self.namespaces = {}
-        for resource in SERVED:
-            self.resources[resource] = {}
-
-    async def _handle(self, request: Any) -> Any:
-        if request.method == "GET" and str(request.params.get("watch", "")).lower() == "true":
-            # the Python client sends watch=True, which the API server's ParseBool accepts; kmock wants 'true'
-            # (kmock matches requests by identity, so the parsed request is corrected in place)
-            object.__setattr__(request, "action", action.WATCH)
-        data = request.data if isinstance(request.data, dict) else None
-        if (
-            request.resource is not None
-            and data is not None
-            and request.action in (action.CREATE, action.UPDATE)
-        ):
-            meta = data.setdefault("metadata", {})
-            namespace = request.namespace or meta.get("namespace")
-            if request.action == action.CREATE and namespace and not self.has_namespace(namespace):
-                raise kmock.KubernetesObjectNotFoundError(
-                    reason="NotFound", message=f'namespaces "{namespace}" not found'
-                )
-            meta["resourceVersion"] = str(next(self._versions))
-            if request.action == action.CREATE:
-                meta.setdefault("uid", str(uuid.uuid4()))
-                meta.setdefault(
-                    "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                )
-        return await super()._handle(request)
-
-    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
-        """kmock's watch, ended after `timeoutSeconds` as an API server ends it."""
-        timeout = float(request.params.get("timeoutSeconds") or 0)
-        stream = aiter(super()._serve_watch(request))
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if timeout and remaining <= 0:
-                return
-            try:
-                item = await asyncio.wait_for(anext(stream), remaining if timeout else None)
-            except (TimeoutError, StopAsyncIteration):
-                return
-            yield item
-
-    def has_namespace(self, name: str) -> bool:
-        return name in self.namespaces
-
-    def patch_silently(self, plural: str, name: str, patch: dict[str, Any]) -> None:
-        """Change an object without a watch event: what a watcher misses while disconnected."""
-        for (resource, _, object_name), obj in self.objects.items():
-            if resource.plural == plural and object_name == name and not obj.deleted:
-                obj.patch(patch)
-                return
-        raise KeyError(f"{plural}/{name}")
 
 
 class Cluster:
@@ -251,26 +165,11 @@ def node(
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    stop: asyncio.Event | None = None
-    state: dict[str, Any] = {}
-
-    async def serve() -> None:
-        nonlocal stop
-        stop = asyncio.Event()
-        async with ApiServerEmulator() as emulator, kmock.Server(emulator) as server:
-            state["emulator"], state["url"] = emulator, str(server.url).rstrip("/")
-            ready.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(10), "the Kubernetes emulator did not start"
-    yield Cluster(state["emulator"], loop, state["url"])
-    assert stop is not None
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(10)
+    server = ApiServer()
+    try:
+        yield Cluster(server.emulator, server.loop, server.url)
+    finally:
+        server.stop()
 
 
 @pytest.fixture

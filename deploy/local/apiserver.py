@@ -1,0 +1,133 @@
+"""kmock's Kubernetes emulator as an API server on a real HTTP port, in a thread of its own.
+
+The synchronous `kubernetes` client (and the launcher's watch threads) talk to it over HTTP exactly as
+they would to an API server. The additions to kmock's emulator are what a real API server does on
+every write and its clients rely on: a `uid` and `creationTimestamp` on creation, a growing
+`resourceVersion`, 404 for an object created in a namespace that does not exist, `watch=True` read as
+`true`, and a watch ended after its `timeoutSeconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import kmock
+from kmock import action
+
+SERVED = (  # served even before the first object
+    "v1/pods",
+    "v1/services",
+    "v1/secrets",
+    "v1/nodes",
+    "v1/resourcequotas",
+    "v1/serviceaccounts",
+    "networking.k8s.io/v1/networkpolicies",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+)
+
+
+class ApiServerEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the metadata a real API server stamps on writes."""
+
+    _versions = itertools.count(1000)
+    # kmock cannot route /api/v1/namespaces (it reads 'namespaces' as the start of a namespaced path):
+    # the namespaces that exist are kept here (Cluster.apply adds them). The launcher never reads them.
+    namespaces: dict[str, dict[str, Any]]
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.namespaces = {}
+        for resource in SERVED:
+            self.resources[resource] = {}
+
+    async def _handle(self, request: Any) -> Any:
+        if request.method == "GET" and str(request.params.get("watch", "")).lower() == "true":
+            # the Python client sends watch=True, which the API server's ParseBool accepts; kmock wants 'true'
+            # (kmock matches requests by identity, so the parsed request is corrected in place)
+            object.__setattr__(request, "action", action.WATCH)
+        data = request.data if isinstance(request.data, dict) else None
+        if (
+            request.resource is not None
+            and data is not None
+            and request.action in (action.CREATE, action.UPDATE)
+        ):
+            meta = data.setdefault("metadata", {})
+            namespace = request.namespace or meta.get("namespace")
+            if request.action == action.CREATE and namespace and not self.has_namespace(namespace):
+                raise kmock.KubernetesObjectNotFoundError(
+                    reason="NotFound", message=f'namespaces "{namespace}" not found'
+                )
+            meta["resourceVersion"] = str(next(self._versions))
+            if request.action == action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault(
+                    "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                )
+        return await super()._handle(request)
+
+    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+        """kmock's watch, ended after `timeoutSeconds` as an API server ends it."""
+        timeout = float(request.params.get("timeoutSeconds") or 0)
+        stream = aiter(super()._serve_watch(request))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if timeout and remaining <= 0:
+                return
+            try:
+                item = await asyncio.wait_for(anext(stream), remaining if timeout else None)
+            except (TimeoutError, StopAsyncIteration):
+                return
+            yield item
+
+    def has_namespace(self, name: str) -> bool:
+        return name in self.namespaces
+
+    def patch_silently(self, plural: str, name: str, patch: dict[str, Any]) -> None:
+        """Change an object without a watch event: what a watcher misses while disconnected."""
+        for (resource, _, object_name), obj in self.objects.items():
+            if resource.plural == plural and object_name == name and not obj.deleted:
+                obj.patch(patch)
+                return
+        raise KeyError(f"{plural}/{name}")
+
+
+class ApiServer:
+    """`ApiServerEmulator` serving on 127.0.0.1 (a free port) from a thread and event loop of its own,
+    until `stop()`; `url` is its address."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        ready = threading.Event()
+        found: dict[str, Any] = {}
+
+        async def serve() -> None:
+            self._stop = asyncio.Event()
+            async with ApiServerEmulator() as emulator, kmock.Server(emulator) as server:
+                found["emulator"], found["url"] = emulator, str(server.url).rstrip("/")
+                ready.set()
+                await self._stop.wait()
+
+        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(serve(),), daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the Kubernetes emulator did not start within 10 s")
+        self.emulator: ApiServerEmulator = found["emulator"]
+        self.url: str = found["url"]
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the server's loop (what touches the emulator's state directly)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
