@@ -297,13 +297,21 @@ class CheckpointStore:
         return manifest
 
     def apply_retention(
-        self, keep_last: int, best_metric: str | None, best_mode: str, newest: int
+        self,
+        keep_last: int,
+        best_metric: str | None,
+        best_mode: str,
+        newest: int,
+        protected: tuple[int, int | None] | None = None,
     ) -> list[int]:
-        """Delete complete checkpoints beyond the newest `keep_last` and the best by `best_metric`, and
-        abandoned incomplete ones older than `newest`, among this writer's folders and older writers'
-        (never a newer token's: a successor's steps, complete or being written). Returns the steps deleted."""
+        """Delete complete checkpoints beyond the newest `keep_last`, the best by `best_metric` and
+        `protected` (the one the control plane recorded), and abandoned incomplete ones older than
+        `newest`, among this writer's folders and older writers' (never a newer token's: a successor's
+        steps, complete or being written). Returns the steps deleted."""
         ours = [m for m in self.complete() if self._may_delete(m.writer_token)]
         keep = {(m.step, m.writer_token) for m in ours[-keep_last:]} | {(newest, self.token)}
+        if protected is not None:
+            keep.add(protected)
         scored = [m for m in ours if best_metric and best_metric in m.metrics]
         if scored:
             pick = min if best_mode == "min" else max
@@ -425,6 +433,10 @@ class Checkpointer:
         self._pending: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self._latest: CheckpointRecord | None = None
+        # The checkpoint the control plane recorded as the job's newest (step, writer token): the one a
+        # retry resumes from, which retention keeps until a newer one is recorded, even when reports
+        # of newer saves were lost (a partition, an outage).
+        self._recorded: tuple[int, int | None] | None = None
         self._abandoned = threading.Event()
         self.stalls_s: list[float] = []
         self._stager = _ReusableStager()
@@ -511,9 +523,18 @@ class Checkpointer:
             self._latest = CheckpointRecord(
                 self.store.step_url(step), step, datetime.fromisoformat(manifest.saved_at), cost
             )
-        deleted = self.store.apply_retention(self.keep_last, self.best_metric, self.best_mode, step)
+        deleted = self.store.apply_retention(
+            self.keep_last, self.best_metric, self.best_mode, step, protected=self._recorded
+        )
         if deleted:
             log.info("retention removed checkpoints at steps %s", deleted)
+
+    def recorded_by_control_plane(self, url: str) -> None:
+        """The control plane recorded the checkpoint at `url` as the job's newest (a heartbeat carrying
+        it was answered, or a retry was handed it to resume from): retention keeps it from now on."""
+        found = _STEP_DIR.search(url.rstrip("/"))
+        if found is not None:
+            self._recorded = (int(found[1]), int(found[2]) if found[2] is not None else None)
 
     def abandon(self) -> None:
         """Never write another manifest (stale fencing token: a successor may own the checkpoints now).
@@ -534,6 +555,8 @@ class Checkpointer:
         """Rank 0 picks the checkpoint to resume from and tells every rank (a collective): the one the
         control plane recorded (`recorded`, its URL) when it is intact, else the newest intact one."""
         box: list[Any] = [None]
+        if recorded:
+            self.recorded_by_control_plane(recorded)
         if self.rank == 0:
             found = self.store.recorded(recorded, verify_checksums) or self.store.latest(verify_checksums)
             box[0] = asdict(found) if found is not None else None

@@ -15,22 +15,18 @@ from training.heartbeat import Action, HeartbeatAgent
 
 
 class Preemption:
-    """Turns SIGTERM into a flag read between steps: the current step always finishes."""
+    """Turns SIGTERM into a flag read between steps: the current step always finishes. Installed once,
+    for the process's whole life (`training.run.main`)."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
-        self._previous: object = None
 
     def install(self) -> Preemption:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested.set()
-
-    def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
 
 
 @dataclass

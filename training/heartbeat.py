@@ -197,8 +197,12 @@ class HeartbeatAgent:
         interval_s: float,
         progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]],
         monotonic: Callable[[], float] = time.monotonic,
+        recorded: Callable[[str], None] = lambda url: None,
     ) -> None:
+        """`recorded`: told the URL of each checkpoint a beat carried that the control plane answered,
+        which it has recorded as the job's newest."""
         self.client = client
+        self.recorded = recorded
         self.monotonic = monotonic
         self._lease_until: float | None = None  # monotonic time the last answered beat's lease lasts to
         self.interval_s = interval_s
@@ -231,6 +235,8 @@ class HeartbeatAgent:
             return None
         self.beats += 1
         if answer is not None:
+            if checkpoint is not None and answer.action != Action.STOP:
+                self.recorded(checkpoint.url)
             with self._lock:
                 self._action = max(self._action, answer.action)
                 if answer.checkpoint_interval_s is not None:

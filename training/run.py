@@ -99,7 +99,7 @@ def choose_strategy(cfg: Config, n_params: int, world_size: int) -> tuple[str, s
     return runtime_strategy(n_params, memory, world_size)
 
 
-def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
+def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: Preemption) -> int:
     leader = world.is_leader
     events = EventLog(Path(cfg.workdir, "events.jsonl") if leader else None)
     data = split(read_parquet(cfg.data), cfg.data.val_fraction, cfg.seed)
@@ -163,9 +163,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
             timeout_s=cfg.heartbeat.timeout_s,
         )
         agent = HeartbeatAgent(
-            client, cfg.heartbeat.interval_s, lambda: (progress["step"], ckpt.latest, progress["metrics"])
+            client,
+            cfg.heartbeat.interval_s,
+            lambda: (progress["step"], ckpt.latest, progress["metrics"]),
+            recorded=ckpt.recorded_by_control_plane,
         ).start()
-    preemption = Preemption().install()
     schedule = CheckpointSchedule(cfg.checkpoint, agent)
     events.write("start", step=step, world_size=world.world_size, strategy=strategy, n_parameters=n_params)
 
@@ -256,8 +258,6 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv) -> int:
         if agent is not None:
             agent.stop(final_beat=False)
         raise
-    finally:
-        preemption.uninstall()
     if agent is not None:
         agent.stop(final_beat=code != exit_codes.STALE_FENCING_TOKEN)
     tracker.end({exit_codes.SUCCESS: "FINISHED", exit_codes.PREEMPTED: "KILLED"}.get(code, "FAILED"))
@@ -289,6 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="override a config value, e.g. --set train.max_steps=50 (repeatable)",
     )
     args = parser.parse_args(argv)
+    # SIGTERM is a request read between steps for the process's whole life: one that comes while it
+    # starts stops the run at its first step (checkpoint, exit 75), one that comes once the outcome is
+    # decided (the final beat, the teardown) changes nothing. Left to its default action, it turned a
+    # finished run or a preemption into "killed by signal 15" (the fault campaign's seed 500).
+    preemption = Preemption().install()
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s"
@@ -302,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_codes.FAILURE
     world = distributed.init(cfg.parallel.backend)
     try:
-        return train(cfg, world, env)
+        return train(cfg, world, env, preemption)
     except Exception:
         log.exception("training failed")
         return exit_codes.FAILURE

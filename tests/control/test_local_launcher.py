@@ -192,7 +192,11 @@ def test_restarted_launcher_adopts_workers_and_kills_orphans(tmp_path: Path) -> 
     first = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     first.launch(request("kept"))
     first.launch(request("orphan"))
-    assert len(_processes_of("kept")) >= 2 and len(_processes_of("orphan")) >= 2
+    # launch returns once the shims run; each starts its worker on its own time
+    wait_until(
+        lambda: len(_processes_of("kept")) >= 2 and len(_processes_of("orphan")) >= 2,
+        what="both gangs' processes",
+    )
     del first  # the launcher's process "died"; its workers did not
     second = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
     reports = second.reconcile({"kept": request("kept"), "vanished": request("vanished")})

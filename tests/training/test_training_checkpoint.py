@@ -181,6 +181,37 @@ def test_save_and_restore_round_trip(
             assert torch.equal(restored_opt[index][key], state[key]), (index, key)
 
 
+def test_retention_keeps_the_checkpoint_the_control_plane_recorded_until_it_records_a_newer_one(
+    tmp_path: Path, world: distributed.World
+) -> None:
+    """Reports of newer saves were lost (a partition): a retry resumes from the recorded checkpoint, so
+    retention must not delete it (the fault campaign's seed 500: keep_last took it, the retry found it
+    gone and resumed from a checkpoint the control plane never committed)."""
+    model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    store = CheckpointStore(tmp_path.as_uri(), token=7)
+    first = Checkpointer(store, 0, 1, world.checkpoint_group, keep_last=1)
+    resumed_from = first.store.step_url(5)
+    first.save(5, model, opt, {"scheduler": {}}, {}, {})
+    first.recorded_by_control_plane(resumed_from)  # a beat carrying step 5 was answered
+    for step in (10, 15):  # their beats never reached the control plane
+        first.save(step, model, opt, {"scheduler": {}}, {}, {})
+    first.close()
+    assert [m.step for m in store.complete()] == [5, 15]  # keep_last 1, and the recorded one
+
+    retry = Checkpointer(
+        CheckpointStore(tmp_path.as_uri(), token=8), 0, 1, world.checkpoint_group, keep_last=1
+    )
+    manifest = retry.find_latest(recorded=resumed_from)
+    assert manifest is not None and manifest.step == 5  # the committed one, not the newer unreported 15
+    retry.save(20, model, opt, {"scheduler": {}}, {}, {})
+    assert [m.step for m in retry.store.complete()] == [5, 20]  # still the job's recorded checkpoint
+    retry.recorded_by_control_plane(retry.store.step_url(20))
+    retry.save(25, model, opt, {"scheduler": {}}, {}, {})
+    retry.close()
+    assert [m.step for m in retry.store.complete()] == [20, 25]
+
+
 def test_abandoned_checkpointer_writes_no_manifest(tmp_path: Path, world: distributed.World) -> None:
     model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
     opt = torch.optim.AdamW(model.parameters())

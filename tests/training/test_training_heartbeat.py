@@ -137,3 +137,26 @@ def test_the_agent_knows_when_no_beat_was_answered_within_the_lease() -> None:
         agent.beat_now()  # answered again: writing may go on
         assert not agent.lease_lapsed
         agent.client.close()
+
+
+def test_the_agent_tells_which_checkpoints_the_control_plane_recorded() -> None:
+    """Only an answered beat records its checkpoint: not one left unanswered (the API away), nor one
+    refused (a stale token), nor a beat that carried none."""
+    record = CheckpointRecord("file:///ckpt/step-000000010-t41", 10, datetime(2026, 12, 5, tzinfo=UTC), 0.5)
+    recorded: list[str] = []
+    answers = iter([(503, {}), (503, {}), (503, {}), lease("continue"), lease("continue")])
+    with ControlPlane(lambda n, body: next(answers)) as plane:
+        carried = [record, record, None]
+        agent = HeartbeatAgent(
+            client(plane, retries=2), 3600, lambda: (10, carried.pop(0), {}), recorded=recorded.append
+        )
+        assert agent.beat_now() is None and recorded == []  # three 503s: no answer
+        assert agent.beat_now() is not None and recorded == [record.url]
+        assert agent.beat_now() is not None and recorded == [record.url]  # carried none
+        agent.client.close()
+    with ControlPlane(lambda n, body: lease()) as plane:
+        stale = HeartbeatAgent(
+            client(plane, token="40"), 3600, lambda: (10, record, {}), recorded=recorded.append
+        )
+        assert stale.beat_now() is not None and recorded == [record.url]  # refused: nothing new
+        stale.client.close()

@@ -6,10 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from servers import wait_until
 from trainkit import REPO, ControlPlane, free_port, launch, lease, read_events, write_config
 
 from training import exit_codes
@@ -52,6 +54,42 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
     assert manifest is not None and manifest.step == exit_event["step"]
     assert manifest.run["job_id"] == "job-1" and manifest.run["attempt_id"] == "att-1"
     assert not (work / "checkpoints").exists()  # GPUYARD_CHECKPOINT_URL wins over the config
+
+
+def delivered(pid: int, sig: int) -> bool:
+    """The kernel no longer holds `sig` pending for `pid` (delivered: handled, or the process died)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return fields["State"].strip().startswith("Z") or not pending & (1 << (sig - 1))
+
+
+def test_a_sigterm_once_the_run_has_finished_changes_nothing(tmp_path: Path, flights_parquet: Path) -> None:
+    """The fault campaign's seed 500: a preemption's SIGTERM reached a worker that had finished training
+    and was sending its final beat (the API away); its default action killed it, and a finished run
+    was recorded "killed by signal 15". The final beat is held here until the signal has arrived."""
+    final_beat, release = threading.Event(), threading.Event()
+
+    def answer(n: int, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+        if body["step"] == 6:  # only the first beat and the final one: the interval is an hour
+            final_beat.set()
+            release.wait(60)
+        return lease("continue")
+
+    cfg, work = write_config(
+        tmp_path, flights_parquet, train={"max_steps": 6}, heartbeat={"interval_s": 3600}
+    )
+    with ControlPlane(answer) as plane:
+        workers = launch(cfg, 1, work, env=plane.env((tmp_path / "bucket").as_uri()))
+        assert final_beat.wait(120), workers.output()
+        workers.signal(signal.SIGTERM)
+        (worker,) = workers.procs
+        wait_until(lambda: delivered(worker.pid, signal.SIGTERM), what="the SIGTERM delivered")
+        release.set()
+        assert workers.wait(120) == [exit_codes.SUCCESS], workers.output()
+    assert read_events(work)[-1]["code"] == exit_codes.SUCCESS
 
 
 def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_parquet: Path) -> None:

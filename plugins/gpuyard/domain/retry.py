@@ -12,12 +12,14 @@ oldest of them to be an hour old.
 
 Only the platform can make an ending not the job's fault (`attribute`): a worker that exits 75
 ("preempted") when nobody asked it to stop, or 76 ("refused") while its attempt was live and its
-token current, has failed, and is retried with backoff within its budget like any other failure.
+token current, has failed, and is retried with backoff within its budget like any other failure. A
+worker the platform's own SIGTERM or SIGKILL ended after it asked for a preemption was preempted.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +30,7 @@ from training.exit_codes import PREEMPTED, STALE_FENCING_TOKEN
 
 LOSS_WINDOW_S = 3600.0  # the hour `lost_per_hour` counts in
 MAX_LOST_BACKOFF_S = 600.0
+PLATFORM_SIGNALS = (-signal.SIGTERM, -signal.SIGKILL)  # exit statuses: the launcher's signals ended it
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ def attribute(
     if stop in (StopReason.HANG, StopReason.MAX_RUNTIME) and outcome != AttemptState.SUCCEEDED:
         why = "no progress within liveness.progress_timeout" if stop == StopReason.HANG else "max_runtime"
         return AttemptState.FAILED, f"stopped: {why} ({reason})"
+    if stop == StopReason.PREEMPT and outcome == AttemptState.FAILED and exit_code in PLATFORM_SIGNALS:
+        # The platform's own signal ended it (SIGTERM, or SIGKILL after the grace period) once it had
+        # asked for a preemption: a worker that does not catch SIGTERM (a plain command) was preempted,
+        # not failed, and spends none of its budget.
+        return AttemptState.PREEMPTED, f"{reason}: stopped by the platform's preemption"
     if outcome == AttemptState.PREEMPTED and not asked:
         return AttemptState.FAILED, f"{reason}, but nobody asked it to stop (exit {PREEMPTED} is a failure)"
     if outcome == AttemptState.LOST and exit_code == STALE_FENCING_TOKEN:
