@@ -70,7 +70,26 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 meta.setdefault(
                     "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 )
+        if request.action == action.DELETE and request.resource is not None and request.name is not None:
+            self._mark_grace(request, data)
         return await super()._handle(request)
+
+    def _mark_grace(self, request: Any, options: dict[str, Any] | None) -> None:
+        """A delete of an object that finalizers hold: its grace period, as the API server records it
+        (`deletionGracePeriodSeconds`: the request's, else the pod's `terminationGracePeriodSeconds`,
+        else 30), for the node agent that stops its containers. kmock then marks it deleted."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return
+        stored = self._objects[key]
+        meta = stored.get("metadata", {})
+        if not meta.get("finalizers") or meta.get("deletionTimestamp"):
+            return
+        asked = (options or {}).get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
+        grace = (
+            asked if asked is not None else stored.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+        )
+        stored.patch({"metadata": {"deletionGracePeriodSeconds": int(grace)}})
 
     async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
         """kmock's watch, ended after `timeoutSeconds` as an API server ends it."""

@@ -1,0 +1,54 @@
+"""One container of the emulated cluster, as a container runtime would start it: run by the node agent
+(`agent.py`) inside a mount namespace of its own (`unshare --mount`), as root.
+
+    python -I -m local_cluster.container CONTAINER.json
+
+CONTAINER.json: {"argv": [...], "env": {...}, "mounts": {mountPath: host directory}, "workdir": str,
+"user": uid | null, "group": gid | null}. Each volume's directory is bind-mounted at its mount path
+(made if missing), so the container finds `/tmp`, its HOME and `/dev/shm` where its pod spec says and
+shares them with no other pod; then it becomes the pod's user and group (no supplementary groups) and
+executes the command with exactly the pod's environment. Isolated mode (`-I`): nothing of the
+container's environment reaches this step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def enter(spec: dict[str, object]) -> None:
+    mounts = spec.get("mounts") or {}
+    assert isinstance(mounts, dict)
+    # Every volume is held open before the first mount: a volume mounted at /tmp would otherwise hide
+    # the others' directories when they live under /tmp themselves.
+    held = {
+        str(target): os.open(str(source), os.O_PATH | os.O_DIRECTORY) for target, source in mounts.items()
+    }
+    for target, descriptor in held.items():
+        Path(target).mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "--bind", f"/proc/self/fd/{descriptor}", target], check=True, pass_fds=[descriptor]
+        )
+        os.close(descriptor)
+    group, user = spec.get("group"), spec.get("user")
+    if group is not None:
+        os.setgroups([])
+        os.setgid(int(group))  # type: ignore[call-overload]
+    if user is not None:
+        os.setuid(int(user))  # type: ignore[call-overload]
+    os.chdir(str(spec.get("workdir") or "/"))
+    argv = [str(part) for part in spec["argv"]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}  # type: ignore[attr-defined]
+    os.execvpe(argv[0], argv, env)
+
+
+if __name__ == "__main__":
+    try:
+        enter(json.loads(Path(sys.argv[1]).read_text()))
+    except (OSError, subprocess.CalledProcessError) as error:  # the kubelet's "CreateContainerError"
+        print(f"container: {error}", file=sys.stderr)
+        raise SystemExit(128) from None
