@@ -14,8 +14,9 @@ for every pod bound to this node (kmock ignores field selectors: the agent filte
 - a deleted one (deletionTimestamp): SIGTERM to the container's process group, SIGKILL once the
   grace period has passed, and the finalizer removed when it has stopped.
 
-What is not emulated yet: a network namespace per pod (pods share this machine's network: the
-headless Service's names do not resolve), cgroup limits (CPU and memory are placed, not enforced;
+Given the cluster's `PodNetwork`, each pod runs in a network namespace of its own on the cluster's
+bridge (its `podIP`), with the cluster's names as its `/etc/hosts` (`network.py`). What is not
+emulated yet: cgroup limits (CPU and memory are placed, not enforced;
 GPUs are counted only), more than one container per pod, probes, restart policies other than Never.
 
 Faults a test sets: `partition()` (the node stops reporting: no heartbeat, no pod status, its pods
@@ -45,6 +46,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from local_cluster.images import LocalImage, repository
+from local_cluster.network import Attachment, PodNetwork
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,7 @@ class _Pod:
     ended: bool = False
     kill_at: float | None = None  # monotonic: SIGKILL then (its grace period started)
     waiting: str | None = None  # the waiting reason last reported
+    attachment: Attachment | None = None  # its network namespace on the cluster's bridge
 
 
 class NodeAgent:
@@ -116,8 +119,11 @@ class NodeAgent:
         *,
         every_s: float = 0.1,
         report_every_s: float = 1.0,
+        network: PodNetwork | None = None,
     ):
-        self.api, self.node, self.images, self.root = api, node, images, root
+        """`network`: pods in network namespaces of their own on the cluster's bridge; without it they
+        share this machine's network (and its loopback)."""
+        self.api, self.node, self.images, self.root, self.network = api, node, images, root, network
         self.every_s, self.report_every_s = every_s, report_every_s
         self.reporting = True  # False: partitioned from the API (pods run on)
         self.lost = False
@@ -212,6 +218,15 @@ class NodeAgent:
             known.ended = True
             return
         mounts = self._volumes(known, pod, container)
+        address = "127.0.0.1"
+        if self.network is not None:
+            known.attachment = self.network.bridge.attach()
+            address = known.attachment.address
+            meta, names = pod["metadata"], (pod["spec"].get("hostname") or pod["metadata"]["name"])
+            self.network.names.add(
+                meta["uid"], address, names, pod["spec"].get("subdomain"), meta["namespace"]
+            )
+            mounts["/etc/hosts"] = str(self.network.names.path)
         security = {**(pod["spec"].get("securityContext") or {}), **(container.get("securityContext") or {})}
         spec = {
             "argv": [*(container.get("command") or []), *(container.get("args") or [])],
@@ -223,19 +238,20 @@ class NodeAgent:
         }
         (known.directory / "container.json").write_text(json.dumps(spec))
         with (known.directory / "log").open("ab") as out:
-            known.process = subprocess.Popen(
-                [
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "--",
+            runtime = [
+                *("unshare", "--mount", "--propagation", "private", "--"),
+                *(
                     sys.executable,
                     "-I",
                     "-m",
                     "local_cluster.container",
                     str(known.directory / "container.json"),
-                ],
+                ),
+            ]
+            if known.attachment is not None and self.network is not None:
+                runtime = self.network.bridge.argv(known.attachment, runtime)
+            known.process = subprocess.Popen(
+                runtime,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -249,8 +265,8 @@ class NodeAgent:
             {
                 "phase": "Running",
                 "startTime": started,
-                "hostIP": "127.0.0.1",
-                "podIP": "127.0.0.1",
+                "hostIP": self.network.bridge.gateway if self.network else "127.0.0.1",
+                "podIP": address,
                 "conditions": [
                     {"type": "PodScheduled", "status": "True"},
                     {"type": "Ready", "status": "True"},
@@ -362,6 +378,9 @@ class NodeAgent:
         known = self._pods.pop(uid)
         if known.process is not None:
             known.process.wait()
+        if self.network is not None and known.attachment is not None:
+            self.network.names.remove(uid)
+            self.network.bridge.detach(known.attachment)
         shutil.rmtree(known.directory, ignore_errors=True)
 
     def _waiting(self, pod: Obj, reason: str, message: str) -> None:

@@ -13,6 +13,7 @@ from local_cluster.apiserver import ApiServer
 from local_cluster.binder import Binder
 from local_cluster.images import LocalImage
 from local_cluster.lifecycle import NodeLifecycle
+from local_cluster.network import Bridge, ClusterNames, PodNetwork
 
 
 class EmulatedCluster:
@@ -26,13 +27,22 @@ class EmulatedCluster:
         *,
         node_grace_s: float = 40.0,
         report_every_s: float = 1.0,
+        pod_network: bool | None = None,
     ):
+        """`pod_network`: each pod in a network namespace of its own on the cluster's bridge (the
+        default where this machine allows it: root); else pods share this machine's network."""
+        self.network: PodNetwork | None = None
+        if pod_network if pod_network is not None else Bridge.possible():
+            root.mkdir(parents=True, exist_ok=True)
+            self.network = PodNetwork(Bridge().create(), ClusterNames(root / "hosts"))
         self.server = ApiServer()
         configuration = k8s.Configuration()
         configuration.host = self.server.url
         self.api = k8s.CoreV1Api(k8s.ApiClient(configuration))
         self.agents = {
-            spec.name: NodeAgent(self.api, spec, images, root / spec.name, report_every_s=report_every_s)
+            spec.name: NodeAgent(
+                self.api, spec, images, root / spec.name, report_every_s=report_every_s, network=self.network
+            )
             for spec in nodes
         }
         self.binder = Binder(self.api)
@@ -41,6 +51,12 @@ class EmulatedCluster:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def gateway(self) -> str:
+        """The address pods reach this machine at (what serves them listens there): the bridge's, or
+        loopback when pods share this machine's network."""
+        return self.network.bridge.gateway if self.network else "127.0.0.1"
 
     def add_namespace(self, name: str) -> None:
         """kmock cannot serve namespaces: the ones that exist are the emulator's (apiserver.py)."""
@@ -59,6 +75,8 @@ class EmulatedCluster:
         for agent in self.agents.values():
             agent.stop()
         self.server.stop()
+        if self.network is not None:
+            self.network.bridge.remove()
 
     def __enter__(self) -> EmulatedCluster:
         return self.start()

@@ -3,12 +3,12 @@
 
     python -I -m local_cluster.container CONTAINER.json
 
-CONTAINER.json: {"argv": [...], "env": {...}, "mounts": {mountPath: host directory}, "workdir": str,
-"user": uid | null, "group": gid | null}. Each volume's directory is bind-mounted at its mount path
-(made if missing), so the container finds `/tmp`, its HOME and `/dev/shm` where its pod spec says and
-shares them with no other pod; then it becomes the pod's user and group (no supplementary groups) and
-executes the command with exactly the pod's environment. Isolated mode (`-I`): nothing of the
-container's environment reaches this step.
+CONTAINER.json: {"argv": [...], "env": {...}, "mounts": {mountPath: host directory or file},
+"workdir": str, "user": uid | null, "group": gid | null}. Each volume's directory is bind-mounted at
+its mount path (made if missing), so the container finds `/tmp`, its HOME and `/dev/shm` where its
+pod spec says and shares them with no other pod, and the cluster's names at `/etc/hosts`; then it
+becomes the pod's user and group (no supplementary groups) and executes the command with exactly the
+pod's environment. Isolated mode (`-I`): nothing of the container's environment reaches this step.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ def enter(spec: dict[str, object]) -> None:
     assert isinstance(mounts, dict)
     # Every volume is held open before the first mount: a volume mounted at /tmp would otherwise hide
     # the others' directories when they live under /tmp themselves.
-    held = {
-        str(target): os.open(str(source), os.O_PATH | os.O_DIRECTORY) for target, source in mounts.items()
-    }
+    held = {str(target): os.open(str(source), os.O_PATH) for target, source in mounts.items()}
     for target, descriptor in held.items():
-        Path(target).mkdir(parents=True, exist_ok=True)
+        if Path(f"/proc/self/fd/{descriptor}").is_dir():
+            Path(target).mkdir(parents=True, exist_ok=True)
+        else:
+            Path(target).touch(exist_ok=True)  # a file over a file: /etc/hosts
         subprocess.run(
             ["mount", "--bind", f"/proc/self/fd/{descriptor}", target], check=True, pass_fds=[descriptor]
         )

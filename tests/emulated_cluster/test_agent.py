@@ -124,10 +124,11 @@ def test_exit_codes_and_signals_are_reported_as_a_runtime_reports_them(cluster: 
 def test_a_deleted_pod_is_asked_to_stop_and_killed_after_its_grace_period(
     cluster: EmulatedCluster, shared: Path
 ) -> None:
-    run(cluster, "polite", f'trap "echo term > {shared}/polite; exit 0" TERM; while :; do sleep 0.05; done')
-    run(cluster, "deaf", f'trap "echo term > {shared}/deaf" TERM; while :; do sleep 0.05; done')
+    ready = f"touch {shared}/$NAME.ready; while :; do sleep 0.05; done"  # once its trap is set
+    run(cluster, "polite", f'trap "echo term > {shared}/polite; exit 0" TERM; {ready}', env=[named("polite")])
+    run(cluster, "deaf", f'trap "echo term > {shared}/deaf" TERM; {ready}', env=[named("deaf")])
     for name in ("polite", "deaf"):
-        wait_until(lambda name=name: phase(cluster, name) == "Running", what=f"{name} running")
+        wait_until(lambda name=name: (shared / f"{name}.ready").exists(), what=f"{name} ready")
     cluster.api.delete_namespaced_pod("polite", "team-a", grace_period_seconds=30)
     cluster.api.delete_namespaced_pod("deaf", "team-a", grace_period_seconds=1)
     deleting = pod(cluster, "deaf")
@@ -136,6 +137,10 @@ def test_a_deleted_pod_is_asked_to_stop_and_killed_after_its_grace_period(
     assert (shared / "polite").read_text().strip() == "term"
     wait_until(lambda: pod(cluster, "deaf") is None, what="deaf killed and gone")
     assert (shared / "deaf").read_text().strip() == "term"  # it had its SIGTERM first
+
+
+def named(name: str) -> dict[str, str]:
+    return {"name": "NAME", "value": name}
 
 
 def test_image_pulls_take_their_time_or_fail_with_the_registry_s_reason(cluster: EmulatedCluster) -> None:
@@ -163,10 +168,10 @@ def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes
     cluster: EmulatedCluster, shared: Path
 ) -> None:
     beat = f"while :; do date +%s%N > {shared}/$NAME; sleep 0.05; done"
-    run(cluster, "on-a", beat, env=[{"name": "NAME", "value": "a"}], nodeSelector={"zone": "a"})
-    run(cluster, "on-b", beat, env=[{"name": "NAME", "value": "b"}], nodeSelector={"zone": "b"})
-    for name in ("on-a", "on-b"):
-        wait_until(lambda name=name: phase(cluster, name) == "Running", what=f"{name} running")
+    run(cluster, "on-a", beat, env=[named("a")], nodeSelector={"zone": "a"})
+    run(cluster, "on-b", beat, env=[named("b")], nodeSelector={"zone": "b"})
+    for name in ("a", "b"):
+        wait_until(lambda name=name: (shared / name).exists(), what=f"the pod on node-{name} running")
     cluster.agents["node-a"].partition()
     wait_until(lambda: ready(cluster, "node-a") == "Unknown", what="node-a Unknown")
     written = (shared / "a").read_text()
@@ -176,8 +181,9 @@ def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes
     wait_until(lambda: ready(cluster, "node-a") == "True", what="node-a back")
 
     pids = [p.process.pid for p in cluster.agents["node-b"]._pods.values() if p.process]
+    assert pids
     cluster.agents["node-b"].lose()
-    wait_until(lambda: not any(alive(pid) for pid in pids), what="node-b's processes gone")
+    assert not any(alive(pid) for pid in pids)  # they died with it (and were reaped)
     wait_until(lambda: ready(cluster, "node-b") == "Unknown", what="node-b Unknown")
 
 

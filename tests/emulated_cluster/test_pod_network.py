@@ -1,0 +1,122 @@
+"""The emulated cluster's pod network (local_cluster.network): every pod in a network namespace of its
+own on the cluster's bridge, reaching the others by their headless Service's names and this machine
+only at the bridge's gateway."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_cluster.agent import NodeSpec
+from local_cluster.cluster import EmulatedCluster
+from local_cluster.images import python_image
+from local_cluster.network import Bridge
+from servers import open_directory, wait_until
+
+from .test_agent import IMAGE, phase, pod
+
+pytestmark = pytest.mark.skipif(not Bridge.possible(), reason="network namespaces need root and iproute2")
+
+SERVE = """
+import socket, sys
+server = socket.create_server(("0.0.0.0", 29500))
+connection, _ = server.accept()
+open(sys.argv[1], "w").write(connection.recv(100).decode())
+"""
+CALL = """
+import socket, sys, time
+for _ in range(600):  # until rank 0 listens, as a rendezvous retries
+    try:
+        socket.create_connection((sys.argv[1], 29500), timeout=1).sendall(sys.argv[2].encode())
+        break
+    except OSError:
+        time.sleep(0.05)
+else:
+    sys.exit(1)
+"""
+PROBE = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+    print("reached")
+except OSError as error:
+    print(type(error).__name__)
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
+    nodes = [NodeSpec("node-a"), NodeSpec("node-b")]
+    with EmulatedCluster(nodes, {IMAGE: python_image()}, tmp_path / "nodes", pod_network=True) as made:
+        made.add_namespace("team-a")
+        yield made
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    with open_directory() as directory:
+        yield directory
+
+
+def python_pod(cluster: EmulatedCluster, name: str, code: str, *args: str, **spec: object) -> None:
+    container = {"name": "worker", "image": f"{IMAGE}:1", "command": ["python", "-c", code, *args]}
+    body = {
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"containers": [container], "restartPolicy": "Never", **spec},
+    }
+    cluster.api.create_namespaced_pod("team-a", body)
+
+
+def test_gangs_meet_at_their_service_names_each_on_its_own_port_space(
+    cluster: EmulatedCluster, shared: Path
+) -> None:
+    for gang in ("g1", "g2"):  # the same port in both: each pod has its own
+        rank0 = f"{gang}-r0.{gang}.team-a.svc.cluster.local"
+        python_pod(cluster, f"{gang}-r0", SERVE, str(shared / gang), hostname=f"{gang}-r0", subdomain=gang)
+        python_pod(cluster, f"{gang}-r1", CALL, rank0, f"hello {gang}", hostname=f"{gang}-r1", subdomain=gang)
+    for name in ("g1-r0", "g1-r1", "g2-r0", "g2-r1"):
+        wait_until(lambda name=name: phase(cluster, name) == "Succeeded", timeout_s=60, what=f"{name} done")
+    assert (shared / "g1").read_text() == "hello g1" and (shared / "g2").read_text() == "hello g2"
+    addresses = {(pod(cluster, n) or {})["status"]["podIP"] for n in ("g1-r0", "g1-r1", "g2-r0", "g2-r1")}
+    assert len(addresses) == 4 and cluster.gateway not in addresses
+
+
+def test_a_pod_reaches_this_machine_at_the_gateway_and_not_at_its_loopback(
+    cluster: EmulatedCluster, shared: Path
+) -> None:
+    at_gateway = socket.create_server((cluster.gateway, 0))
+    at_loopback = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    for server in (at_gateway, at_loopback):
+        server.settimeout(0.2)
+
+        def accept(server: socket.socket = server) -> None:
+            while not stop.is_set():
+                try:
+                    server.accept()[0].close()
+                except OSError:
+                    continue
+
+        threading.Thread(target=accept, daemon=True).start()
+    try:
+        for name, (host, port) in {"gw": at_gateway.getsockname(), "lo": at_loopback.getsockname()}.items():
+            python_pod(
+                cluster,
+                name,
+                f"import sys; sys.stdout = open('{shared}/{name}.out', 'w')\n" + PROBE,
+                host,
+                str(port),
+            )
+        for name in ("gw", "lo"):
+            wait_until(
+                lambda name=name: phase(cluster, name) == "Succeeded", timeout_s=60, what=f"{name} done"
+            )
+        assert (shared / "gw.out").read_text().strip() == "reached"
+        assert (shared / "lo.out").read_text().strip() == "ConnectionRefusedError"  # its own loopback
+    finally:
+        stop.set()
+        at_gateway.close()
+        at_loopback.close()
