@@ -96,13 +96,14 @@ class S3Server:
 
     CREDENTIALS = {"AWS_ACCESS_KEY_ID": "gpuyard-test", "AWS_SECRET_ACCESS_KEY": "gpuyard-test"}
 
-    def __init__(self, port: int | None = None):
-        self.port = port or free_port()
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1"):
+        """`host`: where it listens (an emulated cluster's gateway, for its pods)."""
+        self.host, self.port = host, port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -111,11 +112,11 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: answers("127.0.0.1", self.port), what=f"moto's S3 server on {self.port}")
+        wait_until(lambda: answers(self.host, self.port), what=f"moto's S3 server on {self.host}:{self.port}")
         return self
 
     def create_bucket(self, name: str) -> str:

@@ -45,6 +45,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+from kubernetes.utils.quantity import parse_quantity
 from local_cluster.images import LocalImage, repository
 from local_cluster.network import Attachment, PodNetwork
 
@@ -107,6 +108,7 @@ class _Pod:
     kill_at: float | None = None  # monotonic: SIGKILL then (its grace period started)
     waiting: str | None = None  # the waiting reason last reported
     attachment: Attachment | None = None  # its network namespace on the cluster's bridge
+    cgroups: list[str] = field(default_factory=list)  # its memory and cpu cgroups (cgroup v1)
 
 
 class NodeAgent:
@@ -131,6 +133,7 @@ class NodeAgent:
         self._reported = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._passing = threading.Lock()
 
     # -- the node ----------------------------------------------------------------------------------
 
@@ -149,6 +152,10 @@ class NodeAgent:
     # -- one pass ----------------------------------------------------------------------------------
 
     def step(self) -> None:
+        with self._passing:  # a fault a test sets lands between passes, never inside one
+            self._step()
+
+    def _step(self) -> None:
         if self.lost or not self.reporting:  # partitioned: what ended meanwhile is reported on healing
             return
         self._heartbeat()
@@ -217,7 +224,8 @@ class NodeAgent:
             self._waiting(pod, "CreateContainerConfigError", str(error))
             known.ended = True
             return
-        mounts = self._volumes(known, pod, container)
+        mounts = {**image.files, **self._volumes(known, pod, container)}  # the image's, then volumes
+        known.cgroups = _cgroups(known, container)
         address = "127.0.0.1"
         if self.network is not None:
             known.attachment = self.network.bridge.attach()
@@ -235,11 +243,14 @@ class NodeAgent:
             "workdir": container.get("workingDir") or image.workdir,
             "user": security.get("runAsUser"),
             "group": security.get("runAsGroup"),
+            "hostname": pod["spec"].get("hostname") or pod["metadata"]["name"],
+            "readonly": sorted(image.files),
+            "cgroups": known.cgroups,
         }
         (known.directory / "container.json").write_text(json.dumps(spec))
         with (known.directory / "log").open("ab") as out:
             runtime = [
-                *("unshare", "--mount", "--propagation", "private", "--"),
+                *("unshare", "--mount", "--uts", "--propagation", "private", "--"),
                 *(
                     sys.executable,
                     "-I",
@@ -323,6 +334,7 @@ class NodeAgent:
     def _report_exit(self, known: _Pod, pod: Obj) -> None:
         assert known.process is not None
         code = known.process.returncode
+        self._kill(known, signal.SIGKILL)  # a container ends with its main process: what it left too
         exit_code = 128 - code if code < 0 else code
         terminated = {
             "exitCode": exit_code,
@@ -370,9 +382,25 @@ class NodeAgent:
         self._forget(uid)
 
     def _kill(self, known: _Pod, sig: int) -> None:
-        if known.process is not None and known.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(known.process.pid, sig)
+        """SIGTERM to the container's main process, as a runtime sends it (its PID 1 passes it on);
+        SIGKILL to every process of the container: its cgroup's, else its process group's."""
+        if known.process is None:
+            return
+        if sig != signal.SIGKILL:
+            if known.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(known.process.pid, sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(known.process.pid, signal.SIGKILL)
+        for _ in range(100):  # what forks while it is being killed is killed on the next round
+            members = [int(pid) for group in known.cgroups[:1] for pid in _procs(group)]
+            if not members:
+                break
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
     def _forget(self, uid: str) -> None:
         known = self._pods.pop(uid)
@@ -381,6 +409,14 @@ class NodeAgent:
         if self.network is not None and known.attachment is not None:
             self.network.names.remove(uid)
             self.network.bridge.detach(known.attachment)
+        for group in known.cgroups:
+            with contextlib.suppress(OSError):  # empty once its processes are gone
+                Path(group).rmdir()
+        log_file = known.directory / "log"
+        if log_file.exists():  # kept after the pod, as a node keeps a container's logs for a while
+            kept = self.root / "logs" / f"{known.namespace}_{known.directory.name}.log"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            log_file.rename(kept)
         shutil.rmtree(known.directory, ignore_errors=True)
 
     def _waiting(self, pod: Obj, reason: str, message: str) -> None:
@@ -411,14 +447,17 @@ class NodeAgent:
 
     def partition(self) -> None:
         """The node stops reporting; its pods run on."""
-        self.reporting = False
+        with self._passing:
+            self.reporting = False
 
     def heal(self) -> None:
-        self.reporting = True
+        with self._passing:
+            self.reporting = True
 
     def lose(self) -> None:
         """The node is gone: every process of its pods dies with it, and it reports nothing more."""
-        self.lost = True
+        with self._passing:
+            self.lost = True
         for known in self._pods.values():
             self._kill(known, signal.SIGKILL)
             if known.process is not None:
@@ -432,6 +471,35 @@ class NodeAgent:
         for uid in list(self._pods):
             self._kill(self._pods[uid], signal.SIGKILL)
             self._forget(uid)
+
+
+CGROUPS = Path("/sys/fs/cgroup")  # cgroup v1: one hierarchy per controller
+
+
+def _cgroups(known: _Pod, container: Obj) -> list[str]:
+    """The container's memory and cpu cgroups, with its limits (`memory`: bytes; `cpu`: a CFS quota
+    of that many cores), where cgroup v1 is mounted and writable; none elsewhere."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    made = []
+    for controller in ("memory", "cpu"):
+        path = CGROUPS / controller / "local-cluster" / f"{known.namespace}-{known.directory.name}"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return []
+        made.append(str(path))
+        if controller == "memory" and "memory" in limits:
+            (path / "memory.limit_in_bytes").write_text(str(int(parse_quantity(limits["memory"]))))
+        if controller == "cpu" and "cpu" in limits:
+            (path / "cpu.cfs_quota_us").write_text(str(int(parse_quantity(limits["cpu"]) * 100_000)))
+    return made
+
+
+def _procs(group: str) -> list[str]:
+    try:
+        return (Path(group) / "cgroup.procs").read_text().split()
+    except OSError:
+        return []
 
 
 def _container(container: Obj, state: Obj) -> Obj:

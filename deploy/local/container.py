@@ -1,26 +1,32 @@
 """One container of the emulated cluster, as a container runtime would start it: run by the node agent
-(`agent.py`) inside a mount namespace of its own (`unshare --mount`), as root.
+(`agent.py`) inside mount and UTS namespaces of its own (`unshare --mount --uts`), as root.
 
     python -I -m local_cluster.container CONTAINER.json
 
 CONTAINER.json: {"argv": [...], "env": {...}, "mounts": {mountPath: host directory or file},
-"workdir": str, "user": uid | null, "group": gid | null}. Each volume's directory is bind-mounted at
-its mount path (made if missing), so the container finds `/tmp`, its HOME and `/dev/shm` where its
-pod spec says and shares them with no other pod, and the cluster's names at `/etc/hosts`; then it
-becomes the pod's user and group (no supplementary groups) and executes the command with exactly the
-pod's environment. Isolated mode (`-I`): nothing of the container's environment reaches this step.
+"workdir": str, "user": uid | null, "group": gid | null, "hostname": str, "readonly": [mountPath],
+"cgroups": [path]}. It joins its cgroups first (every process it starts is in them).
+The image's files (read-only) and each volume's directory are bind-mounted at their mount paths
+(made if missing), so the container finds `/tmp`, its HOME and `/dev/shm` where its pod spec says and
+shares them with no other pod, and the cluster's names at `/etc/hosts`; its hostname is the pod's;
+then it becomes the pod's user and group (no supplementary groups) and executes the command with
+exactly the pod's environment. Isolated mode (`-I`): nothing of the container's environment reaches
+this step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 
 def enter(spec: dict[str, object]) -> None:
+    for group in spec.get("cgroups") or []:  # type: ignore[attr-defined]
+        Path(group, "cgroup.procs").write_text(str(os.getpid()))  # its children follow
     mounts = spec.get("mounts") or {}
     assert isinstance(mounts, dict)
     # Every volume is held open before the first mount: a volume mounted at /tmp would otherwise hide
@@ -35,6 +41,10 @@ def enter(spec: dict[str, object]) -> None:
             ["mount", "--bind", f"/proc/self/fd/{descriptor}", target], check=True, pass_fds=[descriptor]
         )
         os.close(descriptor)
+        if target in (spec.get("readonly") or []):  # type: ignore[operator]
+            subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
+    if spec.get("hostname"):  # its own UTS namespace: the pod's name for itself (gloo resolves it)
+        socket.sethostname(str(spec["hostname"]))
     group, user = spec.get("group"), spec.get("user")
     if group is not None:
         os.setgroups([])

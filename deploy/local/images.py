@@ -14,10 +14,12 @@ from pathlib import Path
 @dataclass(frozen=True)
 class LocalImage:
     """What a container of this image starts with: the image's environment (its `ENV`), under the
-    pod's own variables, and its working directory."""
+    pod's own variables, its working directory, and the files it carries (a directory or file of
+    this machine at a path of the container's, read-only: a training image's configuration)."""
 
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    files: dict[str, str] = field(default_factory=dict)  # its filesystem's own: path -> this machine's
     pull_s: float = 0.0  # how long a pull takes
     pull_error: str | None = None  # why every pull fails (a registry's message), if it does
 

@@ -72,11 +72,14 @@ def exited(code: int) -> dict[str, Any]:
 class Platform:
     """The control plane's processes, and the calls the test makes as users, kubelets and operators."""
 
-    def __init__(self, cluster: Cluster, database_url: str, redis_url: str, run: Path):
-        self.cluster, self.database_url, self.run = cluster, database_url, run
+    def __init__(
+        self, cluster: Cluster, database_url: str, redis_url: str, run: Path, host: str = "127.0.0.1"
+    ):
+        """`host`: where the API listens (an emulated cluster's gateway, for its pods' heartbeats)."""
+        self.cluster, self.database_url, self.run, self.host = cluster, database_url, run, host
         kubeconfig = cluster.write_kubeconfig(run / "kubeconfig")
         self.api_port = free_port()
-        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.url = f"http://{host}:{self.api_port}"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "PROMETHEUS_"))},
             "GPUYARD_PROFILE": "production",
@@ -130,7 +133,7 @@ class Platform:
             assert_valid(doc)
         assert {doc["metadata"].get("namespace", doc["metadata"]["name"]) for doc in namespaces} == {TEAM_NS}
         self.cluster.apply(namespaces)
-        self.start("api", "api", "--host", "127.0.0.1", "--port", str(self.api_port), "--workers", "2")
+        self.start("api", "api", "--host", self.host, "--port", str(self.api_port), "--workers", "2")
         self.start("relay", "relay", GPUYARD_RELAY_PROBE_PORT=str(free_port()))
         for name in ("scheduler-1", "scheduler-2"):
             port = free_port()
