@@ -5,9 +5,11 @@ Standard fleet: N nodes x 8 GPUs (default 64), fast domains of 4 nodes, a quarte
 in the reference figures of traces/README.md. `oracle-sjf` (shortest job first by TRUE duration,
 simulator only) is shown as an upper bound and never enters the RESULT ratios. `--reference` replays
 instead under the reference simulator's assumptions (free preemption, no spot, no interruptions) to
-check the baselines.
+check the baselines; `--free-preemption` keeps the standard fleet and its interruptions but makes
+checkpoints and restores free (0 s), to see what the costs change.
 
     .venv/bin/python benchmarks/sim_philly.py [--trace FILE] [--start T] [--end T] [--nodes N]
+        [--reference | --free-preemption] [--policies P,...]
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--min-duration", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reference", action="store_true", help="free preemption, no spot nodes")
+    free = parser.add_mutually_exclusive_group()
+    free.add_argument("--reference", action="store_true", help="free preemption, no spot nodes")
+    free.add_argument(
+        "--free-preemption", action="store_true", help="checkpoint and restore 0 s on the standard fleet"
+    )
     parser.add_argument("--policies", default=",".join((*POLICIES, *UPPER_BOUNDS)))
     parser.add_argument("--chart", type=Path, default=Path(".gpuyard/sim/sim_philly.png"), help="PNG written")
     args = parser.parse_args()
@@ -47,6 +53,9 @@ def main() -> None:
     if args.reference:
         fleet = standard_fleet(args.nodes, preemptible_nodes=0)
         config = SimConfig(checkpoint_cost_s=0.0, restore_s=0.0, preemptible_mtbi_s=None, seed=args.seed)
+    elif args.free_preemption:
+        fleet = standard_fleet(args.nodes)
+        config = SimConfig(checkpoint_cost_s=0.0, restore_s=0.0, seed=args.seed)
     else:
         fleet = standard_fleet(args.nodes)
         config = SimConfig(seed=args.seed)

@@ -1,15 +1,18 @@
 """The public Tiresias simulator's model (sim/reference.py) on tiny hand-made traces: YARN keeps a big
 gang on whole nodes of one switch, `count` places anywhere, FIFO stops at its head, DLAS-GPU demotes
-at its threshold at once, yields without a minimum run and takes the most-served work first."""
+at its threshold at once, yields without a minimum run and takes the most-served work first; with the
+public order (`dlas_entry`) a queue is served by entry, a job that ran ahead of those that waited."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.placements import yarn_shape, yarn_slices
+from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.sim.engine import JobResult, LeaseRecord, SimResult
-from gpuyard.sim.reference import REFERENCE_CONFIG, VARIANTS
+from gpuyard.sim.reference import REFERENCE_CONFIG, VARIANTS, QueueEntryOrder, count_fleet
 from gpuyard.sim.run import simulate
 from gpuyard.sim.trace import TraceJob
 
@@ -104,3 +107,64 @@ def test_dlas_takes_the_most_served_queue_first() -> None:
     assert result["c"].first_start_s == pytest.approx(4000)
     assert result["a"].attempts == 1
     assert result["b"].attempts == 2
+
+
+def starts(leases: list[LeaseRecord], job_id: str) -> list[float]:
+    return [r.at_s for r in leases if r.job_id == job_id and r.kind == "start"]
+
+
+def test_dlas_entry_serves_a_queue_by_entry_not_submission() -> None:
+    # 8 GPUs. b (4 GPUs, submitted after a) crosses 3,250 GPU-s at 822.5 s, a (2 GPUs) at 1,625 s: both
+    # in Q1, b entered first. c (8 GPUs, Q0) takes both at 1,700 s; at 1,800 s it ends, d (Q0) takes
+    # 4 GPUs and 4 are left for one of them. The public order resumes b (entered Q1 first); ours by
+    # submission resumes a, and b waits for d to end.
+    trace = [job("a", 0, 20000, 2), job("b", 10, 20000, 4), job("c", 1700, 100, 8), job("d", 1750, 1000, 4)]
+    entry: list[LeaseRecord] = []
+    run("dlas_entry", trace, 1, entry)
+    assert starts(entry, "b")[:2] == pytest.approx([10, 1800])
+    assert starts(entry, "a")[:2] == pytest.approx([0, 1910])  # when b reaches Q2 (7,200 GPU-s)
+    submitted: list[LeaseRecord] = []
+    run("dlas", trace, 1, submitted)
+    assert starts(submitted, "a")[:2] == pytest.approx([0, 1800])
+    assert starts(submitted, "b")[:2] == pytest.approx([10, 2800])
+
+
+def pending(name: str, submitted_s: float, attained_gpu_s: float) -> PendingJob:
+    return PendingJob(
+        name, "a", 1, 1, (), 0, True, T0 + timedelta(seconds=submitted_s), attained_gpu_s=attained_gpu_s
+    )
+
+
+def running(name: str, submitted_s: float, attained_gpu_s: float) -> RunningAttempt:
+    placement = Placement("s", "c", "d", (NodeSlice("n0", (0,)),))
+    return RunningAttempt(
+        f"{name}-a1",
+        name,
+        "a",
+        0,
+        True,
+        placement,
+        T0,
+        None,
+        attained_gpu_s=attained_gpu_s,
+        submitted_at=T0 + timedelta(seconds=submitted_s),
+    )
+
+
+def test_entry_order_puts_a_job_that_ran_ahead_of_those_that_waited() -> None:
+    # p waits in Q1; r, submitted later, enters Q1 while running, then is preempted: it waits ahead of p
+    # (the public pass moves the jobs that ran ahead of those that waited, each keeping its order).
+    state = ClusterState.empty(FleetIndex(count_fleet(1)), {})
+    order = QueueEntryOrder()
+    now = T0 + timedelta(seconds=10000)
+    p = pending("p", 0, 4000)
+
+    def ordered(jobs: list[PendingJob], runs: list[RunningAttempt]) -> list[str]:
+        state.running = runs
+        return [j.id for j in order(jobs, state, now, frozenset())]
+
+    assert ordered([p], [running("r", 5, 100)]) == ["p"]  # r in Q0
+    assert ordered([p], [running("r", 5, 4000)]) == ["p"]  # r enters Q1, behind p
+    assert ordered([p], [running("r", 5, 5000)]) == ["p"]  # r ran this pass: ahead of p from now on
+    assert ordered([p, pending("r", 5, 5000)], []) == ["r", "p"]  # r was preempted
+    assert ordered([pending("q", 1, 0), p, pending("r", 5, 5000)], []) == ["q", "r", "p"]  # Q0 first
