@@ -105,5 +105,5 @@ def test_removing_leaves_no_namespace_or_link_behind() -> None:
     network.remove()
     shown = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert network.bridge not in shown and network.members["a"].port not in shown
+    assert network.bridge.name not in shown and network.members["a"].port not in shown
     assert network.members["a"].namespace not in namespaces
