@@ -224,7 +224,9 @@ class NodeAgent:
             self._waiting(pod, "CreateContainerConfigError", str(error))
             known.ended = True
             return
-        mounts = {**image.files, **self._volumes(known, pod, container)}  # the image's, then volumes
+        # The volumes, then the image's files over them: an image's file under a volume's path (its
+        # environment below /tmp, say) stays visible, as the emulated image carries it.
+        mounts = {**self._volumes(known, pod, container), **image.files}
         known.cgroups = _cgroups(known, container)
         address = "127.0.0.1"
         if self.network is not None:

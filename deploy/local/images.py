@@ -31,8 +31,13 @@ def repository(reference: str) -> str:
     return name[: len(name) - len(last)] + last.split(":", 1)[0]
 
 
-def python_image(**overrides: object) -> LocalImage:
+def python_image(
+    *, files: dict[str, str] | None = None, sources: tuple[str, ...] = (), **overrides: object
+) -> LocalImage:
     """This machine's Python environment (the one running the cluster: gpuyard, the training runtime,
-    torch) as an image whose PATH finds `python` and its console scripts first."""
+    torch) as an image whose PATH finds `python` and its console scripts first. It carries the
+    environment (`sys.prefix`) and `sources` (the folders an editable install points into) at their
+    own paths, so a pod's volume at `/tmp` cannot hide them."""
     path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
-    return LocalImage(env={"PATH": path}, **overrides)  # type: ignore[arg-type]
+    carried = {folder: folder for folder in (sys.prefix, *sources)} | (files or {})
+    return LocalImage(env={"PATH": path}, files=carried, **overrides)  # type: ignore[arg-type]

@@ -81,6 +81,7 @@ def platform(
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
+REPO = Path(__file__).resolve().parents[2]  # the editable install's sources (gpuyard, training)
 CARRIED = "/opt/train"  # where the training image carries its configuration and data
 WORKDIR = "/var/lib/gpuyard"  # the image's, as the Dockerfile's: the pod's work volume
 
@@ -90,7 +91,7 @@ def training_image(directory: Path) -> LocalImage:
     config = json.loads(write_runtime_config(directory).read_text())
     config["data"]["path"] = f"{CARRIED}/runtime.parquet"
     (directory / "runtime.yaml").write_text(json.dumps(config))
-    return python_image(files={CARRIED: str(directory)}, workdir=WORKDIR)
+    return python_image(files={CARRIED: str(directory)}, sources=(str(REPO),), workdir=WORKDIR)
 
 
 def train(steps: int, step_s: float = 0.15, *, torchrun: bool = True) -> list[str]:
