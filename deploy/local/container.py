@@ -16,12 +16,21 @@ this step.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
+
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: str, flags: int) -> None:
+    if _libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {source} on {target}: {os.strerror(error)}")
 
 
 def enter(spec: dict[str, object]) -> None:
@@ -37,12 +46,12 @@ def enter(spec: dict[str, object]) -> None:
             Path(target).mkdir(parents=True, exist_ok=True)
         else:
             Path(target).touch(exist_ok=True)  # a file over a file: /etc/hosts
-        subprocess.run(
-            ["mount", "--bind", f"/proc/self/fd/{descriptor}", target], check=True, pass_fds=[descriptor]
-        )
+        # The kernel follows the descriptor to what it was opened on; mount(8) would resolve its name
+        # again, under the volumes already mounted.
+        _mount(f"/proc/self/fd/{descriptor}", target, MS_BIND)
         os.close(descriptor)
         if target in (spec.get("readonly") or []):  # type: ignore[operator]
-            subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
+            _mount("none", target, MS_BIND | MS_REMOUNT | MS_RDONLY)
     if spec.get("hostname"):  # its own UTS namespace: the pod's name for itself (gloo resolves it)
         socket.sethostname(str(spec["hostname"]))
     group, user = spec.get("group"), spec.get("user")
@@ -60,6 +69,6 @@ def enter(spec: dict[str, object]) -> None:
 if __name__ == "__main__":
     try:
         enter(json.loads(Path(sys.argv[1]).read_text()))
-    except (OSError, subprocess.CalledProcessError) as error:  # the kubelet's "CreateContainerError"
+    except OSError as error:  # the kubelet's "CreateContainerError"
         print(f"container: {error}", file=sys.stderr)
         raise SystemExit(128) from None
