@@ -48,6 +48,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from local_cluster.images import LocalImage, repository
 from local_cluster.network import Attachment, PodNetwork
+from local_cluster.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +127,12 @@ class NodeAgent:
         """`network`: pods in network namespaces of their own on the cluster's bridge; without it they
         share this machine's network (and its loopback)."""
         self.api, self.node, self.images, self.root, self.network = api, node, images, root, network
-        self.every_s, self.report_every_s = every_s, report_every_s
+        self.report_every_s = report_every_s
         self.reporting = True  # False: partitioned from the API (pods run on)
         self.lost = False
         self._pods: dict[str, _Pod] = {}  # pod uid -> its state here
         self._reported = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(f"agent-{node.name}", every_s, self.step)
         self._passing = threading.Lock()
 
     # -- the node ----------------------------------------------------------------------------------
@@ -436,16 +436,8 @@ class NodeAgent:
     # -- running and faults ------------------------------------------------------------------------
 
     def start(self) -> NodeAgent:
-        self._thread = threading.Thread(target=self._run, name=f"agent-{self.node.name}", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.step()
-            except Exception:  # the API server may be away a moment: the next pass tries again
-                log.exception("node %s: pass failed", self.node.name)
 
     def partition(self) -> None:
         """The node stops reporting; its pods run on."""
@@ -467,9 +459,7 @@ class NodeAgent:
 
     def stop(self) -> None:
         """Stop the agent and every container it runs (SIGKILL): what a test leaves behind."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._loop.stop()
         for uid in list(self._pods):
             self._kill(self._pods[uid], signal.SIGKILL)
             self._forget(uid)

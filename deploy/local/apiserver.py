@@ -14,7 +14,7 @@ import datetime
 import itertools
 import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
@@ -141,10 +141,6 @@ class ApiServer:
             raise RuntimeError("the Kubernetes emulator did not start within 10 s")
         self.emulator: ApiServerEmulator = found["emulator"]
         self.url: str = found["url"]
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run `coro` on the server's loop (what touches the emulator's state directly)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 
     def stop(self) -> None:
         if self._stop is not None:

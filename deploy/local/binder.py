@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Any
 
 from kubernetes import client as k8s
+from local_cluster.periodic import Periodic
 from local_cluster.scheduling import place
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,9 @@ def _pending(pod: dict[str, Any]) -> bool:
 
 class Binder:
     def __init__(self, api: k8s.CoreV1Api, every_s: float = 0.1):
-        self.api, self.every_s = api, every_s
+        self.api = api
         self._told: dict[str, str] = {}  # pod uid -> the Unschedulable message last written
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("binder", every_s, self.bind_pending)
 
     def bind_pending(self) -> int:
         """One pass; how many pods it bound."""
@@ -66,21 +65,11 @@ class Binder:
         log.info("%s/%s stays Pending: %s", namespace, name, reason)
 
     def start(self) -> Binder:
-        self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.bind_pending()
-            except Exception:  # the API server may be away a moment: the next pass decides again
-                log.exception("binder pass failed")
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._loop.stop()
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

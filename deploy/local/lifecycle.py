@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import threading
 from typing import Any
 
 from kubernetes import client as k8s
+from local_cluster.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,8 @@ def silent_for(node: dict[str, Any], now: datetime.datetime) -> float | None:
 
 class NodeLifecycle:
     def __init__(self, api: k8s.CoreV1Api, grace_s: float = 40.0, every_s: float = 0.2):
-        self.api, self.grace_s, self.every_s = api, grace_s, every_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.api, self.grace_s = api, grace_s
+        self._loop = Periodic("node-lifecycle", every_s, self.mark_silent)
 
     def mark_silent(self) -> list[str]:
         """One pass; the nodes it marked Unknown."""
@@ -54,18 +53,8 @@ class NodeLifecycle:
         return marked
 
     def start(self) -> NodeLifecycle:
-        self._thread = threading.Thread(target=self._run, name="node-lifecycle", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.mark_silent()
-            except Exception:
-                log.exception("node lifecycle pass failed")
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._loop.stop()

@@ -9,14 +9,17 @@ import sys
 
 # In a fresh interpreter: 200 MB of 1 KB blocks, one in 64 kept alive so the freed ones around it
 # cannot leave from the heap's top; the resident memory before and after the call.
-PROBE = """
-import sys
-from gpuyard.memory import release_free_memory
-
+RSS = """
 def rss_mb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
+"""
+PROBE = (
+    RSS
+    + """
+import sys
+from gpuyard.memory import release_free_memory
 
 blocks = [bytes(1000) + bytes([i % 251]) for i in range(200_000)]
 kept = blocks[::64]
@@ -25,6 +28,7 @@ before = rss_mb()
 released = release_free_memory() if sys.argv[1] == "release" else None
 print(before, rss_mb(), released)
 """
+)
 
 
 def probe(mode: str) -> tuple[float, float, str]:
@@ -44,17 +48,14 @@ def test_freed_blocks_behind_live_ones_stay_resident_until_released() -> None:
 
 # Small objects, which Python's own allocator (pymalloc) serves from its arenas: 1.5 million of 150
 # bytes, one in 64 kept. `c` runs the probe as the scheduler runs (`run_on_c_allocator` first).
-SMALL = """
+SMALL = (
+    RSS
+    + """
 import os, sys
 from gpuyard.memory import release_free_memory, run_on_c_allocator
 
 if sys.argv[1] == "c":
     run_on_c_allocator()
-
-def rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 
 blocks = [bytes(100) + bytes([i % 251]) for i in range(1_500_000)]
 kept = blocks[::64]
@@ -63,6 +64,7 @@ before = rss_mb()
 release_free_memory()
 print(os.getpid(), os.environ.get("PYTHONMALLOC"), before, rss_mb())
 """
+)
 
 
 def small(mode: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:

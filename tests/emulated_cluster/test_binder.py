@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client as k8s
 from local_cluster.apiserver import ApiServer
 from local_cluster.binder import Binder
+from servers import wait_until
 
 from .test_scheduling import node, pinned, pod
 
@@ -75,10 +76,7 @@ def test_the_binder_runs_until_stopped(api: k8s.CoreV1Api) -> None:
     binder = Binder(api, every_s=0.02).start()
     try:
         create(api, pod("p"), "Pod")
-        for _ in range(500):
-            if read(api, "p")["spec"].get("nodeName"):
-                break
-            binder._stop.wait(0.01)
+        wait_until(lambda: read(api, "p")["spec"].get("nodeName"), what="the pod bound")
         assert read(api, "p")["spec"]["nodeName"] == "gpu-a"
     finally:
         binder.stop()
