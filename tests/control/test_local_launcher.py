@@ -159,14 +159,16 @@ def test_a_preempted_worker_resumes_from_its_checkpoint(
     assert f"resumed from step {resumed_at}" in logs and "finished at step 40" in logs
 
 
-def gang(attempt_id: str, *, sleep_s: float, launched_before: bool = False) -> LaunchRequest:
-    """A launch of two workers that sleep, then exit 0."""
+def gang(
+    attempt_id: str, *, sleep_s: float, launched_before: bool = False, command: list[str] | None = None
+) -> LaunchRequest:
+    """A launch of two workers that sleep, then exit 0 (or run `command`)."""
     spec = parse_spec(
         {
             "name": "x",
             "team": "a",
             "image": "i",
-            "command": ["python", "-c", f"import time; time.sleep({sleep_s})"],
+            "command": command or ["python", "-c", f"import time; time.sleep({sleep_s})"],
             "resources": {"gpus": 2, "gpu_types": ["cpu"]},
         }
     )
@@ -455,3 +457,33 @@ def test_a_paused_process_holding_a_launch_lock_holds_up_no_other_launch(
         for attempt_id in (one.id, two.id):
             for pid in _processes_of(attempt_id):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_killed_at_the_grace_periods_end_has_its_status_recorded(tmp_path: Path) -> None:
+    """A worker that outlives its preemption's grace period (here it ignores SIGTERM; in the fault
+    suite, a final heartbeat and teardown on a loaded machine) is SIGKILLed, and its shim, which the
+    kill spares, records the status: the attempt ended by the platform's kill, not a worker that
+    vanished (seed 602 of issue 28's run: shim and worker killed together, the attempt LOST)."""
+    ready = tmp_path / "ready"
+    request = gang(
+        "stubborn",
+        sleep_s=60,
+        command=[
+            "python",
+            "-c",
+            "import os, pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            " pathlib.Path(sys.argv[1] + '-' + os.environ['RANK']).touch(); time.sleep(60)",
+            str(ready),
+        ],
+    )
+    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
+    launcher.launch(request)
+    wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 2, what="both workers ignoring SIGTERM")
+    launcher.cancel("stubborn", grace_s=0.5)
+    report = wait_until(
+        lambda: next((r for r in launcher.observe() if r.outcome != Outcome.RUNNING), None),
+        what="the attempt's end",
+    )
+    assert report.exit_code == -signal.SIGKILL and report.disrupted
+    assert "vanished" not in (report.reason or "")
+    assert launcher.release("stubborn")

@@ -140,7 +140,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
         echo(f"  {len(plans)} jobs planned over {campaign.fault_s:g}s; faults strike until then")
         _supervise(target, report, echo, busy=lambda: any(t.is_alive() for t in threads))
         report.quiesced_s = _settle(target, report, client, campaign, echo)
-        history = _history(target, client, campaign.lease_s)
+        history = _history(target, client, campaign.lease_s, injector.stalls)
         report.violations = check(history)
         report.rejected, report.injected = list(client.rejected), injector.injected
         report.jobs = Counter(job.state for job in history.jobs.values())
@@ -240,7 +240,9 @@ def _settle(
     return time.monotonic() - healed if quiet else None
 
 
-def _history(target: Target, client: workload.Client, lease_s: float) -> History:
+def _history(
+    target: Target, client: workload.Client, lease_s: float, stalls: list[tuple[float, float]]
+) -> History:
     job_rows, attempt_rows, events = read_store(target.engine)
     (target.run / "history.json").write_text(
         json.dumps(
@@ -260,6 +262,7 @@ def _history(target: Target, client: workload.Client, lease_s: float) -> History
         kills=dict(target.kills),
         leftovers=labelled("FAULTS_RUN", target.run.name),
         lease_s=lease_s,
+        stalls=list(stalls),
     )
 
 

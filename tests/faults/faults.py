@@ -339,6 +339,21 @@ FAULTS: dict[str, Fault] = {
 }
 
 
+# Faults that can keep the platform from noticing an attempt's end while they last: its leader gone,
+# paused or cut off (a standby takes the lead after the leader lease), its database unreachable.
+STALLS_THE_CONTROL_PLANE = frozenset(
+    {
+        "kill-leader",
+        "pause-leader",
+        "partition",
+        "restart-postgres",
+        "delay-postgres",
+        "blackhole-postgres",
+        "cut-postgres",
+    }
+)
+
+
 class Injector:
     """Runs faults at random moments until `until` (monotonic); counts what it injected.
 
@@ -359,6 +374,7 @@ class Injector:
         self.rng = random.Random(f"faults-{seed}")
         self.injected: Counter[str] = Counter()
         self.log: list[str] = []
+        self.stalls: list[tuple[float, float]] = []  # monotonic windows of STALLS_THE_CONTROL_PLANE
 
     def run(self, stop: threading.Event) -> None:
         deck: list[str] = []
@@ -377,6 +393,8 @@ class Injector:
                     deck.insert(0, kind)
                     continue
                 self.injected[kind] += 1
+                if kind in STALLS_THE_CONTROL_PLANE:
+                    self.stalls.append((started, time.monotonic()))
             line = f"{started:10.1f} {kind}: {done}"  # the monotonic clock, as the journal and the logs
             self.log.append(line)
             self.echo(f"  {line}")

@@ -95,6 +95,7 @@ class History:
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time the suite killed it
     leftovers: dict[str, list[int]] = field(default_factory=dict)  # attempt -> pids alive after the end
     lease_s: float = 10.0
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # the control plane faulted (monotonic)
 
 
 def read_store(engine: Engine) -> tuple[dict[str, JobRow], dict[str, AttemptRow], list[EventRow]]:

@@ -217,12 +217,17 @@ def _recorded_before(history: History, job_id: str, seq: int) -> int | None:
     return step
 
 
-def _durable_steps(history: History, job_id: str, *, before: float, other_than: str) -> list[int]:
-    """Steps of the job's checkpoints that attempts other than `other_than` completed before `before`."""
+def _durable_steps(
+    history: History, job_id: str, *, before: float, other_than: str, maybe: bool = False
+) -> list[int]:
+    """Steps of the job's checkpoints that attempts other than `other_than` completed before `before`;
+    `maybe`: those they were committing too (a worker killed between its commit and its `saved` record
+    left a complete checkpoint the journal does not call complete)."""
+    said = ("saved", "committing") if maybe else ("saved",)
     return [
         int(r.data["step"])
         for r in history.journal
-        if r.e == "saved" and r.job == job_id and r.attempt != other_than and r.t < before
+        if r.e in said and r.job == job_id and r.attempt != other_than and r.t < before
     ]
 
 
@@ -245,7 +250,9 @@ def retries_resume_from_the_newest_checkpoint(history: History) -> Iterator[Find
             sure = max(
                 _durable_steps(history, attempt.job_id, before=began, other_than=attempt.id), default=0
             )
-            seen = _durable_steps(history, attempt.job_id, before=resumed.t, other_than=attempt.id)
+            seen = _durable_steps(
+                history, attempt.job_id, before=resumed.t, other_than=attempt.id, maybe=True
+            )
             allowed = {s for s in [0, *seen] if s >= sure}
             whose = f"none was recorded, the newest durable one was step {sure}"
         if step not in allowed:
@@ -260,9 +267,11 @@ def recorded_checkpoints_were_durable(history: History) -> Iterator[Finding]:
     """Every checkpoint the store recorded for an attempt was completed by it, or is the one it resumed
     from, which an earlier attempt of the job completed: the runtime's heartbeat reports its newest
     durable checkpoint, the restored one until it saves (seed 501: a save completed, the attempt
-    failed before reporting it, its successor resumed from it and reported it)."""
+    failed before reporting it, its successor resumed from it and reported it). A checkpoint an attempt
+    was committing when it was killed, before its `saved` record, counts once a successor restored it:
+    the runtime restores only a complete checkpoint (seed 603)."""
     saved = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "saved"}
-    completed = {(r.job, int(r.data["step"])) for r in history.journal if r.e == "saved"}
+    completed = {(r.job, int(r.data["step"])) for r in history.journal if r.e in ("saved", "committing")}
     resumed = {(r.attempt, int(r.data["step"])) for r in history.journal if r.e == "resume"}
     for event in history.events:
         if event.type != "attempt.checkpointed":
@@ -272,13 +281,28 @@ def recorded_checkpoints_were_durable(history: History) -> Iterator[Finding]:
             yield event.job_id, f"step {key[1]} recorded for {event.attempt_id}, which never completed it"
 
 
+def _noticing_s(history: History, end: float) -> float:
+    """How late the platform may notice an attempt that ended at `end`: a lease period and a half and a
+    few passes; longer by every control-plane fault (`History.stalls`) that lasted past the end or
+    struck before it was noticed, and by a leader's takeover (half a lease) after each."""
+    allowed = history.lease_s * 1.5 + DETECTION_SLACK_S
+    for start, stop in sorted(history.stalls):
+        if stop < end - history.lease_s:
+            continue  # healed a lease before the end: a new leader had taken over by then
+        if start > end + allowed:
+            break
+        allowed += max(0.0, stop - max(start, end)) + history.lease_s / 2
+    return allowed
+
+
 @invariant("lost progress matches the workers")
 def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
     """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest
     recorded checkpoint, or its start, to its end) agrees with the worker's own account: no less
     than the time from the answer that recorded that checkpoint to the worker's end (the store
     recorded it before answering; a worker killed first got no answer), no more than the time from
-    its save to the end plus how late the platform may notice an end."""
+    its save to the end plus how late the platform may notice an end (`_noticing_s`: the charge runs
+    until the GPUs were freed, which a paused or cut-off leader delays; seed 600's run)."""
     journal = _records(history)
     recorded: dict[str, int] = {}
     for event in history.events:
@@ -300,7 +324,7 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
         if save is None:
             continue  # a checkpoint it never completed: recorded_checkpoints_were_durable says so
         low = max(0.0, end - answer) - MEASURE_SLACK_S
-        high = end - save + history.lease_s * 1.5 + DETECTION_SLACK_S
+        high = end - save + _noticing_s(history, end)
         if not low <= attempt.progress_lost_s <= high:
             charged = f"charged {attempt.progress_lost_s:.1f}s lost"
             says = f"its worker says between {low:.1f}s and {high:.1f}s"

@@ -9,7 +9,8 @@ wrapping, not changing, five of its calls:
 
 - `Checkpointer.find_latest` -> `resume` (the step it chose; `recorded_incomplete` when the store's
   recorded checkpoint was not intact and the runtime fell back to another);
-- `CheckpointStore.finalize` -> `saved` once the manifest is durable (rank 0 writes it);
+- `CheckpointStore.finalize` -> `committing` as it begins (the checkpoint may be complete from then
+  on), `saved` once the manifest is durable (rank 0 writes it);
 - `HeartbeatClient.beat` -> `beat` (an answer), `stale` (401/409: the runtime stops), `beat_failed`;
 - `EventLog.write("step")` -> `step`; the entry point's return -> `exit` with its code;
 - `os.fsync` -> the suite's hold (`$FAULTS_DIR/hold/<attempt>`: the data written, no manifest yet,
@@ -75,6 +76,7 @@ def find_latest(self: Any, verify_checksums: bool = True, recorded: str | None =
 
 
 def finalize(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+    light.journal("committing", step=step)
     _saving.append(step)
     try:
         manifest = _finalize(self, step, *args, **kwargs)

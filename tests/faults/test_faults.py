@@ -296,10 +296,44 @@ def test_a_recorded_checkpoint_may_be_the_one_an_attempt_resumed_from() -> None:
     assert "recorded checkpoints were durable" in violated(story.history())  # nobody completed it
 
 
+def test_a_checkpoint_killed_between_its_commit_and_its_record_counts_once_a_successor_restored_it() -> None:
+    """Seed 603: j1's first attempt was killed after the rename that completed step 5 and before its
+    `saved` record; the second restored step 5 (complete on disk) and reported it. A `committing`
+    record nobody restored proves nothing: a restore from it is what shows it complete."""
+    story = clean_story()
+    story.events = [e for e in story.events if e.type != "attempt.checkpointed"]
+    story.event("attempt.checkpointed", "j1", "j1-a2", step=5)
+    story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], progress_lost_s=5.0)  # from its start
+    saved = next(r for r in story.journal if r.e == "saved" and r.attempt == "j1-a1")
+    story.journal[story.journal.index(saved)] = replace(saved, e="committing")
+    assert violated(story.history()) == set()
+    story.journal = [r for r in story.journal if r.e != "committing"]
+    assert violated(story.history()) == {
+        "recorded checkpoints were durable",
+        "retries resume from the newest checkpoint",
+    }
+
+
 def test_the_checker_catches_lost_progress_charged_wrong() -> None:
     story = clean_story()
     story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], progress_lost_s=120.0)
     assert violated(story.history(lease_s=10.0)) == {"lost progress matches the workers"}
+
+
+def test_a_loss_noticed_late_because_the_leader_was_paused_is_charged_until_it_was_noticed() -> None:
+    """Seed 600: j1's first attempt was lost 2 s after its checkpoint (the journal's clock: saved at
+    104, the worker's end at 106) while the leader was paused for 14 s; the store charged it until the
+    standby noticed, 30 s after the save. Within the bound only because the checker knows the pause."""
+    story = clean_story()
+    story.attempts["j1-a1"] = replace(
+        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=30.0
+    )
+    story.exits.pop("j1-a1")
+    story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
+    story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
+    lost = story.history(lease_s=10.0, kills={"j1-a1": 106.0})
+    assert violated(lost) == {"lost progress matches the workers"}  # 30 > 2 + 15 + 5
+    assert violated(replace(lost, stalls=[(105.0, 119.0)])) == set()  # + 13 + 5: 40
 
 
 def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_started() -> None:

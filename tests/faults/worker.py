@@ -140,6 +140,7 @@ def save(root: Path, step: int, hold: Path) -> str:
     partial.write_text(json.dumps(manifest))
     with open(partial, "rb+") as handle:
         fsync(handle.fileno())
+    journal("committing", step=step)  # from here the checkpoint may be complete before `saved` says so
     os.replace(partial, directory / MANIFEST)
     fsync_dir(directory)
     journal("saved", step=step, url=directory.as_uri())

@@ -46,6 +46,9 @@ from gpuyard.secrets.files import FileSecretStore, home_store
 # How long a launch waits for another process launching the same attempt: far longer than a launch
 # takes (spawning the gang), far shorter than a lease.
 LAUNCH_LOCK_WAIT_S = 5.0
+# A shim writes its worker's status as soon as the worker is killed; one still there this long after
+# the grace period's SIGKILL is stuck, and goes with its group.
+SHIM_EXIT_S = 5.0
 
 
 def _free_port() -> int:
@@ -287,7 +290,20 @@ class LocalLauncher:
         deadline = time.monotonic() + grace_s
         tracked.kill_at = deadline if tracked.kill_at is None else min(tracked.kill_at, deadline)
         if grace_s <= 0:
-            self._signal(tracked, signal.SIGKILL)
+            self._kill_workers(tracked)
+
+    @staticmethod
+    def _kill_workers(tracked: _Attempt) -> None:
+        """The grace period is over: SIGKILL the workers, as a kubelet kills a container, but not their
+        shims, which record how the workers ended (a worker killed while it tore down after exiting
+        its training is a status, not a worker that vanished); a stuck shim goes later."""
+        assert tracked.kill_at is not None
+        shims_too = time.monotonic() >= tracked.kill_at + SHIM_EXIT_S
+        for worker in tracked.workers:
+            if shims_too:
+                worker.signal_group(signal.SIGKILL)
+            else:
+                worker.signal_followers(signal.SIGKILL)
 
     @staticmethod
     def _signal(tracked: _Attempt, signum: int) -> None:
@@ -344,7 +360,7 @@ class LocalLauncher:
         for child in tracked.children.values():
             child.poll()  # collect exited children so they do not linger as zombies
         if tracked.kill_at is not None and time.monotonic() >= tracked.kill_at:
-            self._signal(tracked, signal.SIGKILL)
+            self._kill_workers(tracked)
         alive = [worker.alive() for worker in tracked.workers]
         statuses = [tracked.exit_status(rank) for rank in range(len(tracked.workers))]
         failed = [s for s in statuses if s is not None and s not in (0, EXIT_PREEMPTED)]

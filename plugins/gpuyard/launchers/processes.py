@@ -45,6 +45,20 @@ class Proc:
         fields = _stat(self.pid)
         return fields is not None and int(fields[19]) == self.started and fields[0] != "Z"
 
+    def signal_followers(self, signum: int) -> None:
+        """Signal every process of the group it leads but itself (a shim's worker and the worker's
+        children, never the shim); the whole group once the leader is gone."""
+        if start_time(self.pid) != self.started:
+            self.signal_group(signum)
+            return
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == self.pid:
+                continue
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[2]) == self.pid:  # field 5: the process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry.name), signum)
+
     def signal_group(self, signum: int) -> None:
         """Signal the process group it leads (the worker's children too), never another process that
         was given the pid since. With the leader gone, its group may live on: the kernel reuses no
