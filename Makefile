@@ -14,7 +14,7 @@ TORCH := torch==2.13.0
 # the browser of the UI tests (Playwright drives it; it downloads no browser of its own).
 SYSTEM_PACKAGES := faketime chromium
 
-.PHONY: install demo ui test test-fast lint bench clean
+.PHONY: install demo demo-production ui test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -23,11 +23,16 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "pip==26.0.1"
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[pipeline,dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[pipeline,dev,local-cluster]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m pipelines.demo
+
+# The same DAG against the production topology on this machine: PostgreSQL, Redis, S3, two API
+# workers, the relay, two schedulers with the Kubernetes launcher, an emulated cluster running the pods.
+demo-production: $(STAMP)
+	$(BIN)/python -m pipelines.demo_production
 
 # The Airflow, gpuyard and MLflow UIs on what `make demo` left in .gpuyard/demo/.
 ui: $(STAMP)

@@ -33,6 +33,12 @@ from pipelines.storage import join, normalize_url
 PIPELINES = Path(__file__).resolve().parent
 REPOSITORY = PIPELINES.parent
 HOME_VARIABLE = "PIPELINES_HOME"
+# What a deployment says about its training jobs, as Airflow Variables the DAG reads when a task runs
+# (never at parse time): the image its launcher runs them from (a cluster admits digest-pinned images
+# only), and the root their checkpoints go under (the team's root in the platform's object store).
+# Unset, the definition's own (`make demo`'s embedded gpuyard).
+TRAINING_IMAGE_VARIABLE = "gpuyard_training_image"
+CHECKPOINT_ROOT_VARIABLE = "gpuyard_checkpoint_root"
 DEFINITION_FILE = "pipeline.yaml"
 DEFAULT_PIPELINE = "flights_delay"
 SPARK_JOBS = ("prepare_flights", "prepare_weather", "prepare_planes")

@@ -168,8 +168,9 @@ def follow(process: subprocess.Popen[str], log: Path) -> None:
                 console.print(f"    {match.group(1)}", markup=False)
 
 
-def summary(admin: GpuyardClient, airflow_db: Path) -> None:
-    """The outcome: model version, alias, metrics against the champion, the jobs' attempts."""
+def summary(admin: GpuyardClient, airflow_db: Path, slots: str = "CPU slots") -> None:
+    """The outcome: model version, alias, metrics against the champion, the jobs' attempts (on nodes'
+    `slots`)."""
     import sqlite3
 
     from mlflow.tracking import MlflowClient
@@ -212,17 +213,12 @@ def summary(admin: GpuyardClient, airflow_db: Path) -> None:
             nodes = ", ".join(f"{n['node']} GPUs {n['gpus']}" for n in attempt["placement"].get("nodes", []))
             lost = max(0, (attempt["step"] or 0) - (attempt["checkpoint_step"] or 0))
             console.print(
-                f"    attempt {attempt['number']} {attempt['state']:<9} on {nodes} (CPU slots): steps to "
+                f"    attempt {attempt['number']} {attempt['state']:<9} on {nodes} ({slots}): steps to "
                 f"{attempt['step']}, last checkpoint {attempt['checkpoint_step']}, "
                 f"{lost if attempt['state'] in ('PREEMPTED', 'LOST') else 0} step(s) lost"
                 + (f"; {attempt['reason']}" if attempt["reason"] else ""),
                 markup=False,
             )
-    console.print(
-        f"lineage: MLflow run of the DAG run and its training children in "
-        f"{storage.join(definition.data.root, 'mlflow.db')}\n"
-        "open the Airflow, gpuyard and MLflow UIs on this data: [bold]make ui[/]"
-    )
 
 
 def main() -> int:
@@ -284,6 +280,11 @@ def main() -> int:
         if not preemption.done.is_set():
             console.print("[red]the training job ended before the injected preemption could land[/]")
         summary(admin, DEMO / "airflow" / "airflow.db")
+        console.print(
+            f"lineage: MLflow run of the DAG run and its training children in "
+            f"{storage.join(definition.data.root, 'mlflow.db')}\n"
+            "open the Airflow, gpuyard and MLflow UIs on this data: [bold]make ui[/]"
+        )
         console.print(f"[dim]make demo took {time.monotonic() - started:.0f}s; state in {DEMO}[/]")
         return 0
     finally:

@@ -34,10 +34,21 @@ from gpuyard.airflow.operators.training import GpuTrainingOperator
 
 from pipelines import mlflow_access, storage
 from pipelines import prepare as prepare_step
-from pipelines.definition import REPOSITORY, PipelineDefinition, load_definition
+from pipelines.definition import (
+    CHECKPOINT_ROOT_VARIABLE,
+    REPOSITORY,
+    TRAINING_IMAGE_VARIABLE,
+    PipelineDefinition,
+    load_definition,
+)
 
 log = logging.getLogger(__name__)
 START = "{{{{ ti.xcom_pull(task_ids='start')['{field}'] }}}}"  # a field of the run's window
+
+
+def deployment(variable: str, default: str) -> str:
+    """A template of the Airflow Variable `variable`, `default` where it is unset."""
+    return f"{{{{ var.value.get({variable!r}, {default!r}) }}}}"
 
 
 def raw_asset(definition: PipelineDefinition) -> Asset:
@@ -370,8 +381,8 @@ def train(definition: PipelineDefinition, sets: Any) -> Any:
         name=f"{definition.name.replace('_', '-')}-train",
         team=job.team,
         training_config=str(relative or definition.path),
-        checkpoint_root=definition.checkpoint_root,
-        image=job.image,
+        checkpoint_root=deployment(CHECKPOINT_ROOT_VARIABLE, definition.checkpoint_root),
+        image=deployment(TRAINING_IMAGE_VARIABLE, job.image),
         nodes=job.nodes,
         max_failures=job.max_failures,
         workdir_root=storage.local_path(_work_root(definition))

@@ -39,16 +39,25 @@ AUTH_DIR = "mlflow-auth"
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def command(root: Path, port: int, *, auth: bool = True, artifacts: str | None = None) -> list[str]:
-    """`mlflow server` on `root`'s store, on 127.0.0.1:`port`, one worker (SQLite); the artifacts in
-    `artifacts` (an object store's URL: s3://bucket/prefix), else `<root>/mlartifacts`."""
+def command(
+    root: Path,
+    port: int,
+    *,
+    auth: bool = True,
+    artifacts: str | None = None,
+    host: str = "127.0.0.1",
+    backend: str | None = None,
+) -> list[str]:
+    """`mlflow server` on `host`:`port`, one worker, on `backend` (a database URL) or `root`'s SQLite
+    store; the artifacts in `artifacts` (an object store's URL: s3://bucket/prefix), else
+    `<root>/mlartifacts`."""
     return [
         str(MLFLOW),
         "server",
-        "--host=127.0.0.1",
+        f"--host={host}",
         f"--port={port}",
         "--workers=1",
-        f"--backend-store-uri=sqlite:///{root / 'mlflow.db'}",
+        f"--backend-store-uri={backend or 'sqlite:///' + str(root / 'mlflow.db')}",
         f"--artifacts-destination={artifacts or (root / 'mlartifacts').as_uri()}",
         "--serve-artifacts",
         *(["--app-name=basic-auth"] if auth else []),
@@ -100,7 +109,9 @@ class TrackingServer:
     """The server of the data root `root` (a local directory), its output in `log`; with `auth`, it
     asks for credentials, and `provision` makes the pipeline's identity and the teams' users. With
     `artifacts`, an object store's URL, it keeps the artifacts there (reading the AWS settings of its
-    environment, as production's does), still serving them to its clients."""
+    environment, as production's does), still serving them to its clients. With `backend`, a database
+    URL (PostgreSQL: `postgresql+psycopg://...`), its runs and registry live there. `host`: where it
+    listens (an emulated cluster's gateway, for its pods)."""
 
     def __init__(
         self,
@@ -110,10 +121,13 @@ class TrackingServer:
         *,
         auth: bool = True,
         artifacts: str | None = None,
+        host: str = "127.0.0.1",
+        backend: str | None = None,
     ) -> None:
         self.root, self.log, self.env, self.auth, self.artifacts = root, log, env, auth, artifacts
+        self.host, self.backend = host, backend
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 120.0) -> TrackingServer:
@@ -125,7 +139,14 @@ class TrackingServer:
         close_store(self.root)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                command(self.root, self.port, auth=self.auth, artifacts=self.artifacts),
+                command(
+                    self.root,
+                    self.port,
+                    auth=self.auth,
+                    artifacts=self.artifacts,
+                    host=self.host,
+                    backend=self.backend,
+                ),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

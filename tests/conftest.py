@@ -7,71 +7,21 @@ local binaries for the session, so the suite runs on any machine with PostgreSQL
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import mlflow_targets
 import pytest
 import redis
 from gpuyard.store.db import make_engine, migrate
-from servers import RedisServer, S3Server, answers, free_port, open_directory
+from local_cluster import services
+from servers import RedisServer, S3Server, open_directory
 from sqlalchemy import Engine
 from stores import empty_store, migrated_sqlite, throwaway_database
-
-
-@contextlib.contextmanager
-def _throwaway_postgres(directory: Path) -> Iterator[str]:
-    initdb = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))), None)
-    if initdb is None:
-        pytest.fail("no PostgreSQL answers and initdb is not installed (apt-get install postgresql)")
-    bindir = Path(initdb).parent
-    port = free_port()
-    data = directory / "pgdata"
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
-        run_as = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(directory, "postgres")
-    subprocess.run(
-        [*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *run_as,
-            str(bindir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-w",
-            "-l",
-            str(directory / "pg.log"),
-            "start",
-            "-o",
-            f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    subprocess.run(
-        [*run_as, str(bindir / "pg_ctl"), "-D", str(data), "stop"], check=False, capture_output=True
-    )
-
-
-@contextlib.contextmanager
-def _throwaway_redis(directory: Path) -> Iterator[str]:
-    server = RedisServer(directory).start()
-    yield server.url
-    server.stop()
-
 
 # The variable that names a server for the suite, and the machine's own.
 POSTGRES = ("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -86,20 +36,17 @@ def _server(
 ) -> Iterator[str]:
     """The URL of the server `variable` names, else of the machine's at `default` when it answers,
     else of a throwaway one started for the session."""
-    where = urlsplit(default)
     if variable in os.environ:
         yield os.environ[variable]
-    elif answers(where.hostname or "127.0.0.1", where.port or 0):
-        yield default
     else:
-        with throwaway(scratch.mktemp("server")) as url:
+        with services.running_or_throwaway(default, throwaway, scratch.mktemp("server")) as url:
             yield url
 
 
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an administrative database on a running PostgreSQL server."""
-    yield from _server(*POSTGRES, _throwaway_postgres, tmp_path_factory)
+    yield from _server(*POSTGRES, services.throwaway_postgres, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +58,7 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from _server(*REDIS, _throwaway_redis, tmp_path_factory)
+    yield from _server(*REDIS, services.throwaway_redis, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

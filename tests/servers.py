@@ -18,19 +18,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
+from local_cluster.services import RedisServer, S3Server, answers, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def answers(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-        return True
-    return False
+__all__ = ["RedisServer", "S3Server", "answers", "free_port"]  # the tests' names for the machine's servers
 
 
 def wait_until(
@@ -46,98 +36,6 @@ def wait_until(
             return found
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-class RedisServer:
-    """A throwaway redis-server on a free port, no persistence (like the machine's)."""
-
-    def __init__(self, directory: Path, port: int | None = None):
-        self.directory, self.port = directory, port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("no Redis answers and redis-server is not installed (apt-get install redis-server)")
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(lambda: answers("127.0.0.1", self.port), what=f"redis-server on {self.port}")
-        return self
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
-class S3Server:
-    """An S3 endpoint on loopback: moto's server in a process of its own, reached over HTTP by whoever
-    has `env` (fsspec's s3fs, boto3, MLflow, a worker). Every bucket is empty at start; nothing is kept."""
-
-    CREDENTIALS = {"AWS_ACCESS_KEY_ID": "gpuyard-test", "AWS_SECRET_ACCESS_KEY": "gpuyard-test"}
-
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1"):
-        """`host`: where it listens (an emulated cluster's gateway, for its pods)."""
-        self.host, self.port = host, port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What a client of this endpoint needs in its environment."""
-        return {"AWS_ENDPOINT_URL": self.url, "AWS_DEFAULT_REGION": "us-east-1", **self.CREDENTIALS}
-
-    def start(self) -> S3Server:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(lambda: answers(self.host, self.port), what=f"moto's S3 server on {self.host}:{self.port}")
-        return self
-
-    def create_bucket(self, name: str) -> str:
-        """A new bucket; its s3:// URL."""
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            region_name="us-east-1",
-            aws_access_key_id=self.CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=self.CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        )
-        client.create_bucket(Bucket=name)
-        return f"s3://{name}"
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
 
 
 @contextlib.contextmanager

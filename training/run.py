@@ -32,6 +32,7 @@ from training.data import Dataset, StepSampler, feature_stats, read_parquet, spl
 from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv
 from training.mlflow_tracking import Tracker, make_tracker
 from training.model import MLPClassifier, count_parameters
+from training.ranks import node_ranks, run_node
 
 log = logging.getLogger("training")
 
@@ -289,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="override a config value, e.g. --set train.max_steps=50 (repeatable)",
     )
     args = parser.parse_args(argv)
+    if (ranks := node_ranks(os.environ)) is not None:  # one process per node (a pod): start its ranks
+        return run_node(ranks, list(sys.argv[1:] if argv is None else argv))
     # SIGTERM is a request read between steps for the process's whole life: one that comes while it
     # starts stops the run at its first step (checkpoint, exit 75), one that comes once the outcome is
     # decided (the final beat, the teardown) changes nothing. Left to its default action, it turned a

@@ -15,9 +15,11 @@ import itertools
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kmock
+import yaml
 from kmock import action
 
 SERVED = (  # served even before the first object
@@ -109,6 +111,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def has_namespace(self, name: str) -> bool:
         return name in self.namespaces
 
+    def apply(self, api_client: Any, objects: list[dict[str, Any]]) -> None:
+        """Create these objects, as `kubectl apply -f` of their YAML would on an empty cluster (kmock
+        serves no namespaces: those that exist are this emulator's)."""
+        from kubernetes import utils
+
+        for obj in objects:
+            if obj["kind"] == "Namespace":
+                self.namespaces[obj["metadata"]["name"]] = obj
+            else:
+                utils.create_from_dict(api_client, obj)
+
     def patch_silently(self, plural: str, name: str, patch: dict[str, Any]) -> None:
         """Change an object without a watch event: what a watcher misses while disconnected."""
         for (resource, _, object_name), obj in self.objects.items():
@@ -116,6 +129,21 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 obj.patch(patch)
                 return
         raise KeyError(f"{plural}/{name}")
+
+
+def write_kubeconfig(url: str, path: Path) -> Path:
+    """A kubeconfig file pointing at the API server at `url`, as an operator's ~/.kube/config would."""
+    context = {"cluster": "emulated", "user": "gpuyard"}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulated", "cluster": {"server": url}}],
+        "users": [{"name": "gpuyard", "user": {"token": "t"}}],
+        "contexts": [{"name": "emulated", "context": context}],
+        "current-context": "emulated",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 class ApiServer:

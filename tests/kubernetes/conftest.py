@@ -12,7 +12,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import parse_spec
@@ -27,8 +26,7 @@ from gpuyard.store.db import make_engine
 from gpuyard.store.jobs import JobDetail
 from kmock import action
 from kubernetes import client as k8s
-from kubernetes import utils as k8s_utils
-from local_cluster.apiserver import ApiServer, ApiServerEmulator
+from local_cluster.apiserver import ApiServer, ApiServerEmulator, write_kubeconfig
 from servers import wait_until
 from sqlalchemy import Engine
 
@@ -49,28 +47,10 @@ class Cluster:
         self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
-        """Create these objects, as `kubectl apply -f` of their YAML would on an empty cluster."""
-        for obj in objects:
-            if obj["kind"] == "Namespace":
-                self.emulator.namespaces[obj["metadata"]["name"]] = obj
-            else:
-                k8s_utils.create_from_dict(self.api.api_client, obj)
+        self.emulator.apply(self.api.api_client, objects)
 
     def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig file pointing at this API double, as an operator's ~/.kube/config would."""
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "double", "cluster": {"server": self.url}}],
-                    "users": [{"name": "gpuyard", "user": {"token": "t"}}],
-                    "contexts": [{"name": "double", "context": {"cluster": "double", "user": "gpuyard"}}],
-                    "current-context": "double",
-                }
-            )
-        )
-        return path
+        return write_kubeconfig(self.url, path)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)

@@ -19,8 +19,6 @@ import base64
 import itertools
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -30,9 +28,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import yaml
 from conftest import NAMESPACE, Cluster, assert_valid
 from gpuyard.launchers.kubernetes import manifests as m
+from local_cluster.control_plane import ControlPlane, settings
 from servers import free_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -69,114 +67,46 @@ def exited(code: int) -> dict[str, Any]:
     return pod_status("Succeeded" if code == 0 else "Failed", state)
 
 
-class Platform:
-    """The control plane's processes, and the calls the test makes as users, kubelets and operators."""
+class Platform(ControlPlane):
+    """The control plane's processes (local_cluster.control_plane), and the calls the test makes as
+    users, kubelets and operators."""
 
     def __init__(
         self, cluster: Cluster, database_url: str, redis_url: str, run: Path, host: str = "127.0.0.1"
     ):
         """`host`: where the API listens (an emulated cluster's gateway, for its pods' heartbeats)."""
-        self.cluster, self.database_url, self.run, self.host = cluster, database_url, run, host
-        kubeconfig = cluster.write_kubeconfig(run / "kubeconfig")
-        self.api_port = free_port()
-        self.url = f"http://{host}:{self.api_port}"
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "PROMETHEUS_"))},
-            "GPUYARD_PROFILE": "production",
-            "GPUYARD_DATABASE_URL": database_url,
-            "GPUYARD_REDIS_URL": redis_url,
-            "GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}",
-            "GPUYARD_LEASE_SECONDS": str(LEASE_S),
-            "GPUYARD_GRACE_SECONDS": "5",
-            "GPUYARD_CHECKPOINT_STORE": "s3://ckpt",  # team ml's root: s3://ckpt/ml
-            "GPUYARD_API_URL": self.url,
-            "GPUYARD_PROBE_HOST": "127.0.0.1",
-            "GPUYARD_KUBERNETES__IN_CLUSTER": "false",
-            "GPUYARD_KUBERNETES__NAMESPACE": NAMESPACE,
-            "GPUYARD_KUBERNETES__WATCH_TIMEOUT_S": "30",
-            "KUBECONFIG": str(kubeconfig),
-        }
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.schedulers: dict[str, str] = {}  # name -> probe URL
+        port = free_port()
+        env = settings(
+            database_url=database_url,
+            redis_url=redis_url,
+            api_url=f"http://{host}:{port}",
+            kubernetes_url=cluster.url,
+            run=run,
+            lease_s=LEASE_S,
+            grace_s=5,
+            checkpoint_store="s3://ckpt",  # team ml's root: s3://ckpt/ml
+            namespace=NAMESPACE,
+        )
+        outside = {k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "PROMETHEUS_"))}
+        super().__init__(
+            run,
+            {**outside, **env, "GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}"},
+            host=host,
+            port=port,
+        )
+        self.cluster = cluster
         self.token = ""
 
-    def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        log = (self.run / f"{name}.log").open("ab")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard.cli", *args],
-            env={**self.env, "GPUYARD_HOME": str(self.run / name), **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.processes[name] = process
-        return process
-
-    def gpuyard(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "gpuyard.cli", *args],
-            env={**self.env, "GPUYARD_HOME": str(self.run / "cli")},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def up(self) -> None:
+    def up(self) -> None:  # type: ignore[override]
         self.gpuyard("migrate")
-        self.token = (
-            self.gpuyard("token", "create", "--team", "ml", "--json").split('"token": "')[1].split('"')[0]
-        )
+        self.token = self.team_token("ml", "the end-to-end test")
         # the team's namespace, as a cluster admin applies it: kubectl apply -f - of what this prints
-        namespaces = [doc for doc in yaml.safe_load_all(self.gpuyard("kubernetes", "namespaces")) if doc]
+        namespaces = self.namespaces()
         for doc in namespaces:
             assert_valid(doc)
         assert {doc["metadata"].get("namespace", doc["metadata"]["name"]) for doc in namespaces} == {TEAM_NS}
         self.cluster.apply(namespaces)
-        self.start("api", "api", "--host", self.host, "--port", str(self.api_port), "--workers", "2")
-        self.start("relay", "relay", GPUYARD_RELAY_PROBE_PORT=str(free_port()))
-        for name in ("scheduler-1", "scheduler-2"):
-            port = free_port()
-            self.schedulers[name] = f"http://127.0.0.1:{port}"
-            self.start(name, "scheduler", GPUYARD_SCHEDULER_PROBE_PORT=str(port))
-        wait_until(lambda: self.answers(f"{self.url}/readyz"), timeout_s=120, what=f"the API ({self.run})")
-        for url in self.schedulers.values():
-            wait_until(lambda url=url: self.answers(f"{url}/healthz"), timeout_s=120, what=f"{url}/healthz")
-        self.leader()
-
-    def answers(self, url: str) -> bool:
-        for name, process in self.processes.items():
-            assert process.poll() is None, f"{name} exited: {(self.run / f'{name}.log').read_text()[-3000:]}"
-        try:
-            return httpx.get(url, timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def leader(self) -> str:
-        """The one live scheduler whose probe says it leads."""
-
-        def leading() -> str | None:
-            found = []
-            for name, url in self.schedulers.items():
-                if self.processes[name].poll() is not None:
-                    continue
-                text = httpx.get(f"{url}/metrics", timeout=5).text
-                if "\ngpuyard_scheduler_leader 1.0" in text:
-                    found.append(name)
-            return found[0] if len(found) == 1 else None
-
-        return str(wait_until(leading, timeout_s=60, what="one leading scheduler"))
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        super().up()
 
     # -- as a user --------------------------------------------------------------------------------
 

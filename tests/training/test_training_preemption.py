@@ -112,11 +112,14 @@ def test_stale_fencing_token_exits_76_without_writing(tmp_path: Path, flights_pa
     assert events[0]["strategy"] == "ddp"  # `auto`: the planner found the tiny model fits replicated
 
 
-def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(
-    tmp_path: Path, flights_parquet: Path
+@pytest.mark.parametrize("node", ["torchrun", "pod"])
+def test_sigterm_through_a_nodes_launcher_checkpoints_and_exits_preempted(
+    tmp_path: Path, flights_parquet: Path, node: str
 ) -> None:
-    """A pod eviction: SIGTERM reaches torchrun, which forwards it to its workers; they finish the step,
-    write a complete checkpoint and exit 75."""
+    """A pod eviction: SIGTERM reaches the node's launcher, which forwards it to its workers; they finish
+    the step, write a complete checkpoint and exit 75. The node's launcher is torchrun, or the runtime
+    itself where the Kubernetes launcher starts one process per pod (NNODES, NPROC_PER_NODE): then the
+    pod exits 75 too, where torchrun's agent says 1 for any worker's non-zero exit."""
     cfg, work = write_config(
         tmp_path,
         flights_parquet,
@@ -124,29 +127,34 @@ def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(
         train={"max_steps": 500, "step_sleep_s": 0.1},
         checkpoint={"interval_steps": None},
     )
-    log = (tmp_path / "torchrun.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
+    port = str(free_port())
+    gang = {
+        "NNODES": "1",
+        "NODE_RANK": "0",
+        "NPROC_PER_NODE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
+    command = {
+        "torchrun": [
             "-m",
             "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "training.run",
-            "--config",
-            str(cfg),
+            *("--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port),
         ],
+        "pod": [],
+    }[node]
+    log = (tmp_path / "torchrun.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, *command, "-m", "training.run", "--config", str(cfg)],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore",
+            **(gang if node == "pod" else {}),
+        },
     )
     deadline = time.monotonic() + 90
     while not any(e["event"] == "step" and e["step"] >= 3 for e in read_events(work)):
@@ -162,3 +170,5 @@ def test_sigterm_through_torchrun_checkpoints_and_exits_preempted(
     assert {"rng/rank-0.pt", "rng/rank-1.pt", "trainer.pt", "state/.metadata"} <= set(manifest.files)
     text = (tmp_path / "torchrun.log").read_text()
     assert text.count("preempted at step") == 2, text[-3000:]  # both workers, not a kill
+    if node == "pod":
+        assert proc.returncode == exit_codes.PREEMPTED
