@@ -428,6 +428,10 @@ class NodeAgent:
 
     def _status(self, pod: Obj, status: Obj) -> None:
         meta = pod["metadata"]
+        if "conditions" in status:  # a kubelet sets its own conditions and keeps others' (DisruptionTarget)
+            own = {condition["type"] for condition in status["conditions"]}
+            others = [c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] not in own]
+            status = {**status, "conditions": [*status["conditions"], *others]}
         self.api.patch_namespaced_pod_status(
             meta["name"], meta["namespace"], {"status": status}, _preload_content=False
         )

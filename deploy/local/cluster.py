@@ -4,6 +4,7 @@ per node, started together and stopped together (every container with them)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
@@ -61,6 +62,22 @@ class EmulatedCluster:
     def add_namespace(self, name: str) -> None:
         """kmock cannot serve namespaces: the ones that exist are the emulator's (apiserver.py)."""
         self.server.emulator.namespaces[name] = {"metadata": {"name": name}}
+
+    def evict(self, name: str, namespace: str, reason: str = "EvictionByEvictionAPI") -> None:
+        """What the Eviction API (kmock has no such subresource) or a node-pressure eviction does: the
+        pod's `DisruptionTarget` condition (True, `reason`), then its deletion with its grace period, so
+        its container gets SIGTERM and, after the grace period, SIGKILL."""
+        pod = self.api.read_namespaced_pod(name, namespace)
+        kept = [c.to_dict() for c in (pod.status.conditions or []) if c.type != "DisruptionTarget"]
+        target = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": reason,
+            "message": "Eviction API: evicting" if reason == "EvictionByEvictionAPI" else "evicted",
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        self.api.patch_namespaced_pod_status(name, namespace, {"status": {"conditions": [*kept, target]}})
+        self.api.delete_namespaced_pod(name, namespace)
 
     def start(self) -> EmulatedCluster:
         for agent in self.agents.values():

@@ -139,6 +139,37 @@ def test_a_deleted_pod_is_asked_to_stop_and_killed_after_its_grace_period(
     assert (shared / "deaf").read_text().strip() == "term"  # it had its SIGTERM first
 
 
+def test_an_evicted_pod_is_marked_a_disruption_target_then_stopped_with_its_grace_period(
+    cluster: EmulatedCluster, shared: Path
+) -> None:
+    ready = f"touch {shared}/ready; while :; do sleep 0.05; done"
+    script = f'trap "echo term > {shared}/evicted; exit 0" TERM; {ready}'
+    run(cluster, "evicted", script, terminationGracePeriodSeconds=30)
+    wait_until(lambda: (shared / "ready").exists(), what="the pod's TERM trap set")
+    seen: list[dict[str, Any]] = []
+
+    def condition() -> dict[str, Any] | None:
+        found = pod(cluster, "evicted")
+        if found is not None:
+            seen.append(found)
+        targets = [
+            c
+            for c in (found or {}).get("status", {}).get("conditions", [])
+            if c["type"] == "DisruptionTarget"
+        ]
+        return targets[0] if targets else None
+
+    cluster.evict("evicted", "team-a")
+    target = wait_until(condition, what="the DisruptionTarget condition")
+    assert target["status"] == "True" and target["reason"] == "EvictionByEvictionAPI"
+    wait_until(lambda: pod(cluster, "evicted") is None, what="the evicted pod gone")
+    assert (shared / "evicted").read_text().strip() == "term"  # stopped by SIGTERM, within its grace period
+    marked = [
+        "DisruptionTarget" in {c["type"] for c in p.get("status", {}).get("conditions", [])} for p in seen
+    ]
+    assert all(marked[marked.index(True) :]), "the agent's later reports dropped the condition"
+
+
 def named(name: str) -> dict[str, str]:
     return {"name": "NAME", "value": name}
 
