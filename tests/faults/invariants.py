@@ -158,10 +158,12 @@ def _lapsed(records: list[Record], lease_s: float) -> bool:
 
 def _exit_codes(history: History) -> dict[str, dict[int, int]]:
     """How each attempt's workers exited, by rank: their shims' exit files, else (a full disk took the
-    file) the code the worker itself reported last."""
+    file) the code the worker itself reported last, unless the suite killed the attempt: its SIGKILL
+    may have come between the worker's report and its shim's file (seed 702: a node lost as its
+    worker exited 0 is LOST, rightly)."""
     codes: dict[str, dict[int, int]] = defaultdict(dict)
     for record in sorted(history.journal, key=lambda r: r.t):
-        if record.e == "exit":
+        if record.e == "exit" and record.attempt not in history.kills:
             codes[record.attempt][record.rank] = int(record.data["code"])
     for attempt_id, ranks in history.exits.items():
         codes[attempt_id].update(ranks)

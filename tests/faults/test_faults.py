@@ -253,6 +253,24 @@ def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for()
     ]
 
 
+def test_a_worker_killed_with_its_shim_as_it_exited_0_is_rightly_lost() -> None:
+    """Seed 702: the suite's kill-worker (a node losing the processes) struck as j2's worker journaled
+    exit 0 and before its shim wrote the status: LOST is the truth then, not a lost outcome."""
+    story = clean_story()
+    story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], state="LOST", exit_code=None)
+    story.exits.pop("j2-a1")
+    story.job("j2", state="SUCCEEDED")
+    story.attempt("j2", 2, "SUCCEEDED", gpu=GPU_B, exit_code=exit_codes.SUCCESS)
+    story.event("job.scheduled", "j2", "j2-a2")
+    story.event("attempt.succeeded", "j2", "j2-a2")
+    story.job("j2")
+    exit_record = next(r for r in story.journal if r.attempt == "j2-a1" and r.e == "exit")
+    found = {v.detail for v in check(story.history()) if v.invariant == "attempts match exits"}
+    assert "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None" in found
+    killed = story.history(kills={"j2-a1": exit_record.t})
+    assert not [v for v in check(killed) if v.invariant == "attempts match exits"]
+
+
 def test_the_checker_catches_a_failure_count_that_disagrees_with_the_exits() -> None:
     story = clean_story()
     story.job("j2", state="SUCCEEDED", failures=1)
