@@ -123,6 +123,8 @@ def fsync_dir(path: Path) -> None:
 
 def save(root: Path, step: int, hold: Path) -> str:
     directory = step_dir(root, step)
+    if complete(directory) == step:  # a stop right after a save: never write over a durable checkpoint
+        return directory.as_uri()
     directory.mkdir(parents=True, exist_ok=True)
     data = payload(step)
     with open(directory / "state.bin", "wb") as out:

@@ -1,22 +1,30 @@
-"""The production profile end to end: `gpuyard migrate`, `gpuyard api` (2 workers), `gpuyard relay` and
-two `gpuyard scheduler` replicas as separate processes on PostgreSQL and Redis, with the Kubernetes
-launcher talking over HTTP to the Kubernetes API double (kmock's emulator, tests/kubernetes/conftest.py).
+"""The production profile end to end, with real workers, on the emulated cluster (deploy/local):
+`gpuyard migrate`, `gpuyard api` (2 workers, on the cluster's gateway, where pods reach it),
+`gpuyard relay` and two `gpuyard scheduler` replicas with the Kubernetes launcher as processes on
+PostgreSQL and Redis (local_cluster.control_plane); the binder places the pods and the node agents run
+them, each in network, mount and UTS namespaces of its own; checkpoints go to an S3 endpoint (moto's
+server on the gateway) that the pods reach with their team's object-store Secret. The team's namespace
+is what `gpuyard kubernetes namespaces` prints, applied as a cluster admin would.
 
-The test plays the kubelets and the node controller through that API: pods go Pending -> Running ->
-Succeeded; a gang of two meets at its headless Service's name; a node drained with eviction mid-run
-(the job resumes from its checkpoint on another node, its failure budget untouched); a node going
-NotReady (its attempt lost once its lease runs out, the job placed elsewhere); an image that cannot be
-pulled (the job fails, naming it); the leading scheduler SIGKILLed mid-run (the other takes over and
-adopts the running pods). The team's namespace is what `gpuyard kubernetes namespaces` prints, applied
-as a cluster admin would; every attempt's objects live there, its pods isolated by their NetworkPolicy.
-At the end: every job in its state, never two live attempts of a job, never a GPU leased to two attempts
-at once, and no object the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster.
+The workers are the real training runtime (`python -m training.run`: DDP on gloo, DCP checkpoints in
+S3, heartbeats) on the fault suite's tiny model:
+- a gang of two pods on two nodes meets at its headless Service's name, trains and succeeds; its
+  Service and NetworkPolicy are the gang's own;
+- a one-node job's node is lost mid-training (its processes die with it, it reports nothing more): the
+  attempt is LOST once its lease runs out, the next one is placed on another node and resumes from the
+  S3 checkpoint the store recorded; the failure budget is untouched;
+- a node drained (cordoned, its pod evicted: DisruptionTarget, SIGTERM): the worker checkpoints and
+  stops, the job resumes from that checkpoint on another node, its failure budget untouched;
+- an image that cannot be pulled: the job fails, naming it;
+- the leading scheduler SIGKILLed while a job runs: the other takes over and adopts its pod.
+At the end: never two live attempts of a job, never a GPU leased to two attempts at once, and no object
+the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster.
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
+import json
 import os
 import signal
 import uuid
@@ -25,56 +33,43 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import httpx
 import psycopg
 import pytest
 from conftest import NAMESPACE, Cluster, assert_valid
+from faults.workload import write_runtime_config
 from gpuyard.launchers.kubernetes import manifests as m
+from local_cluster.agent import NodeSpec
+from local_cluster.cluster import EmulatedCluster
 from local_cluster.control_plane import ControlPlane, settings
-from servers import free_port, wait_until
+from local_cluster.images import LocalImage, python_image
+from local_cluster.network import Bridge
+from servers import S3Server, free_port, open_directory, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.skipif(not Bridge.possible(), reason="the pods' network namespaces need root and iproute2"),
+]
 
 IMAGE = "registry.example/train@sha256:" + "a" * 64  # production admits images pinned by digest only
-LEASE_S = 10
+PRIVATE = "registry.example/private@sha256:" + "b" * 64  # a registry that refuses this cluster
+LEASE_S = 20  # a pass on this loaded 2-core machine may take seconds: the leader lease is half of it
 TEAM_NS = "gpuyard-team-ml"
 ATTEMPT_PLURALS = ("pods", "services", "secrets", "networkpolicies")
-
-
-def pod_status(phase: str, state: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
-    """A pod's status as its kubelet reports it: the phase, and its one container (`worker`) in `state`."""
-    return {
-        "phase": phase,
-        "containerStatuses": [
-            {
-                "name": "worker",
-                "image": IMAGE,
-                "imageID": "",
-                "ready": ready,
-                "restartCount": 0,
-                "state": state,
-            }
-        ],
-    }
-
-
-def running() -> dict[str, Any]:
-    return pod_status("Running", {"running": {"startedAt": "2026-12-01T10:00:00Z"}}, ready=True)
-
-
-def exited(code: int) -> dict[str, Any]:
-    state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
-    return pod_status("Succeeded" if code == 0 else "Failed", state)
+REPO = Path(__file__).resolve().parents[2]  # the editable install's sources (gpuyard, training)
+CARRIED = "/opt/train"  # where the training image carries its configuration and data
+WORKDIR = "/var/lib/gpuyard"  # the image's, as the Dockerfile's: the pod's work volume
 
 
 class Platform(ControlPlane):
     """The control plane's processes (local_cluster.control_plane), and the calls the test makes as
-    users, kubelets and operators."""
+    users and operators."""
 
-    def __init__(
-        self, cluster: Cluster, database_url: str, redis_url: str, run: Path, host: str = "127.0.0.1"
-    ):
-        """`host`: where the API listens (an emulated cluster's gateway, for its pods' heartbeats)."""
+    def __init__(self, cluster: Cluster, database_url: str, redis_url: str, run: Path, host: str):
+        """`host`: where the API listens (the emulated cluster's gateway, for its pods' heartbeats)."""
         port = free_port()
         env = settings(
             database_url=database_url,
@@ -88,12 +83,8 @@ class Platform(ControlPlane):
             namespace=NAMESPACE,
         )
         outside = {k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "PROMETHEUS_"))}
-        super().__init__(
-            run,
-            {**outside, **env, "GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}"},
-            host=host,
-            port=port,
-        )
+        stream = {"GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}"}
+        super().__init__(run, {**outside, **env, **stream}, host=host, port=port)
         self.cluster = cluster
         self.token = ""
 
@@ -115,7 +106,7 @@ class Platform(ControlPlane):
             "name": name,
             "team": "ml",
             "image": IMAGE,
-            "command": ["torchrun", "train.py"],
+            "command": train(20),
             "resources": {"gpus": 1, "gpu_types": ["h100"], "nodes": 1},
             "retry": {"max_failures": 0},
             "checkpoint": {"url": f"s3://ckpt/ml/{name}"},  # under team ml's root
@@ -135,7 +126,7 @@ class Platform(ControlPlane):
         assert answer.status_code == 200, answer.text
         return dict(answer.json())
 
-    def until_state(self, job_id: str, state: str, timeout_s: float = 90) -> dict[str, Any]:
+    def until_state(self, job_id: str, state: str, timeout_s: float = 180) -> dict[str, Any]:
         return dict(
             wait_until(
                 lambda: (job := self.job(job_id))["state"] == state and job,
@@ -144,7 +135,16 @@ class Platform(ControlPlane):
             )
         )
 
-    # -- as kubelets and operators ----------------------------------------------------------------
+    def until_checkpoint(self, job_id: str, attempt: int) -> int:
+        return int(
+            wait_until(
+                lambda: self.job(job_id)["attempts"][attempt - 1]["checkpoint_step"],
+                timeout_s=150,
+                what=f"job {job_id} attempt {attempt}'s first recorded checkpoint (logs in {self.run})",
+            )
+        )
+
+    # -- as operators -------------------------------------------------------------------------------
 
     def pods(self, job_id: str, attempt: int) -> list[dict[str, Any]]:
         return sorted(
@@ -161,20 +161,10 @@ class Platform(ControlPlane):
         return list(
             wait_until(
                 lambda: len(found := self.pods(job_id, attempt)) == count and found,
-                timeout_s=90,
+                timeout_s=120,
                 what=f"{count} pod(s) of job {job_id} attempt {attempt} (logs in {self.run})",
             )
         )
-
-    def set_status(self, pods: list[dict[str, Any]], status: dict[str, Any]) -> None:
-        for pod in pods:
-            self.cluster.set_pod_status(pod["metadata"]["name"], status)
-
-    def secret_data(self, pod: dict[str, Any], name: str) -> str:
-        """A value of the pod's attempt's Secret, as its worker reads it (GPUYARD_FENCING_TOKEN, ...)."""
-        key = pod["metadata"]["labels"][m.ATTEMPT_LABEL]
-        (secret,) = [s for s in self.cluster.objects("secrets") if s["metadata"]["name"] == key]
-        return base64.b64decode(secret["data"][name]).decode()
 
 
 def node_of(pod: dict[str, Any]) -> str:
@@ -186,119 +176,144 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def training_image(directory: Path) -> LocalImage:
+    """This machine's Python with the fault suite's tiny model: its config and data in the image."""
+    config = json.loads(write_runtime_config(directory).read_text())
+    config["data"]["path"] = f"{CARRIED}/runtime.parquet"
+    (directory / "runtime.yaml").write_text(json.dumps(config))
+    return python_image(files={CARRIED: str(directory)}, sources=(str(REPO),), workdir=WORKDIR)
+
+
+def train(steps: int, step_s: float = 0.15) -> list[str]:
+    """The runtime's command, one process per pod: it starts the pod's ranks itself (training/ranks.py)."""
+    settings = ["--set", f"train.max_steps={steps}", "--set", f"train.step_sleep_s={step_s}"]
+    return ["python", "-m", "training.run", "--config", f"{CARRIED}/runtime.yaml", *settings]
+
+
+def checkpoints(s3: S3Server, url: str) -> list[str]:
+    """The step folders under a job's checkpoint URL, as the test reads the bucket."""
+    key, secret = s3.CREDENTIALS["AWS_ACCESS_KEY_ID"], s3.CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+    fs = fsspec.filesystem("s3", endpoint_url=s3.url, key=key, secret=secret)
+    return sorted(path.rsplit("/", 1)[1] for path in fs.ls(url.removeprefix("s3://")))
+
+
 @pytest.fixture
-def platform(cluster: Cluster, postgres_server: str, redis_url: str, tmp_path: Path) -> Iterator[Platform]:
-    for name in ("gpu-a", "gpu-b", "gpu-c", "gpu-d"):
-        cluster.add_node(name)
+def platform(
+    postgres_server: str, redis_url: str, tmp_path: Path
+) -> Iterator[tuple[Platform, EmulatedCluster, S3Server]]:
+    labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
+    nodes = [
+        NodeSpec(name, gpus=1, cpu="8", memory="32Gi", labels={**labels, "gpuyard.io/domain": "rack-1"})
+        for name in ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
+    ]
     database = f"gpuyard_e2e_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{database}"')
-    platform = Platform(cluster, postgres_server.rsplit("/", 1)[0] + "/" + database, redis_url, tmp_path)
-    try:
-        platform.up()
-        yield platform
-    finally:
-        platform.stop()
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with open_directory() as carried:
+        images = {
+            IMAGE.split("@")[0]: training_image(carried),
+            PRIVATE.split("@")[0]: LocalImage(pull_error="unauthorized: authentication required"),
+        }
+        with EmulatedCluster(nodes, images, tmp_path / "nodes", node_grace_s=5) as emulated:
+            s3 = S3Server(host=emulated.gateway).start()
+            made = Platform(
+                Cluster(emulated.server.emulator, emulated.server.loop, emulated.url),
+                postgres_server.rsplit("/", 1)[0] + "/" + database,
+                redis_url,
+                tmp_path,
+                host=emulated.gateway,
+            )
+            made.env["GPUYARD_KUBERNETES__ENV_FROM_SECRETS"] = '["object-store"]'
+            try:
+                s3.create_bucket("ckpt")
+                made.up()
+                emulated.api.create_namespaced_secret(
+                    TEAM_NS, {"metadata": {"name": "object-store"}, "stringData": s3.env}
+                )
+                yield made, emulated, s3
+            finally:
+                made.stop()
+                s3.stop()
+                with psycopg.connect(postgres_server, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
-def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster) -> None:
+def test_the_production_profile_end_to_end_with_real_workers(
+    platform: tuple[Platform, EmulatedCluster, S3Server],
+) -> None:
+    plane, cluster, s3 = platform
     jobs: dict[str, str] = {}
 
-    # A gang of two pods meets at its headless Service's name; both run, both exit 0.
-    jobs["gang"] = platform.submit("gang", resources={"gpus": 2, "gpu_types": ["h100"], "nodes": 2})
-    gang = platform.until_pods(jobs["gang"], 1, count=2)
+    # A gang of two pods meets at its headless Service's name; beside it, one long enough to be cut
+    # off after its first checkpoint however slow this machine is.
+    jobs["gang"] = plane.submit(
+        "gang", command=train(10), resources={"gpus": 2, "gpu_types": ["h100"], "nodes": 2}
+    )
+    jobs["lone"] = plane.submit("lone", command=train(60, step_s=0.4))
+    gang = plane.until_pods(jobs["gang"], 1, count=2)
     key = gang[0]["metadata"]["labels"][m.ATTEMPT_LABEL]
-    (service,) = [s for s in cluster.objects("services") if s["metadata"]["name"] == key]
+    (service,) = [s for s in plane.cluster.objects("services") if s["metadata"]["name"] == key]
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {m.ATTEMPT_LABEL: key}
-    (policy,) = [p for p in cluster.objects("networkpolicies") if p["metadata"]["name"] == key]
+    (policy,) = [p for p in plane.cluster.objects("networkpolicies") if p["metadata"]["name"] == key]
     gang_only = {"podSelector": {"matchLabels": {m.ATTEMPT_LABEL: key}}}
     assert policy["spec"]["podSelector"] == gang_only["podSelector"]
     assert policy["spec"]["ingress"] == [{"from": [gang_only]}]  # the rendezvous port opens to the gang only
-    assert {o["metadata"]["namespace"] for o in [*gang, service, policy]} == {TEAM_NS}
     rendezvous = f"{key}-0.{key}.{TEAM_NS}.svc.cluster.local"
     assert [env_of(p)["MASTER_ADDR"] for p in gang] == [rendezvous, rendezvous]
-    assert (gang[0]["spec"]["hostname"], gang[0]["spec"]["subdomain"]) == (f"{key}-0", key)
     assert len({node_of(p) for p in gang}) == 2
-    platform.set_status(gang, running())
-    wait_until(lambda: platform.job(jobs["gang"])["attempts"][0]["state"] == "RUNNING", what="gang running")
-    platform.set_status(gang, exited(0))
-    platform.until_state(jobs["gang"], "SUCCEEDED")
 
-    # An image that cannot be pulled: the job fails, naming the image and the reason.
-    jobs["pull"] = platform.submit("pull")
-    (pod,) = platform.until_pods(jobs["pull"], 1)
-    pulling = {"waiting": {"reason": "ErrImagePull", "message": f"pull {IMAGE}: not found"}}
-    platform.set_status([pod], pod_status("Pending", pulling))
-    failed = platform.until_state(jobs["pull"], "FAILED")
-    assert "image pull failed: ErrImagePull" in failed["attempts"][0]["reason"]
+    # The lone job's node is lost after its first checkpoint: it resumes from S3 on another node.
+    (first,) = plane.until_pods(jobs["lone"], 1)
+    plane.until_checkpoint(jobs["lone"], 1)
+    lost_node = node_of(first)
+    cluster.agents[lost_node].lose()
+    (again,) = plane.until_pods(jobs["lone"], 2)
+    lost = plane.job(jobs["lone"])["attempts"][0]
+    assert lost["state"] == "LOST" and lost["checkpoint_step"] < 60  # it was cut off mid-training
+    assert node_of(again) != lost_node and env_of(again)["GPUYARD_RESUME_URL"] == lost["checkpoint_url"]
 
-    # A node drained mid-run (cordoned, its pod evicted): the job resumes from its checkpoint elsewhere.
-    jobs["drain"] = platform.submit("drain")
-    (pod,) = platform.until_pods(jobs["drain"], 1)
-    platform.set_status([pod], running())
-    attempt = platform.job(jobs["drain"])["attempts"][0]
-    checkpoint = "s3://ckpt/ml/drain/step-000000040"
-    url = f"{platform.url}/v1/attempts/{attempt['id']}/heartbeat"
-    body = {
-        "fencing_token": int(platform.secret_data(pod, m.FENCING_TOKEN_KEY)),
-        "step": 42,
-        "checkpoint": {"url": checkpoint, "step": 40},
-    }
-    assert httpx.post(url, json=body).status_code == 401  # the fencing token alone proves nothing
-    secret = {"Authorization": f"Bearer {platform.secret_data(pod, m.ATTEMPT_SECRET_KEY)}"}
-    beat = httpx.post(url, json=body, headers=secret)
-    assert beat.status_code == 200, beat.text
+    done = plane.until_state(jobs["gang"], "SUCCEEDED")
+    assert [a["state"] for a in done["attempts"]] == ["SUCCEEDED"], done["attempts"]
+    assert "step-000000010-t1" in checkpoints(s3, "s3://ckpt/ml/gang")  # the final one, by attempt 1
+    job = plane.until_state(jobs["lone"], "SUCCEEDED")
+    assert [a["state"] for a in job["attempts"]] == ["LOST", "SUCCEEDED"] and job["failures"] == 0
+
+    # A node drained mid-run (cordoned, its pod evicted): the worker checkpoints on SIGTERM and stops,
+    # and the job resumes from that checkpoint elsewhere, its failure budget untouched.
+    jobs["drain"] = plane.submit("drain", command=train(200, step_s=0.2))
+    (pod,) = plane.until_pods(jobs["drain"], 1)
+    plane.until_checkpoint(jobs["drain"], 1)
     drained = node_of(pod)
     cluster.api.patch_node(drained, {"spec": {"unschedulable": True}})
-    platform.set_status([pod], {"phase": "Failed", "reason": "Evicted", "message": "drained for maintenance"})
-    (again,) = platform.until_pods(jobs["drain"], 2)
-    assert node_of(again) != drained and env_of(again)["GPUYARD_RESUME_URL"] == checkpoint
-    job = platform.job(jobs["drain"])
-    assert job["attempts"][0]["state"] == "LOST" and job["failures"] == 0  # not the job's fault
-    platform.set_status([again], running())
-    platform.set_status([again], exited(0))
-    platform.until_state(jobs["drain"], "SUCCEEDED")
+    cluster.evict(pod["metadata"]["name"], TEAM_NS)
+    (again,) = plane.until_pods(jobs["drain"], 2)
+    stopped = plane.job(jobs["drain"])["attempts"][0]
+    assert node_of(again) not in (drained, lost_node)
+    assert env_of(again)["GPUYARD_RESUME_URL"] == stopped["checkpoint_url"]
+    assert stopped["state"] in ("PREEMPTED", "LOST") and plane.job(jobs["drain"])["failures"] == 0
+    cluster.api.patch_node(drained, {"spec": {"unschedulable": False}})
+
+    # An image that cannot be pulled: the job fails, naming the image's registry's reason.
+    jobs["pull"] = plane.submit("pull", image=PRIVATE)
+    failed = plane.until_state(jobs["pull"], "FAILED")
+    assert "ErrImagePull" in failed["attempts"][0]["reason"], failed["attempts"][0]
 
     # The leading scheduler is SIGKILLed while a job runs: the other leads and adopts its pod.
-    jobs["adopted"] = platform.submit("adopted")
-    (pod,) = platform.until_pods(jobs["adopted"], 1)
-    platform.set_status([pod], running())
-    wait_until(
-        lambda: platform.job(jobs["adopted"])["attempts"][0]["state"] == "RUNNING", what="adopted running"
-    )
-    killed = platform.leader()
-    platform.processes[killed].send_signal(signal.SIGKILL)
-    platform.processes[killed].wait(timeout=10)
-    assert platform.leader() != killed
-    platform.set_status([pod], exited(0))
-    done = platform.until_state(jobs["adopted"], "SUCCEEDED")
-    assert [a["state"] for a in done["attempts"]] == ["SUCCEEDED"]  # adopted, not launched again
-
-    # A node goes NotReady under a running pod: no one renews its lease; the job runs elsewhere.
-    jobs["notready"] = platform.submit("notready")
-    (pod,) = platform.until_pods(jobs["notready"], 1)
-    platform.set_status([pod], running())
-    wait_until(lambda: platform.job(jobs["notready"])["attempts"][0]["state"] == "RUNNING", what="running")
-    lost_node = node_of(pod)
-    cluster.api.patch_node_status(
-        lost_node, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
-    )
-    (again,) = platform.until_pods(jobs["notready"], 2)
-    assert node_of(again) not in (lost_node, drained)
-    job = platform.job(jobs["notready"])
-    assert job["attempts"][0]["state"] == "LOST" and job["failures"] == 0
-    platform.set_status([again], running())
-    platform.set_status([again], exited(0))
-    platform.until_state(jobs["notready"], "SUCCEEDED")
+    adopted = plane.until_state(jobs["drain"], "RUNNING")
+    assert len(adopted["attempts"]) == 2
+    killed = plane.leader()
+    plane.processes[killed].send_signal(signal.SIGKILL)
+    plane.processes[killed].wait(timeout=10)
+    assert plane.leader() != killed
+    done = plane.until_state(jobs["drain"], "SUCCEEDED")
+    assert [a["state"] for a in done["attempts"]][1:] == ["SUCCEEDED"]  # adopted, not launched again
 
     # One live attempt per job at any time: each began after the one before it ended.
     for job_id in jobs.values():
-        spans = [(a["created_at"], a["ended_at"]) for a in platform.job(job_id)["attempts"]]
+        spans = [(a["created_at"], a["ended_at"]) for a in plane.job(job_id)["attempts"]]
         assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans)), spans
     # Every attempt's GPUs were its own while it lived, and nothing the launcher made is left.
-    attempts = [(name, a) for name, job_id in jobs.items() for a in platform.job(job_id)["attempts"]]
+    attempts = [(name, a) for name, job_id in jobs.items() for a in plane.job(job_id)["attempts"]]
     held: list[tuple[str, int, datetime, datetime, str]] = []
     for name, a in attempts:
         start, end = datetime.fromisoformat(a["created_at"]), datetime.fromisoformat(a["ended_at"])
@@ -312,12 +327,12 @@ def test_the_production_profile_end_to_end(platform: Platform, cluster: Cluster)
             not [
                 o
                 for plural in ATTEMPT_PLURALS
-                for o in cluster.objects(plural)
+                for o in plane.cluster.objects(plural)
                 if (o["metadata"].get("labels") or {}).get(m.MANAGED_BY) == "gpuyard"
             ]
         ),
-        timeout_s=30,
+        timeout_s=60,
         what="every object of the launcher deleted",
     )
     # what the namespace set-up made stays: it is the team's, not an attempt's
-    assert [p["metadata"]["name"] for p in cluster.objects("networkpolicies")] == [m.DEFAULT_DENY]
+    assert [p["metadata"]["name"] for p in plane.cluster.objects("networkpolicies")] == [m.DEFAULT_DENY]

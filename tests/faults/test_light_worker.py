@@ -1,0 +1,40 @@
+"""The fault suite's light worker (worker.py) keeps what the checker relies on: a durable checkpoint
+stays durable."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    """worker.py as a module, its journal to a socket nobody reads (its records are dropped)."""
+    for name, value in {
+        "GPUYARD_ATTEMPT_ID": "a1",
+        "GPUYARD_JOB_ID": "j1",
+        "FAULTS_JOURNAL": str(tmp_path / "nobody.sock"),
+        "FAULTS_DIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sys.modules.pop("worker", None)
+    return importlib.import_module("worker")
+
+
+@pytest.mark.timeout(10)  # without the rule, the second save waits on the hold for ever
+def test_a_stop_right_after_a_save_never_writes_over_the_durable_checkpoint(
+    worker: ModuleType, tmp_path: Path
+) -> None:
+    """Seed 704: a preemption answered the beat that reported step 5; the stop saved step 5 again, in
+    place, the suite killed it half way (kill-mid-checkpoint) and the store's recorded checkpoint was
+    torn. A second save of a complete step returns it as it is (here it would wait on the hold)."""
+    root, hold = tmp_path / "checkpoints", tmp_path / "hold"
+    url = worker.save(root, 5, hold)
+    hold.touch()  # a save that writes anything now would wait here until killed
+    assert worker.save(root, 5, hold) == url
+    assert worker.complete(worker.step_dir(root, 5)) == 5
