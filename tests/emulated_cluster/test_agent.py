@@ -216,6 +216,9 @@ def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes
     cluster.agents["node-b"].lose()
     assert not any(alive(pid) for pid in pids)  # they died with it (and were reaped)
     wait_until(lambda: ready(cluster, "node-b") == "Unknown", what="node-b Unknown")
+    assert pod(cluster, "on-b") is not None  # what became of it is unknown until the node is removed
+    cluster.api.delete_node("node-b")  # the operator's word that the machine is gone
+    wait_until(lambda: pod(cluster, "on-b") is None, what="the lost node's pod collected")
 
 
 def ready(cluster: EmulatedCluster, node: str) -> str:

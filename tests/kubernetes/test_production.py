@@ -23,6 +23,7 @@ the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -277,6 +278,7 @@ def test_the_production_profile_end_to_end_with_real_workers(
     assert "step-000000010-t1" in checkpoints(s3, "s3://ckpt/ml/gang")  # the final one, by attempt 1
     job = plane.until_state(jobs["lone"], "SUCCEEDED")
     assert [a["state"] for a in job["attempts"]] == ["LOST", "SUCCEEDED"] and job["failures"] == 0
+    cluster.api.delete_node(lost_node)  # the operator's word that the machine is gone: its pods go
 
     # A node drained mid-run (cordoned, its pod evicted): the worker checkpoints on SIGTERM and stops,
     # and the job resumes from that checkpoint elsewhere, its failure budget untouched.
@@ -322,17 +324,17 @@ def test_the_production_profile_end_to_end_with_real_workers(
         for other in held[i + 1 :]:
             overlap = other[0] == node and other[1] == gpu and other[2] < end and start < other[3]
             assert not overlap, f"GPU {node}/{gpu} leased to {name} and {other[4]} at once"
-    wait_until(
-        lambda: (
-            not [
-                o
-                for plural in ATTEMPT_PLURALS
-                for o in plane.cluster.objects(plural)
-                if (o["metadata"].get("labels") or {}).get(m.MANAGED_BY) == "gpuyard"
-            ]
-        ),
-        timeout_s=60,
-        what="every object of the launcher deleted",
-    )
+
+    def left() -> list[str]:
+        return [
+            f"{plural}/{o['metadata']['name']}"
+            for plural in ATTEMPT_PLURALS
+            for o in plane.cluster.objects(plural)
+            if (o["metadata"].get("labels") or {}).get(m.MANAGED_BY) == "gpuyard"
+        ]
+
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not left(), timeout_s=60, what="every object of the launcher deleted")
+    assert not left(), f"the launcher's objects left: {left()}"
     # what the namespace set-up made stays: it is the team's, not an attempt's
     assert [p["metadata"]["name"] for p in plane.cluster.objects("networkpolicies")] == [m.DEFAULT_DENY]
