@@ -32,9 +32,23 @@ def test_a_stop_right_after_a_save_never_writes_over_the_durable_checkpoint(
 ) -> None:
     """Seed 704: a preemption answered the beat that reported step 5; the stop saved step 5 again, in
     place, the suite killed it half way (kill-mid-checkpoint) and the store's recorded checkpoint was
-    torn. A second save of a complete step returns it as it is (here it would wait on the hold)."""
+    torn. A second save of a step it completed returns it as it is (here it would wait on the hold)."""
     root, hold = tmp_path / "checkpoints", tmp_path / "hold"
     url = worker.save(root, 5, hold)
     hold.touch()  # a save that writes anything now would wait here until killed
     assert worker.save(root, 5, hold) == url
     assert worker.complete(worker.step_dir(root, 5)) == 5
+
+
+def test_a_step_an_earlier_attempt_completed_is_saved_again_and_journaled(
+    worker: ModuleType, tmp_path: Path
+) -> None:
+    """Seed 706: the checker asks each attempt that reports a checkpoint to have completed it; one an
+    earlier attempt of the job left complete is written again by the new attempt, not taken as its."""
+    root, hold = tmp_path / "checkpoints", tmp_path / "hold"
+    worker.save(root, 6, hold)
+    worker._saved.clear()  # a new attempt: another process
+    written = []
+    worker.journal = lambda event, **data: written.append(event)
+    worker.save(root, 6, hold)
+    assert written == ["committing", "saved"]

@@ -121,10 +121,13 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
+_saved: set[int] = set()  # the steps this process completed
+
+
 def save(root: Path, step: int, hold: Path) -> str:
     directory = step_dir(root, step)
-    if complete(directory) == step:  # a stop right after a save: never write over a durable checkpoint
-        return directory.as_uri()
+    if step in _saved and complete(directory) == step:
+        return directory.as_uri()  # a stop right after its own save: never write over it again
     directory.mkdir(parents=True, exist_ok=True)
     data = payload(step)
     with open(directory / "state.bin", "wb") as out:
@@ -146,6 +149,7 @@ def save(root: Path, step: int, hold: Path) -> str:
     os.replace(partial, directory / MANIFEST)
     fsync_dir(directory)
     journal("saved", step=step, url=directory.as_uri())
+    _saved.add(step)
     return directory.as_uri()
 
 

@@ -23,6 +23,7 @@ the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
@@ -177,6 +178,13 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def secret_of(plane: Platform, pod: dict[str, Any], name: str) -> str:
+    """A value of the pod's attempt's Secret, as its worker reads it (GPUYARD_FENCING_TOKEN, ...)."""
+    key = pod["metadata"]["labels"][m.ATTEMPT_LABEL]
+    (secret,) = [s for s in plane.cluster.objects("secrets") if s["metadata"]["name"] == key]
+    return base64.b64decode(secret["data"][name]).decode()
+
+
 def training_image(directory: Path) -> LocalImage:
     """This machine's Python with the fault suite's tiny model: its config and data in the image."""
     config = json.loads(write_runtime_config(directory).read_text())
@@ -285,6 +293,14 @@ def test_the_production_profile_end_to_end_with_real_workers(
     jobs["drain"] = plane.submit("drain", command=train(200, step_s=0.2))
     (pod,) = plane.until_pods(jobs["drain"], 1)
     plane.until_checkpoint(jobs["drain"], 1)
+    # Its heartbeat takes the attempt's secret, which only its pods get (from the attempt's Secret):
+    # the fencing token alone proves nothing.
+    attempt = plane.job(jobs["drain"])["attempts"][0]
+    url = f"{plane.url}/v1/attempts/{attempt['id']}/heartbeat"
+    body = {"fencing_token": int(secret_of(plane, pod, m.FENCING_TOKEN_KEY)), "step": attempt["step"] or 0}
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    bearer = {"Authorization": f"Bearer {secret_of(plane, pod, m.ATTEMPT_SECRET_KEY)}"}
+    assert httpx.post(url, json=body, headers=bearer, timeout=30).status_code == 200
     drained = node_of(pod)
     cluster.api.patch_node(drained, {"spec": {"unschedulable": True}})
     cluster.evict(pod["metadata"]["name"], TEAM_NS)
