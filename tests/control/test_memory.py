@@ -85,7 +85,9 @@ def test_small_objects_freed_behind_live_ones_go_back_only_on_the_c_allocator() 
 
     process, (pid, allocator, before, after) = small("c")
     assert int(pid) == process.pid and allocator == "malloc"  # executed again in place
-    assert float(before) > 150 and float(after) < float(before) - 100, (before, after)
+    # A 4 KiB page holds ~30 blocks, so about half the pages keep one of the 1-in-64 live blocks and
+    # stay: trim gives back 40-60% (seen 218 -> 127 MB on a loaded machine); pymalloc under 10%.
+    assert float(before) > 150 and float(after) < float(before) * 0.7, (before, after)
 
 
 def test_an_allocator_the_operator_chose_is_kept() -> None:
