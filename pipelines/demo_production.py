@@ -83,9 +83,17 @@ LEASE_S, GRACE_S = 20, 10
 
 
 def nodes() -> list[NodeSpec]:
-    """4 nodes of 2 GPUs, two per domain (rack)."""
+    """4 nodes of 2 GPUs, two per domain (rack), that mount the demo's folder as every node of a
+    cluster mounts its shared file system: the data root, where the training sets and jobs' work lie."""
     return [
-        NodeSpec(name, gpus=2, cpu="8", memory="32Gi", labels={**H100, "gpuyard.io/domain": rack})
+        NodeSpec(
+            name,
+            gpus=2,
+            cpu="8",
+            memory="32Gi",
+            labels={**H100, "gpuyard.io/domain": rack},
+            shared=(str(HOME),),
+        )
         for name, rack in (("gpu-a", "rack-1"), ("gpu-b", "rack-1"), ("gpu-c", "rack-2"), ("gpu-d", "rack-2"))
     ]
 

@@ -70,6 +70,9 @@ class NodeSpec:
     memory: str = "16Gi"
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
+    # Folders of this machine every pod on the node sees read-write at their own paths, above its
+    # volumes: a filesystem every node mounts (NFS, a parallel file system), where training data lives.
+    shared: tuple[str, ...] = ()
 
     def manifest(self) -> Obj:
         allocatable = {
@@ -224,9 +227,10 @@ class NodeAgent:
             self._waiting(pod, "CreateContainerConfigError", str(error))
             known.ended = True
             return
-        # The volumes, then the image's files over them: an image's file under a volume's path (its
-        # environment below /tmp, say) stays visible, as the emulated image carries it.
-        mounts = {**self._volumes(known, pod, container), **image.files}
+        # The volumes, then the node's shared folders and the image's files over them: one below a
+        # volume's path (a checkout below /tmp, say) stays visible.
+        shared = {folder: folder for folder in self.node.shared}
+        mounts = {**self._volumes(known, pod, container), **shared, **image.files}
         known.cgroups = _cgroups(known, container)
         address = "127.0.0.1"
         if self.network is not None:
