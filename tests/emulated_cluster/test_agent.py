@@ -232,3 +232,26 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_nodes_shared_folder_is_seen_read_write_above_the_pods_volumes(
+    tmp_path: Path, shared: Path
+) -> None:
+    """A shared file system every node mounts (`NodeSpec.shared`): a pod whose /tmp is a volume of its
+    own still reads and writes a shared folder below /tmp (a checkout there, as `make demo-production`
+    keeps its data root in it)."""
+    (shared / "data").write_text("training set")
+    nodes = [NodeSpec("node-s", shared=(str(shared),))]
+    with EmulatedCluster(nodes, {IMAGE: python_image()}, tmp_path / "nodes", report_every_s=0.2) as made:
+        made.add_namespace("team-a")
+        run(
+            made,
+            "reader",
+            f"cat {shared}/data > {shared}/seen; ls /tmp > {shared}/tmp",
+            mounts=[{"name": "tmp", "mountPath": "/tmp"}],
+            volumes=[{"name": "tmp", "emptyDir": {}}],
+            securityContext={"runAsUser": NOBODY, "runAsGroup": NOBODY},
+        )
+        wait_until(lambda: phase(made, "reader") == "Succeeded", what="the pod to end")
+    assert (shared / "seen").read_text() == "training set"
+    assert (shared / "tmp").read_text().split() == [shared.parts[2]]  # its /tmp holds only the mount point
