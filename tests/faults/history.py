@@ -5,9 +5,11 @@ these, so it is pure and can be fed a made-up history in tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,7 @@ class History:
     submissions: list[Submission] = field(default_factory=list)
     cancels: list[CancelRequest] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time the suite killed it
+    ended: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time its shims saw it end
     leftovers: dict[str, list[int]] = field(default_factory=dict)  # attempt -> pids alive after the end
     lease_s: float = 10.0
     stalls: list[tuple[float, float]] = field(default_factory=list)  # the control plane faulted (monotonic)
@@ -147,6 +150,17 @@ def read_exits(attempts_dir: Path) -> dict[str, dict[int, int]]:
             )
         except (OSError, ValueError):
             continue
+    return found
+
+
+def read_exit_times(attempts_dir: Path) -> dict[str, float]:
+    """When each attempt's last shim recorded its worker's end, on the monotonic clock of the journal
+    (the files' modification times are the wall clock's, which the suite never skews)."""
+    offset = time.time() - time.monotonic()
+    found: dict[str, float] = {}
+    for path in attempts_dir.glob("*/rank*.exit"):
+        with contextlib.suppress(OSError):
+            found[path.parent.name] = max(found.get(path.parent.name, 0.0), path.stat().st_mtime - offset)
     return found
 
 

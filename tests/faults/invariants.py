@@ -315,7 +315,9 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
         if attempt.state not in ("PREEMPTED", "LOST") or attempt.progress_lost_s is None or not records:
             continue
         exited = next((r.t for r in records if r.e == "exit"), None)
-        end = exited or history.kills.get(attempt.id, records[-1].t)  # a kill after its exit changes nothing
+        # A kill after its exit changes nothing; a worker the platform killed (SIGKILL at a grace
+        # period's end) journals no exit: its shim's file says when it ended (seed 721).
+        end = exited or history.kills.get(attempt.id) or history.ended.get(attempt.id) or records[-1].t
         step = recorded.get(attempt.id)
         if step is not None:
             save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), None)

@@ -354,6 +354,22 @@ def test_a_loss_noticed_late_because_the_leader_was_paused_is_charged_until_it_w
     assert violated(replace(lost, stalls=[(105.0, 119.0)])) == set()  # + 13 + 5: 40
 
 
+def test_a_worker_the_platform_killed_in_its_start_is_charged_until_its_shim_saw_it_end() -> None:
+    """Seed 721: a runtime worker still importing torch when its preemption came (its only record:
+    `start`), SIGKILLed at the grace period's end 27 s into its attempt; the checker took its one
+    record for its end. The shim's exit file says when it ended."""
+    story = clean_story()
+    start = next(r for r in story.journal if r.attempt == "j1-a1" and r.e == "start")
+    story.journal = [r for r in story.journal if r.attempt != "j1-a1" or r.e == "start"]
+    story.events = [e for e in story.events if e.type != "attempt.checkpointed"]
+    story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], exit_code=-9, progress_lost_s=27.3)
+    story.exits["j1-a1"] = {0: -9}
+    unknown_end = story.history(lease_s=10.0)
+    assert violated(unknown_end) >= {"lost progress matches the workers"}  # as if it ended at its start
+    seen_end = replace(unknown_end, ended={"j1-a1": start.t + 27.0})
+    assert "lost progress matches the workers" not in violated(seen_end)
+
+
 def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_started() -> None:
     story = clean_story()
     story.record("saved", "j1-a1", step=6)  # after j1-a2's start
