@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuyard.client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
 from rich.console import Console
@@ -128,24 +129,32 @@ class Preemption(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        cursor = 0
-        while not self.stop.is_set() and self.attempt is None:
-            try:
-                page = self.admin.events(after=cursor, wait_s=5)
-            except (ApiError, OSError):
-                time.sleep(1)
-                continue
-            cursor = page["cursor"]
-            for event in page["events"]:
-                if event["type"] == "attempt.checkpointed" and event["attempt_id"]:
-                    self.attempt = event["attempt_id"]
-                    self.admin.preempt_attempt(self.attempt)
-                    console.print(
-                        f"  [bold yellow]⚡ injected preemption[/] of attempt {self.attempt} "
-                        f"(job {event['job_id']}) after its checkpoint at step {event['data'].get('step')}"
-                    )
-                    self.done.set()
-                    return
+        if (event := first_checkpoint(self.admin, self.stop)) is None:
+            return
+        self.attempt = event["attempt_id"]
+        self.admin.preempt_attempt(self.attempt)
+        console.print(
+            f"  [bold yellow]⚡ injected preemption[/] of attempt {self.attempt} "
+            f"(job {event['job_id']}) after its checkpoint at step {event['data'].get('step')}"
+        )
+        self.done.set()
+
+
+def first_checkpoint(admin: GpuyardClient, stop: threading.Event) -> dict[str, Any] | None:
+    """The first `attempt.checkpointed` event, followed on the event log (riding out API outages)
+    until `stop`; None if stopped first. The demos inject their fault at that moment."""
+    cursor = 0
+    while not stop.is_set():
+        try:
+            page = admin.events(after=cursor, wait_s=5)
+        except (ApiError, OSError):
+            time.sleep(1)
+            continue
+        cursor = page["cursor"]
+        for event in page["events"]:
+            if event["type"] == "attempt.checkpointed" and event["attempt_id"]:
+                return dict(event)
+    return None
 
 
 def follow(process: subprocess.Popen[str], log: Path) -> None:

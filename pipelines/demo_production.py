@@ -37,11 +37,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-from gpuyard.client import ApiError, GpuyardClient, resolve_endpoint
+from gpuyard.client import GpuyardClient, resolve_endpoint
 from local_cluster.agent import NodeSpec
 from local_cluster.cluster import EmulatedCluster
 from local_cluster.control_plane import ControlPlane, settings
@@ -52,6 +50,7 @@ from local_cluster.services import (
     S3Server,
     free_port,
     running_or_throwaway,
+    throwaway_database,
     throwaway_postgres,
     throwaway_redis,
 )
@@ -98,20 +97,6 @@ def nodes() -> list[NodeSpec]:
     ]
 
 
-@contextlib.contextmanager
-def database(server: str, purpose: str) -> Iterator[str]:
-    """A database of this run's own on the server of the administrative URL `server` (a run stopped
-    half way leaves no process that could write into the next run's), dropped at the end; its URL."""
-    name = f"{purpose}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def secret(name: str, values: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": TEAM_NAMESPACE}} | {
         "stringData": values
@@ -128,18 +113,8 @@ class NodeLoss(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        cursor = 0
-        while not self.stop.is_set() and self.job is None:
-            try:
-                page = self.admin.events(after=cursor, wait_s=5)
-            except (ApiError, OSError):
-                time.sleep(1)
-                continue
-            cursor = page["cursor"]
-            for event in page["events"]:
-                if event["type"] == "attempt.checkpointed" and event["attempt_id"]:
-                    self.lose(event)
-                    return
+        if (event := demo.first_checkpoint(self.admin, self.stop)) is not None:
+            self.lose(event)
 
     def lose(self, event: dict[str, Any]) -> None:
         attempt = next(
@@ -185,8 +160,8 @@ def main() -> int:
             running_or_throwaway(MACHINE_POSTGRES, throwaway_postgres, HOME / "pg")
         )
         redis_url = stack.enter_context(running_or_throwaway(MACHINE_REDIS, throwaway_redis, HOME / "redis"))
-        gpuyard_db = stack.enter_context(database(postgres, "gpuyard_demo"))
-        mlflow_db = stack.enter_context(database(postgres, "mlflow_demo"))
+        gpuyard_db = stack.enter_context(throwaway_database(postgres, "gpuyard_demo"))
+        mlflow_db = stack.enter_context(throwaway_database(postgres, "mlflow_demo"))
         console.print(
             f"PostgreSQL {postgres.rsplit('/', 1)[0]} (databases {gpuyard_db.rsplit('/', 1)[1]}, "
             f"{mlflow_db.rsplit('/', 1)[1]}), Redis {redis_url}"

@@ -3,32 +3,18 @@ and what a worker reports to it."""
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import psycopg
 from gpuyard.domain.model import Attempt
 from gpuyard.store.attempts import heartbeat
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.tables import metadata
+from local_cluster.services import throwaway_database
 from sqlalchemy import Engine, text
 
-
-@contextlib.contextmanager
-def throwaway_database(server_url: str, prefix: str) -> Iterator[str]:
-    """The URL of a new, empty database on the PostgreSQL server of `server_url`, dropped afterwards."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+__all__ = ["throwaway_database"]  # the tests' name for it
 
 
 def migrated_sqlite(path: Path) -> Path:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -114,6 +115,22 @@ def throwaway_redis(directory: Path) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def throwaway_database(server_url: str, prefix: str) -> Iterator[str]:
+    """The URL of a new, empty database on the PostgreSQL server of `server_url`, dropped afterwards
+    (a run stopped half way leaves nothing that could write into the next one's)."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager
