@@ -151,6 +151,8 @@ def test_a_plain_command_on_a_node_that_stops_reporting_is_not_run_twice(
         time.sleep(0.1)
     assert {p["metadata"]["annotations"][m.ATTEMPT_ID_ANNOTATION] for p in cluster.pods()} <= {attempt_id}
     cluster.api.delete_node(node)  # the operator (or the cloud) confirms the node is gone
-    step_until(service, lambda: len(detail(engine, job_id).attempts) == 2, "the next attempt", 60)
+    step_until(
+        service, lambda: len(detail(engine, job_id).attempts) == 2, "the next attempt", 120
+    )  # a bound: under the full suite, beside real workers
     assert detail(engine, job_id).attempts[0].state.value == "LOST"
     cluster.finish_termination(pod)
