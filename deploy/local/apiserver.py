@@ -42,6 +42,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # kmock cannot route /api/v1/namespaces (it reads 'namespaces' as the start of a namespaced path):
     # the namespaces that exist are kept here (Cluster.apply adds them). The launcher never reads them.
     namespaces: dict[str, dict[str, Any]]
+    # kmock records every request for a test's assertions and matches each new one against that record,
+    # so a long-running cluster slows down as it serves (an hour-long run spent a core on it): a cluster
+    # that keeps no record forgets each request once it is answered.
+    keeps_requests = True
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -50,6 +54,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self.resources[resource] = {}
 
     async def _handle(self, request: Any) -> Any:
+        try:
+            self._stamp(request)
+            return await super()._handle(request)
+        finally:
+            if not self.keeps_requests:
+                self._requests[:] = [kept for kept in self._requests if kept is not request]
+
+    def _stamp(self, request: Any) -> None:
+        """What the API server adds to a request before serving it (see the module's docstring)."""
         if request.method == "GET" and str(request.params.get("watch", "")).lower() == "true":
             # the Python client sends watch=True, which the API server's ParseBool accepts; kmock wants 'true'
             # (kmock matches requests by identity, so the parsed request is corrected in place)
@@ -74,7 +87,6 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 )
         if request.action == action.DELETE and request.resource is not None and request.name is not None:
             self._mark_grace(request, data)
-        return await super()._handle(request)
 
     def _mark_grace(self, request: Any, options: dict[str, Any] | None) -> None:
         """A delete of an object that finalizers hold: its grace period, as the API server records it
@@ -150,7 +162,9 @@ class ApiServer:
     """`ApiServerEmulator` serving on 127.0.0.1 (a free port) from a thread and event loop of its own,
     until `stop()`; `url` is its address."""
 
-    def __init__(self) -> None:
+    def __init__(self, keeps_requests: bool = True) -> None:
+        """`keeps_requests`: record every request for the test's assertions (`emulator.requests`); a
+        long-running cluster does not."""
         self.loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         ready = threading.Event()
@@ -159,6 +173,7 @@ class ApiServer:
         async def serve() -> None:
             self._stop = asyncio.Event()
             async with ApiServerEmulator() as emulator, kmock.Server(emulator) as server:
+                emulator.keeps_requests = keeps_requests
                 found["emulator"], found["url"] = emulator, str(server.url).rstrip("/")
                 ready.set()
                 await self._stop.wait()

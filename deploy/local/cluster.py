@@ -36,7 +36,7 @@ class EmulatedCluster:
         if pod_network if pod_network is not None else Bridge.possible():
             root.mkdir(parents=True, exist_ok=True)
             self.network = PodNetwork(Bridge().create(), ClusterNames(root / "hosts"))
-        self.server = ApiServer()
+        self.server = ApiServer(keeps_requests=False)
         configuration = k8s.Configuration()
         configuration.host = self.server.url
         self.api = k8s.CoreV1Api(k8s.ApiClient(configuration))

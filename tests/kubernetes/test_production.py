@@ -17,6 +17,7 @@ S3, heartbeats) on the fault suite's tiny model:
   stops, the job resumes from that checkpoint on another node, its failure budget untouched;
 - an image that cannot be pulled: the job fails, naming it;
 - the leading scheduler SIGKILLed while a job runs: the other takes over and adopts its pod.
+The scenarios overlap in time, as on a real cluster: the first three start together.
 At the end: never two live attempts of a job, never a GPU leased to two attempts at once, and no object
 the launcher made (pods, Services, Secrets, NetworkPolicies) left in the cluster.
 """
@@ -64,6 +65,7 @@ ATTEMPT_PLURALS = ("pods", "services", "secrets", "networkpolicies")
 REPO = Path(__file__).resolve().parents[2]  # the editable install's sources (gpuyard, training)
 CARRIED = "/opt/train"  # where the training image carries its configuration and data
 WORKDIR = "/var/lib/gpuyard"  # the image's, as the Dockerfile's: the pod's work volume
+POLL_S = 0.5  # what the test waits for takes seconds: polling faster only loads the API and this machine
 
 
 class Platform(ControlPlane):
@@ -88,11 +90,15 @@ class Platform(ControlPlane):
         stream = {"GPUYARD_REDIS_STREAM": f"gpuyard:e2e:{uuid.uuid4().hex[:8]}"}
         super().__init__(run, {**outside, **env, **stream}, host=host, port=port)
         self.cluster = cluster
-        self.token = ""
+        self.http = httpx.Client(base_url=self.url, timeout=30)  # one client: each new one loads the CAs
+
+    def stop(self) -> None:  # type: ignore[override]
+        self.http.close()
+        super().stop()
 
     def up(self) -> None:  # type: ignore[override]
         self.gpuyard("migrate")
-        self.token = self.team_token("ml", "the end-to-end test")
+        self.http.headers["Authorization"] = f"Bearer {self.team_token('ml', 'the end-to-end test')}"
         # the team's namespace, as a cluster admin applies it: kubectl apply -f - of what this prints
         namespaces = self.namespaces()
         for doc in namespaces:
@@ -114,17 +120,12 @@ class Platform(ControlPlane):
             "checkpoint": {"url": f"s3://ckpt/ml/{name}"},  # under team ml's root
             **overrides,
         }
-        answer = httpx.post(
-            f"{self.url}/v1/jobs",
-            json=spec,
-            headers={"Authorization": f"Bearer {self.token}", "Idempotency-Key": uuid.uuid4().hex},
-            timeout=30,
-        )
+        answer = self.http.post("/v1/jobs", json=spec, headers={"Idempotency-Key": uuid.uuid4().hex})
         assert answer.status_code == 201, answer.text
         return str(answer.json()["id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
-        answer = httpx.get(f"{self.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {self.token}"})
+        answer = self.http.get(f"/v1/jobs/{job_id}")
         assert answer.status_code == 200, answer.text
         return dict(answer.json())
 
@@ -133,6 +134,7 @@ class Platform(ControlPlane):
             wait_until(
                 lambda: (job := self.job(job_id))["state"] == state and job,
                 timeout_s=timeout_s,
+                interval_s=POLL_S,
                 what=f"job {job_id} {state} (logs in {self.run})",
             )
         )
@@ -142,6 +144,7 @@ class Platform(ControlPlane):
             wait_until(
                 lambda: self.job(job_id)["attempts"][attempt - 1]["checkpoint_step"],
                 timeout_s=150,
+                interval_s=POLL_S,
                 what=f"job {job_id} attempt {attempt}'s first recorded checkpoint (logs in {self.run})",
             )
         )
@@ -164,6 +167,7 @@ class Platform(ControlPlane):
             wait_until(
                 lambda: len(found := self.pods(job_id, attempt)) == count and found,
                 timeout_s=120,
+                interval_s=POLL_S,
                 what=f"{count} pod(s) of job {job_id} attempt {attempt} (logs in {self.run})",
             )
         )
@@ -251,14 +255,19 @@ def test_the_production_profile_end_to_end_with_real_workers(
     platform: tuple[Platform, EmulatedCluster, S3Server],
 ) -> None:
     plane, cluster, s3 = platform
-    jobs: dict[str, str] = {}
+    # The scenarios overlap, as a cluster's do (one GPU per node, four nodes): a gang of two, one job
+    # whose node will be lost and one that will be drained start together, each long enough to be cut
+    # off after its first checkpoint however slow this machine is; the drained one long enough to
+    # outlive a leader's failover after its resume.
+    jobs = {
+        "gang": plane.submit(
+            "gang", command=train(10), resources={"gpus": 2, "gpu_types": ["h100"], "nodes": 2}
+        ),
+        "lone": plane.submit("lone", command=train(60, step_s=0.4)),
+        "drain": plane.submit("drain", command=train(200, step_s=0.2)),
+    }
 
-    # A gang of two pods meets at its headless Service's name; beside it, one long enough to be cut
-    # off after its first checkpoint however slow this machine is.
-    jobs["gang"] = plane.submit(
-        "gang", command=train(10), resources={"gpus": 2, "gpu_types": ["h100"], "nodes": 2}
-    )
-    jobs["lone"] = plane.submit("lone", command=train(60, step_s=0.4))
+    # The gang's two pods meet at its headless Service's name, open to the gang only.
     gang = plane.until_pods(jobs["gang"], 1, count=2)
     key = gang[0]["metadata"]["labels"][m.ATTEMPT_LABEL]
     (service,) = [s for s in plane.cluster.objects("services") if s["metadata"]["name"] == key]
@@ -271,52 +280,56 @@ def test_the_production_profile_end_to_end_with_real_workers(
     assert [env_of(p)["MASTER_ADDR"] for p in gang] == [rendezvous, rendezvous]
     assert len({node_of(p) for p in gang}) == 2
 
-    # The lone job's node is lost after its first checkpoint: it resumes from S3 on another node.
-    (first,) = plane.until_pods(jobs["lone"], 1)
+    # The lone job's node is lost after its first checkpoint (its processes die with it, it reports
+    # nothing more).
+    (lone,) = plane.until_pods(jobs["lone"], 1)
     plane.until_checkpoint(jobs["lone"], 1)
-    lost_node = node_of(first)
+    lost_node = node_of(lone)
     cluster.agents[lost_node].lose()
+
+    # The drained job's heartbeat takes the attempt's secret, which only its pods get (from the
+    # attempt's Secret): the fencing token alone proves nothing.
+    (drained_pod,) = plane.until_pods(jobs["drain"], 1)
+    plane.until_checkpoint(jobs["drain"], 1)
+    attempt = plane.job(jobs["drain"])["attempts"][0]
+    url = f"/v1/attempts/{attempt['id']}/heartbeat"
+    body = {
+        "fencing_token": int(secret_of(plane, drained_pod, m.FENCING_TOKEN_KEY)),
+        "step": attempt["step"] or 0,
+    }
+    assert plane.http.post(url, json=body).status_code == 401
+    bearer = {"Authorization": f"Bearer {secret_of(plane, drained_pod, m.ATTEMPT_SECRET_KEY)}"}
+    assert plane.http.post(url, json=body, headers=bearer).status_code == 200
+    # Its node is drained (cordoned, the pod evicted: DisruptionTarget, SIGTERM): the worker
+    # checkpoints and stops.
+    drained = node_of(drained_pod)
+    cluster.api.patch_node(drained, {"spec": {"unschedulable": True}})
+    cluster.evict(drained_pod["metadata"]["name"], TEAM_NS)
+
+    # Both resume from their S3 checkpoints on the nodes the gang leaves, their failure budgets untouched:
+    # the lost one once its lease runs out (LOST), the drained one once it stopped.
+    done = plane.until_state(jobs["gang"], "SUCCEEDED")
+    assert [a["state"] for a in done["attempts"]] == ["SUCCEEDED"], done["attempts"]
+    assert "step-000000010-t1" in checkpoints(s3, "s3://ckpt/ml/gang")  # the final one, by attempt 1
     (again,) = plane.until_pods(jobs["lone"], 2)
     lost = plane.job(jobs["lone"])["attempts"][0]
     assert lost["state"] == "LOST" and lost["checkpoint_step"] < 60  # it was cut off mid-training
     assert node_of(again) != lost_node and env_of(again)["GPUYARD_RESUME_URL"] == lost["checkpoint_url"]
-
-    done = plane.until_state(jobs["gang"], "SUCCEEDED")
-    assert [a["state"] for a in done["attempts"]] == ["SUCCEEDED"], done["attempts"]
-    assert "step-000000010-t1" in checkpoints(s3, "s3://ckpt/ml/gang")  # the final one, by attempt 1
-    job = plane.until_state(jobs["lone"], "SUCCEEDED")
-    assert [a["state"] for a in job["attempts"]] == ["LOST", "SUCCEEDED"] and job["failures"] == 0
-    cluster.api.delete_node(lost_node)  # the operator's word that the machine is gone: its pods go
-
-    # A node drained mid-run (cordoned, its pod evicted): the worker checkpoints on SIGTERM and stops,
-    # and the job resumes from that checkpoint elsewhere, its failure budget untouched.
-    jobs["drain"] = plane.submit("drain", command=train(200, step_s=0.2))
-    (pod,) = plane.until_pods(jobs["drain"], 1)
-    plane.until_checkpoint(jobs["drain"], 1)
-    # Its heartbeat takes the attempt's secret, which only its pods get (from the attempt's Secret):
-    # the fencing token alone proves nothing.
-    attempt = plane.job(jobs["drain"])["attempts"][0]
-    url = f"{plane.url}/v1/attempts/{attempt['id']}/heartbeat"
-    body = {"fencing_token": int(secret_of(plane, pod, m.FENCING_TOKEN_KEY)), "step": attempt["step"] or 0}
-    assert httpx.post(url, json=body, timeout=30).status_code == 401
-    bearer = {"Authorization": f"Bearer {secret_of(plane, pod, m.ATTEMPT_SECRET_KEY)}"}
-    assert httpx.post(url, json=body, headers=bearer, timeout=30).status_code == 200
-    drained = node_of(pod)
-    cluster.api.patch_node(drained, {"spec": {"unschedulable": True}})
-    cluster.evict(pod["metadata"]["name"], TEAM_NS)
     (again,) = plane.until_pods(jobs["drain"], 2)
     stopped = plane.job(jobs["drain"])["attempts"][0]
     assert node_of(again) not in (drained, lost_node)
     assert env_of(again)["GPUYARD_RESUME_URL"] == stopped["checkpoint_url"]
     assert stopped["state"] in ("PREEMPTED", "LOST") and plane.job(jobs["drain"])["failures"] == 0
-    cluster.api.patch_node(drained, {"spec": {"unschedulable": False}})
+    cluster.api.patch_node(drained, {"spec": {"unschedulable": False}})  # the drain is over
 
-    # An image that cannot be pulled: the job fails, naming the image's registry's reason.
+    # An image that cannot be pulled (on the node the drain gave back): the job fails, naming the
+    # image's registry's reason.
     jobs["pull"] = plane.submit("pull", image=PRIVATE)
     failed = plane.until_state(jobs["pull"], "FAILED")
     assert "ErrImagePull" in failed["attempts"][0]["reason"], failed["attempts"][0]
 
-    # The leading scheduler is SIGKILLed while a job runs: the other leads and adopts its pod.
+    # The leading scheduler is SIGKILLed while the drained job runs again: the other leads and adopts
+    # its pod.
     adopted = plane.until_state(jobs["drain"], "RUNNING")
     assert len(adopted["attempts"]) == 2
     killed = plane.leader()
@@ -325,6 +338,9 @@ def test_the_production_profile_end_to_end_with_real_workers(
     assert plane.leader() != killed
     done = plane.until_state(jobs["drain"], "SUCCEEDED")
     assert [a["state"] for a in done["attempts"]][1:] == ["SUCCEEDED"]  # adopted, not launched again
+    job = plane.until_state(jobs["lone"], "SUCCEEDED")
+    assert [a["state"] for a in job["attempts"]] == ["LOST", "SUCCEEDED"] and job["failures"] == 0
+    cluster.api.delete_node(lost_node)  # the operator's word that the machine is gone: its pods go
 
     # One live attempt per job at any time: each began after the one before it ended.
     for job_id in jobs.values():
