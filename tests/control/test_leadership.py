@@ -294,6 +294,51 @@ def test_a_launch_under_a_lead_that_passed_starts_nothing(engine: Engine) -> Non
     assert one.launcher.launch_calls == [] and attempt_state(engine, attempt.id) == "CREATED"
 
 
+def set_attempt_lease(engine: Engine, attempt_id: str, seconds_from_now: float) -> None:
+    """The attempt's lease ends `seconds_from_now` on the database's clock (negative: it ran out)."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.id == attempt_id)
+            .values(lease_expires_at=func.clock_timestamp() + timedelta(seconds=seconds_from_now))
+        )
+
+
+@pg
+def test_a_reservation_whose_lease_ran_out_is_not_launched_and_the_reaper_ends_it(engine: Engine) -> None:
+    """A new leader's recovery finds a reservation whose lease ran out before anyone launched it: it
+    launches nothing (a launch would run beside the attempt that replaces it), and the reaper ends it."""
+    one = replica(engine, "one", RecordingLauncher(), lease_ttl_s=30)
+    attempt, job = reserved_under(engine, one)
+    set_attempt_lease(engine, attempt.id, -1)
+    one.launch(attempt, job)
+    assert one.launcher.launch_calls == [] and attempt_state(engine, attempt.id) == "CREATED"
+    one.reap()
+    assert attempt_state(engine, attempt.id) == "LOST"
+
+
+@pg
+def test_a_launch_renews_the_reservations_lease(engine: Engine) -> None:
+    """Launched with a second of its reservation's lease left, a worker that ends before the launcher's
+    first renewal (or the next pass) is not reaped as lost: the claim renewed the lease. (A full make
+    test on a loaded machine once ran a job twice this way: its quick worker exited 0 just as the lease
+    ran out, was reaped LOST, and the job ran again.)"""
+    one = replica(engine, "one", RecordingLauncher(), lease_ttl_s=30)
+    attempt, job = reserved_under(engine, one)
+    set_attempt_lease(engine, attempt.id, 1)
+    one.launch(attempt, job)
+    assert one.launcher.launch_calls == [attempt.id]
+    with engine.connect() as conn:
+        left = conn.execute(
+            select(func.extract("epoch", attempts.c.lease_expires_at - func.clock_timestamp())).where(
+                attempts.c.id == attempt.id
+            )
+        ).scalar_one()
+    assert 20 < float(left) <= 30
+    one.reap()
+    assert attempt_state(engine, attempt.id) == "LAUNCHING"
+
+
 @pg
 def test_the_lead_cannot_change_hands_while_a_launch_under_it_runs(engine: Engine) -> None:
     """One's launch is held inside the launcher; the next replica's takeover waits on the lease row

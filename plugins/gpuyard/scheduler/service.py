@@ -179,8 +179,10 @@ class SchedulerService:
             return
         try:
             with self.fenced() as conn:
-                if not attempt_store.claim_launch(conn, attempt.id, self.clock()):
-                    log.info("attempt %s is not CREATED any more: nothing to launch", attempt.id)
+                if not attempt_store.claim_launch(conn, attempt.id, self.clock(), self.lease_ttl_s):
+                    log.info(
+                        "attempt %s is not CREATED any more, or its lease ran out: not launched", attempt.id
+                    )
                     return
                 try:
                     self.launcher.launch(request)

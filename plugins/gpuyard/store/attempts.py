@@ -154,14 +154,22 @@ def batch(
         yield conn
 
 
-def claim_launch(conn: Connection, attempt_id: str, at: datetime) -> bool:
+def claim_launch(conn: Connection, attempt_id: str, at: datetime, lease_ttl_s: float) -> bool:
     """CREATED -> LAUNCHING, in the caller's (fenced) transaction, before the launcher starts anything
     of the attempt: the one claim on launching it. False when it is not CREATED any more (another
-    replica claimed it, or it ended: a cancel, a reap), and nothing may be started for it."""
+    replica claimed it, or it ended: a cancel, a reap) or its reservation's lease ran out (the reaper
+    ends it as LOST, and a launch now would run beside its successor): nothing may be started for it.
+    The claim renews the lease: until the launcher's first renewal, the launch is the attempt's sign
+    of life (a new leader that launches a reservation near its lease's end, a worker that exits before
+    any renewal: neither is reaped as lost while it runs or after it succeeded)."""
     locked = _locked(conn, attempt_id)
     if locked is None or locked[1].state != AttemptState.CREATED:
         return False
+    found = locked[1]
+    if found.lease_expires_at is not None and found.lease_expires_at < at:
+        return False
     move_attempt(conn, attempt_id, AttemptState.CREATED, AttemptState.LAUNCHING, at=at)
+    _extend_lease(conn, attempt_id, found.fencing_token, at + timedelta(seconds=lease_ttl_s))
     return True
 
 
