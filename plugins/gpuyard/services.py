@@ -27,7 +27,7 @@ from gpuyard import metrics
 from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
-from gpuyard.clock import utcnow
+from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
@@ -242,9 +242,9 @@ def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | Non
         raise SettingsError(str(error)) from error
 
 
-def build_launcher(settings: Settings) -> Launcher:
+def build_launcher(settings: Settings, clock: Clock) -> Launcher:
     try:
-        return launcher_kind(settings).build(settings)
+        return launcher_kind(settings).build(settings, clock)
     except registry.LauncherUnavailable as error:
         raise SettingsError(str(error)) from error
 
@@ -252,17 +252,19 @@ def build_launcher(settings: Settings) -> Launcher:
 def build_scheduler(
     settings: Settings,
     engine: Engine,
-    launcher: Launcher,
     fleet: Fleet | Callable[[], Fleet],
     api_url: Callable[[], str],
 ) -> SchedulerService:
+    """The scheduler and its launcher, on one clock: the database's (a report stamped by this
+    machine's wall clock, skewed, once recorded an attempt's start after its end)."""
+    clock = database_clock(engine)
     return SchedulerService(
         engine,
-        launcher,
+        build_launcher(settings, clock),
         fleet,
         api_url=api_url,
         policy=scheduler_policy(settings),
-        clock=database_clock(engine),
+        clock=clock,
         lease_ttl_s=settings.lease_seconds,
         grace_s=settings.grace_seconds,
         checkpoint_stores=settings.checkpoint_stores,

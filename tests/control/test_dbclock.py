@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from gpuyard.store.db import make_engine
@@ -24,6 +25,19 @@ from gpuyard.store.db import make_engine
 from gpuyard.store.dbclock import DatabaseClock
 clock = DatabaseClock(make_engine(sys.argv[1], pool_size=1))
 print(json.dumps({"own": datetime.now(UTC).timestamp(), "database": clock().timestamp()}))
+"""
+
+# A scheduler as `gpuyard scheduler` builds it: its launcher's reports (an attempt's start, its end)
+# are recorded as stamped, so they must carry the database's time too.
+TELL_REPORTS = """
+import json, sys
+from datetime import UTC, datetime
+from gpuyard.services import build_scheduler, open_engine
+from gpuyard.settings import load_settings
+settings = load_settings(home=sys.argv[2], database_url=sys.argv[1], launcher="local")
+engine = open_engine(settings, 1)
+service = build_scheduler(settings, engine, lambda: None, lambda: "http://127.0.0.1:9")
+print(json.dumps({"own": datetime.now(UTC).timestamp(), "database": service.launcher.clock().timestamp()}))
 """
 
 
@@ -51,6 +65,26 @@ def test_a_process_with_a_skewed_clock_tells_the_databases_time(postgres_url: st
     ended = database_now(postgres_url)
     assert started - 5 < seen["own"] - float(skew.rstrip("s")) < ended + 5  # its own clock is skewed
     assert started - 0.5 <= seen["database"] <= ended + 0.5  # its database clock is not
+
+
+def test_a_scheduler_with_a_skewed_clock_stamps_its_launchers_reports_with_the_databases_time(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Issue 28's 60-minute run, seed 744: a scheduler 7 s fast recorded an attempt's start (its
+    launcher's report, stamped by the wall clock) after the attempt's end (the database's clock),
+    and the attempt's lost progress came out as 0 s."""
+    started = database_now(postgres_url)
+    told = subprocess.run(
+        ["faketime", "-f", "+60s", sys.executable, "-c", TELL_REPORTS, postgres_url, str(tmp_path)],
+        env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(told.stdout)
+    ended = database_now(postgres_url)
+    assert seen["own"] - 60 > started - 5  # its own clock is skewed
+    assert started - 0.5 <= seen["database"] <= ended + 0.5  # its launcher's is the database's
 
 
 def test_the_database_clock_counts_on_between_syncs_with_the_monotonic_clock(postgres_url: str) -> None:

@@ -34,7 +34,6 @@ def up(
         AnnouncingServer,
         background,
         build_fleet,
-        build_launcher,
         build_scheduler,
         ensure_admin_token,
         local_inventory,
@@ -48,7 +47,7 @@ def up(
     bus = make_bus(settings)
     fleet = build_fleet(settings)
     try:
-        scheduler = build_scheduler(settings, engine, build_launcher(settings), fleet, lambda: urls[0])
+        scheduler = build_scheduler(settings, engine, fleet, lambda: urls[0])
     except SettingsError as error:
         fail(str(error))
     urls: list[str] = []
@@ -99,7 +98,7 @@ def scheduler(home: Home = None) -> None:
     import threading
 
     from gpuyard.bus.factory import make_bus
-    from gpuyard.services import build_launcher, build_scheduler, fleet_source, probes
+    from gpuyard.services import build_scheduler, fleet_source, probes
 
     settings = server_settings(home)
     if settings.bus != "redis":
@@ -110,9 +109,7 @@ def scheduler(home: Home = None) -> None:
         fail("api_url (GPUYARD_API_URL): workers need the API's address to send heartbeats")
     engine = store(settings)
     try:
-        service = build_scheduler(
-            settings, engine, build_launcher(settings), fleet_source(settings), lambda: str(settings.api_url)
-        )
+        service = build_scheduler(settings, engine, fleet_source(settings), lambda: str(settings.api_url))
     except SettingsError as error:
         fail(str(error))
     stop = threading.Event()

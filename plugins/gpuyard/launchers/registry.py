@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuyard.clock import Clock
 from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import discover
@@ -34,7 +35,9 @@ class LauncherUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class LauncherKind:
-    build: Callable[[Settings], Launcher]
+    # (settings, clock): the clock stamps the launcher's reports, which the store records as they
+    # are; the scheduler's is the database's (store/dbclock.py), never this machine's wall clock.
+    build: Callable[[Settings, Clock], Launcher]
     fleet: Callable[[Settings], FleetSource]
     logs: Callable[[Settings], LogReader]
 
@@ -53,7 +56,7 @@ def _local_logs(settings: Settings) -> LogReader:
     return lambda attempt_id, follow: attempt_logs(root / attempt_id, follow=follow)
 
 
-def _local(settings: Settings) -> Launcher:
+def _local(settings: Settings, clock: Clock) -> Launcher:
     return LocalLauncher(
         attempts_dir(settings),
         discover(settings.local_slots),
@@ -61,6 +64,7 @@ def _local(settings: Settings) -> Launcher:
         secrets=home_store(settings.home),
         worker_users=settings.worker_users,
         passthrough=settings.worker_env_passthrough,
+        clock=clock,
     )
 
 
@@ -79,10 +83,12 @@ def _store_teams(settings: Settings) -> Callable[[], list[str]]:
     return teams
 
 
-def _kubernetes(settings: Settings) -> Launcher:
+def _kubernetes(settings: Settings, clock: Clock) -> Launcher:
     from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 
-    return KubernetesLauncher(settings.kubernetes, _kubernetes_api(settings), teams=_store_teams(settings))
+    return KubernetesLauncher(
+        settings.kubernetes, _kubernetes_api(settings), teams=_store_teams(settings), clock=clock
+    )
 
 
 def _kubernetes_api(settings: Settings):  # type: ignore[no-untyped-def]
