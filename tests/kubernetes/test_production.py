@@ -264,7 +264,7 @@ def test_the_production_profile_end_to_end_with_real_workers(
             "gang", command=train(10), resources={"gpus": 2, "gpu_types": ["h100"], "nodes": 2}
         ),
         "lone": plane.submit("lone", command=train(60, step_s=0.4)),
-        "drain": plane.submit("drain", command=train(200, step_s=0.2)),
+        "drain": plane.submit("drain", command=train(150, step_s=0.2)),
     }
 
     # The gang's two pods meet at its headless Service's name, open to the gang only.
