@@ -8,9 +8,10 @@ every invariant violation; the run directories of failing seeds are kept (logs, 
 The last line sums them up for machines: `RESULT violations=V faults=F kinds=kind:count,...` (every
 kind the suite knows, those never injected with 0).
 
-`--launcher local` (the default) is the only launcher a campaign drives today: `kubernetes` needs
-kubelets that run the workers (the emulated cluster of docs/faults.md, "What the suite does not reach"),
-and is refused with that reason rather than run as something it is not.
+`--launcher local` (the default) is the only launcher a campaign drives today. `kubernetes` is refused,
+with that reason, rather than run as something it is not: the emulated cluster (deploy/local) runs pods'
+workers, but no campaign yet starts one, injects its faults (node loss, partition, pulls, evictions) or
+reads the journal from inside its pods.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from .faults import FAULTS
 LAUNCHERS = ("local", "kubernetes")
 NOT_YET = {
     "kubernetes": (
-        "--launcher kubernetes: not run yet. A campaign needs kubelets that run each pod's workers "
-        "(the emulated cluster, a later issue); kmock alone runs no pod, and the Kubernetes launcher's "
-        "faults are forced in tests/kubernetes/ with the test playing the kubelets"
+        "--launcher kubernetes: not built yet. The emulated cluster (deploy/local) runs pods' workers, "
+        "but no campaign starts one, injects its faults or reads its pods' journal; until then the "
+        "Kubernetes launcher's faults are forced in tests/kubernetes/ and tests/emulated_cluster/"
     )
 }
 
