@@ -109,6 +109,37 @@ def test_a_pass_whose_lead_passed_reserves_nothing(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_pass_longer_than_the_leads_period_keeps_the_lead(
+    engine: Engine, scheduler_pair: tuple[SchedulerService, SchedulerService, Clock]
+) -> None:
+    """Under load a pass outlasted the lead's period (half a lease) and the other replica took the
+    lead in the middle of it, pass after pass: the lead went back and forth and no pass completed.
+    A pass renews the lead as it goes (here four steps of 4 s, 16 s against a period of 10 s)."""
+    a, b, clock = scheduler_pair
+    assert a.hold_lead()
+    for _ in range(4):
+        clock.advance(4)
+        with a.fenced():
+            pass
+        assert not b.hold_lead()
+    assert a.lead == Lead("scheduler", "a", 1)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_pass_whose_lead_lapsed_stops_even_when_nobody_took_it(
+    engine: Engine, scheduler_pair: tuple[SchedulerService, SchedulerService, Clock]
+) -> None:
+    """Paused past its lead's period, a replica's pass stops at its next write, though no other took
+    the lead: in between nobody was sure to lead. Its next look takes the lead under a new epoch."""
+    a, _, clock = scheduler_pair
+    assert a.hold_lead()
+    clock.advance(11)
+    with pytest.raises(NotLeading):
+        a.fenced()
+    assert a.hold_lead() and a.lead == Lead("scheduler", "a", 2)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_replica_that_lost_and_regained_the_lead_between_two_looks_recovers(
     engine: Engine, scheduler_pair: tuple[SchedulerService, SchedulerService, Clock]
 ) -> None:

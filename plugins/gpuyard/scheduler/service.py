@@ -106,6 +106,7 @@ class SchedulerService:
         self.api_url, self.clock, self.lease_ttl_s, self.grace_s = api_url, clock, lease_ttl_s, grace_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.lead: Lead | None = None  # this replica's lead while it has one
+        self._lead_held_at: datetime | None = None  # when this replica last took or renewed it
         self._index: FleetIndex | None = None  # this scheduler's index of the fleet (`fleet_index`)
         self._renewed: dict[str, datetime] = {}  # attempt id -> when its launcher last renewed it
         self._signalled: set[str] = set()  # attempts whose stop request this process delivered
@@ -159,8 +160,27 @@ class SchedulerService:
 
     def fenced(self) -> AbstractContextManager[Connection]:
         """A transaction under this replica's lead (`leadership.fenced`), for a write and the side
-        effect it records; a replica paused inside loses it after half a lease (the lead's period)."""
+        effect it records; a replica paused inside loses it after half a lease (the lead's period).
+        The lead is renewed first when a third of its period has passed since the last renewal."""
+        self.keep_lead()
         return leadership.fenced(self.engine, self.lead, now=self.clock(), hold_s=self.lease_ttl_s / 2)
+
+    def keep_lead(self) -> None:
+        """Renew the lead in the middle of a pass once a third of its period has passed: a pass (or a
+        recovery) longer than the period would otherwise lose it half way, and under load every pass
+        did, the lead passing from replica to replica with no pass completing. NotLeading when the
+        renewal finds it gone, or lapsed (a new epoch: in between nobody was sure to lead, and this
+        pass's reads may be stale; the next pass recovers under it). Never inside a fenced
+        transaction: the renewal writes the lease row that transaction holds."""
+        if self.lead is None or self._lead_held_at is None:
+            return
+        now = self.clock()
+        if (now - self._lead_held_at).total_seconds() < self.lease_ttl_s / 6:
+            return
+        renewed = leadership.hold(self.engine, "scheduler", self.holder, now=now, ttl_s=self.lease_ttl_s / 2)
+        if renewed != self.lead:
+            raise NotLeading(f"{self.holder}'s lead (epoch {self.lead.epoch}) passed during a pass")
+        self._lead_held_at = now
 
     def launch(self, attempt: Attempt, job: Job) -> None:
         """Start the workers of a reserved (CREATED) attempt, claimed in the transaction around the
@@ -436,9 +456,9 @@ class SchedulerService:
 
     def hold_lead(self) -> bool:
         """Take or renew the lead; under each new epoch, recover (fenced by it) before anything else."""
-        lead = leadership.hold(
-            self.engine, "scheduler", self.holder, now=self.clock(), ttl_s=self.lease_ttl_s / 2
-        )
+        now = self.clock()
+        lead = leadership.hold(self.engine, "scheduler", self.holder, now=now, ttl_s=self.lease_ttl_s / 2)
+        self._lead_held_at = now if lead is not None else None
         if lead is not None and lead != self.lead:
             log.info("scheduler %s leads (epoch %d)", self.holder, lead.epoch)
             self.lead = lead
@@ -451,12 +471,16 @@ class SchedulerService:
         return lead is not None
 
     def step(self) -> None:
-        self.apply(self.launcher.observe())
-        self.renew()
-        self.request_stops()
-        self.reap()
-        self.schedule()
-        self.deliver_stops()
+        for phase in (
+            lambda: self.apply(self.launcher.observe()),
+            self.renew,
+            self.request_stops,
+            self.reap,
+            self.schedule,
+            self.deliver_stops,
+        ):
+            self.keep_lead()
+            phase()
         self.specs.sweep()  # the specs of jobs this pass did not read (they ended, or wait out a backoff)
 
     # -- the loop ----------------------------------------------------------------------------------
