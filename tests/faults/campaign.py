@@ -29,7 +29,15 @@ from . import workload
 from .backends import Postgres, Redis, SmallDisk
 from .cluster import COMPONENTS, Cluster, labelled
 from .faults import Injector, Target
-from .history import FINAL_JOB_STATES, History, JournalCollector, read_exit_times, read_exits, read_store
+from .history import (
+    FINAL_JOB_STATES,
+    History,
+    JournalCollector,
+    read_exit_times,
+    read_exits,
+    read_store,
+    read_verdict_times,
+)
 from .invariants import Violation, check
 from .network import Network
 from .pausing import thaw_all
@@ -258,6 +266,7 @@ def _history(
         journal=list(target.journal.records),
         exits=read_exits(target.cluster.home / "attempts"),
         ended=read_exit_times(target.cluster.home / "attempts"),
+        verdicts=read_verdict_times(target.cluster.home / "attempts"),
         submissions=list(client.submissions.values()),
         cancels=list(client.cancels),
         kills=dict(target.kills),

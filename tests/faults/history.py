@@ -96,6 +96,8 @@ class History:
     cancels: list[CancelRequest] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time the suite killed it
     ended: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time its shims saw it end
+    # attempt -> monotonic time its launcher recorded its verdict (the workers were gone by then)
+    verdicts: dict[str, float] = field(default_factory=dict)
     leftovers: dict[str, list[int]] = field(default_factory=dict)  # attempt -> pids alive after the end
     lease_s: float = 10.0
     stalls: list[tuple[float, float]] = field(default_factory=list)  # the control plane faulted (monotonic)
@@ -154,11 +156,23 @@ def read_exits(attempts_dir: Path) -> dict[str, dict[int, int]]:
 
 
 def read_exit_times(attempts_dir: Path) -> dict[str, float]:
-    """When each attempt's last shim recorded its worker's end, on the monotonic clock of the journal
-    (the files' modification times are the wall clock's, which the suite never skews)."""
+    """When each attempt's last shim recorded its worker's end, on the monotonic clock of the journal."""
+    return _latest_mtimes(attempts_dir, "*/rank*.exit")
+
+
+def read_verdict_times(attempts_dir: Path) -> dict[str, float]:
+    """When the launcher recorded each attempt's verdict (its `ended` file), on the journal's clock:
+    every worker of it was gone by then, though a worker killed with its shim left no time of its own."""
+    return _latest_mtimes(attempts_dir, "*/ended")
+
+
+def _latest_mtimes(attempts_dir: Path, pattern: str) -> dict[str, float]:
+    """Per attempt folder, the newest modification time of its files matching `pattern`, on the
+    monotonic clock of the journal (the files' times are the wall clock's, which the suite never
+    skews)."""
     offset = time.time() - time.monotonic()
     found: dict[str, float] = {}
-    for path in attempts_dir.glob("*/rank*.exit"):
+    for path in attempts_dir.glob(pattern):
         with contextlib.suppress(OSError):
             found[path.parent.name] = max(found.get(path.parent.name, 0.0), path.stat().st_mtime - offset)
     return found

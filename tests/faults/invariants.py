@@ -316,8 +316,12 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
             continue
         exited = next((r.t for r in records if r.e == "exit"), None)
         # A kill after its exit changes nothing; a worker the platform killed (SIGKILL at a grace
-        # period's end) journals no exit: its shim's file says when it ended (seed 721).
-        end = exited or history.kills.get(attempt.id) or history.ended.get(attempt.id) or records[-1].t
+        # period's end) journals no exit: its shim's file says when it ended (seed 721). Killed with its
+        # shim (frozen past the grace period, then the whole group), it left no time of its own: it
+        # ended between its last record and its launcher's verdict (seed 766).
+        known = exited or history.kills.get(attempt.id) or history.ended.get(attempt.id)
+        end = known or records[-1].t
+        latest_end = known or max(end, history.verdicts.get(attempt.id, end))
         step = recorded.get(attempt.id)
         if step is not None:
             save = next((r.t for r in records if r.e == "saved" and r.data["step"] == step), None)
@@ -328,7 +332,7 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
         if save is None:
             continue  # a checkpoint it never completed: recorded_checkpoints_were_durable says so
         low = max(0.0, end - answer) - MEASURE_SLACK_S
-        high = end - save + _noticing_s(history, end)
+        high = latest_end - save + _noticing_s(history, latest_end)
         if not low <= attempt.progress_lost_s <= high:
             charged = f"charged {attempt.progress_lost_s:.1f}s lost"
             says = f"its worker says between {low:.1f}s and {high:.1f}s"

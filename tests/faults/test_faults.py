@@ -370,6 +370,27 @@ def test_a_worker_the_platform_killed_in_its_start_is_charged_until_its_shim_saw
     assert "lost progress matches the workers" not in violated(seen_end)
 
 
+def test_a_worker_killed_with_its_shim_is_charged_until_its_launchers_verdict_at_most() -> None:
+    """Seed 766 of issue 28's fifth 60-minute run: a runtime worker frozen with its shim (pause-worker)
+    through its preemption's grace period, then killed with it: no exit, no exit file; the checker
+    took its one record for its end. It ended before its launcher recorded the verdict."""
+    story = clean_story()
+    start = next(r for r in story.journal if r.attempt == "j1-a1" and r.e == "start")
+    story.journal = [r for r in story.journal if r.attempt != "j1-a1" or r.e == "start"]
+    story.events = [e for e in story.events if e.type != "attempt.checkpointed"]
+    story.attempts["j1-a1"] = replace(story.attempts["j1-a1"], exit_code=None, progress_lost_s=27.3)
+    story.exits.pop("j1-a1", None)
+    unknown_end = story.history(lease_s=10.0)
+    assert violated(unknown_end) >= {"lost progress matches the workers"}  # as if it ended at its start
+    verdict = replace(unknown_end, verdicts={"j1-a1": start.t + 27.5})
+    assert "lost progress matches the workers" not in violated(verdict)
+    overcharged = replace(
+        verdict,
+        attempts={**verdict.attempts, "j1-a1": replace(verdict.attempts["j1-a1"], progress_lost_s=80.0)},
+    )
+    assert violated(overcharged) >= {"lost progress matches the workers"}  # bounded by the verdict
+
+
 def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_started() -> None:
     story = clean_story()
     story.record("saved", "j1-a1", step=6)  # after j1-a2's start
