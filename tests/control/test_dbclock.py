@@ -49,20 +49,25 @@ def database_now(url: str) -> float:
     return now.timestamp()
 
 
-@pytest.mark.parametrize("skew", ["+60s", "-30s"])
-def test_a_process_with_a_skewed_clock_tells_the_databases_time(postgres_url: str, skew: str) -> None:
-    """Its database clock lies between the database's time before it started and after it ended (a
-    loaded machine takes seconds to start and end a process; the skew is a minute)."""
-    started = database_now(postgres_url)
+def told_under_skew(url: str, skew: str, program: str, *args: str) -> tuple[float, dict[str, float], float]:
+    """Run `program` with this machine's wall clock skewed by `skew` (libfaketime; the monotonic clock
+    left alone); what it printed, between the database's time before it started and after it ended."""
+    started = database_now(url)
     told = subprocess.run(
-        ["faketime", "-f", skew, sys.executable, "-c", TELL, postgres_url],
+        ["faketime", "-f", skew, sys.executable, "-c", program, *args],
         env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
         capture_output=True,
         text=True,
         check=True,
     )
-    seen = json.loads(told.stdout)
-    ended = database_now(postgres_url)
+    return started, json.loads(told.stdout), database_now(url)
+
+
+@pytest.mark.parametrize("skew", ["+60s", "-30s"])
+def test_a_process_with_a_skewed_clock_tells_the_databases_time(postgres_url: str, skew: str) -> None:
+    """Its database clock lies between the database's time before it started and after it ended (a
+    loaded machine takes seconds to start and end a process; the skew is a minute)."""
+    started, seen, ended = told_under_skew(postgres_url, skew, TELL, postgres_url)
     assert started - 5 < seen["own"] - float(skew.rstrip("s")) < ended + 5  # its own clock is skewed
     assert started - 0.5 <= seen["database"] <= ended + 0.5  # its database clock is not
 
@@ -73,16 +78,7 @@ def test_a_scheduler_with_a_skewed_clock_stamps_its_launchers_reports_with_the_d
     """Issue 28's 60-minute run, seed 744: a scheduler 7 s fast recorded an attempt's start (its
     launcher's report, stamped by the wall clock) after the attempt's end (the database's clock),
     and the attempt's lost progress came out as 0 s."""
-    started = database_now(postgres_url)
-    told = subprocess.run(
-        ["faketime", "-f", "+60s", sys.executable, "-c", TELL_REPORTS, postgres_url, str(tmp_path)],
-        env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seen = json.loads(told.stdout)
-    ended = database_now(postgres_url)
+    started, seen, ended = told_under_skew(postgres_url, "+60s", TELL_REPORTS, postgres_url, str(tmp_path))
     assert seen["own"] - 60 > started - 5  # its own clock is skewed
     assert started - 0.5 <= seen["database"] <= ended + 0.5  # its launcher's is the database's
 
