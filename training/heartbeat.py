@@ -4,7 +4,8 @@ Contract with the control plane:
 
     POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
     Authorization: Bearer {GPUYARD_ATTEMPT_SECRET}
-    {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...}}
+    {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...},
+     "restore": {step, seconds} (once it restored a checkpoint), "checkpoint_stall_s": float (all told)}
     200 -> {"lease_expires_at": iso8601, "lease_seconds": float, "action": "continue" | "checkpoint_and_stop"
             | "stop", "checkpoint_interval_s": float | null}
     401 -> the secret proves no live attempt (the attempt has ended, or it is not this attempt's secret),
@@ -97,6 +98,21 @@ class LauncherEnv:
             raise ValueError(f"GPUYARD_FENCING_TOKEN: expected an integer, got {self.fencing_token!r}")
 
 
+@dataclass(frozen=True)
+class Overheads:
+    """The attempt's time that made no step, for the platform's useful GPU time (docs/metrics.md)."""
+
+    restored_step: int | None  # the checkpoint step it restored; None: it started afresh
+    restore_s: float  # finding and loading that checkpoint
+    checkpoint_stall_s: float  # steps paused for checkpoint writes, all told
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"checkpoint_stall_s": round(float(self.checkpoint_stall_s), 6)}
+        if self.restored_step is not None:
+            body["restore"] = {"step": self.restored_step, "seconds": round(self.restore_s, 6)}
+        return body
+
+
 class HeartbeatError(RuntimeError):
     """The control plane answered something outside the contract."""
 
@@ -131,7 +147,11 @@ class HeartbeatClient:
         self._http.close()
 
     def beat(
-        self, step: int, checkpoint: CheckpointRecord | None, metrics: Mapping[str, float] | None = None
+        self,
+        step: int,
+        checkpoint: CheckpointRecord | None,
+        metrics: Mapping[str, float] | None = None,
+        overheads: Overheads | None = None,
     ) -> HeartbeatAnswer | None:
         """Send one heartbeat. None when the control plane could not be reached after the retries."""
         body: dict[str, Any] = {
@@ -139,6 +159,7 @@ class HeartbeatClient:
             "step": step,
             "checkpoint": checkpoint.to_json() if checkpoint else None,
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            **(overheads.to_json() if overheads is not None else {}),
         }
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
@@ -198,10 +219,13 @@ class HeartbeatAgent:
         progress: Callable[[], tuple[int, CheckpointRecord | None, dict[str, float]]],
         monotonic: Callable[[], float] = time.monotonic,
         recorded: Callable[[str], None] = lambda url: None,
+        overheads: Callable[[], Overheads] | None = None,
     ) -> None:
         """`recorded`: told the URL of each checkpoint a beat carried that the control plane answered,
-        which it has recorded as the job's newest."""
+        which it has recorded as the job's newest. `overheads`: what each beat reports of the restore
+        and the checkpoint stalls."""
         self.client = client
+        self.overheads = overheads
         self.recorded = recorded
         self.monotonic = monotonic
         self._lease_until: float | None = None  # monotonic time the last answered beat's lease lasts to
@@ -229,7 +253,7 @@ class HeartbeatAgent:
         step, checkpoint, metrics = self.progress()
         sent = self.monotonic()
         try:
-            answer = self.client.beat(step, checkpoint, metrics)
+            answer = self.client.beat(step, checkpoint, metrics, self.overheads() if self.overheads else None)
         except HeartbeatError as exc:
             log.error("%s", exc)
             return None

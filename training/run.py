@@ -29,7 +29,7 @@ from training.checkpoint import Checkpointer, CheckpointStore
 from training.config import Config, load
 from training.control import CheckpointSchedule, Preemption, decide, local_action, votes
 from training.data import Dataset, StepSampler, feature_stats, read_parquet, split
-from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv
+from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads
 from training.mlflow_tracking import Tracker, make_tracker
 from training.model import MLPClassifier, count_parameters
 from training.ranks import node_ranks, run_node
@@ -129,11 +129,14 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         best_mode=cfg.checkpoint.best_mode,
     )
     step, run_id = 0, None
+    restore_began = time.perf_counter()
+    restored_step: int | None = None
     manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums, recorded=env.resume_url)
     if manifest is not None:
         restored = ckpt.restore(manifest, model, optimizer)
         scheduler.load_state_dict(restored.trainer["scheduler"])
         step = int(restored.trainer["step"])
+        restored_step = step
         run_id = manifest.run.get("mlflow_run_id")
         if not restored.rng_restored:
             torch.manual_seed(cfg.seed + 7919 * (world.rank + 1) + step)
@@ -145,6 +148,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         )
     else:
         torch.manual_seed(cfg.seed + 7919 * (world.rank + 1))  # per-rank stream (dropout)
+    restore_s = time.perf_counter() - restore_began
 
     tracker: Tracker = make_tracker(cfg.mlflow, cfg.workdir, world.rank, env.job_id, env.attempt_id)
     run_id = tracker.start(run_id, step) or run_id
@@ -168,6 +172,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             cfg.heartbeat.interval_s,
             lambda: (progress["step"], ckpt.latest, progress["metrics"]),
             recorded=ckpt.recorded_by_control_plane,
+            overheads=lambda: Overheads(restored_step, restore_s, sum(ckpt.stalls_s)),
         ).start()
     schedule = CheckpointSchedule(cfg.checkpoint, agent)
     events.write("start", step=step, world_size=world.world_size, strategy=strategy, n_parameters=n_params)

@@ -141,14 +141,15 @@ class JobStateCollector(Collector):
         yield family
 
 
-# The platform summary's figures: (series name, help, attribute of the summary).
+# The platform summary's figures (docs/metrics.md defines each): (series name, help, attribute).
 PLATFORM_GAUGES = (
-    ("gpuyard_goodput_ratio", "GPU-seconds of kept progress / GPU-seconds leased", "goodput"),
+    ("gpuyard_goodput_ratio", "Useful GPU time / leased GPU time", "goodput"),
     ("gpuyard_leased_gpu_hours", "GPU-hours leased in the window", "leased_gpu_hours"),
-    ("gpuyard_lost_progress_gpu_hours", "GPU-hours of progress lost to interruptions", "lost_gpu_hours"),
+    ("gpuyard_useful_gpu_hours", "GPU-hours of training steps that were kept", "useful_gpu_hours"),
+    ("gpuyard_lost_progress_gpu_hours", "GPU-hours of training steps made and not kept", "lost_gpu_hours"),
     ("gpuyard_queue_wait_p50_seconds", "Median wait from submit to first attempt", "queue_wait_p50_s"),
     ("gpuyard_queue_wait_p99_seconds", "p99 wait from submit to first attempt", "queue_wait_p99_s"),
-    ("gpuyard_resume_success_ratio", "Resumed attempts that started", "resume_success_share"),
+    ("gpuyard_resume_success_ratio", "Resumes that restored and made a new step", "resume_success_share"),
     ("gpuyard_cost", "GPU-hours x price in the window", "cost_total"),
 )
 

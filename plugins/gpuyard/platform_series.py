@@ -1,11 +1,15 @@
 """The platform figures over time: the window cut into equal steps, each step's figures from the same
-attempt and job records the summary reads (platform_metrics). Pure; the API serves it, the page draws it.
+attempt and job records the summary reads (platform_metrics), by the same definitions
+(domain/accounting.py). Pure; the API serves it, the page draws it.
 
-Per step: GPU utilization (GPU-seconds leased in the step over the fleet's), goodput (kept over
+Per step: GPU utilization (GPU-seconds leased in the step over the fleet's), goodput (useful over
 leased), queue wait p50/p99 of the jobs whose first attempt was placed in the step, the share of
-resumed attempts that started, progress lost (counted when its attempt ended), the cost leased, the
-cost per job finished in the step (all its attempts), and, for the whole platform only, the idle cost
-(what the fleet's free GPUs cost in the step). Time held is clipped to each step.
+resumes that succeeded (counted in the step their attempt was placed), progress lost, the cost
+leased, the cost per job finished in the step (all its attempts), and, for the whole platform only,
+the idle cost (what the fleet's free GPUs cost in the step). Each attempt's time, as the accounting
+splits it, is laid on its timeline and clipped to the steps: its launch first, then its restore, its
+steps and stalls (spread evenly over each other), and the steps it lost last (since its newest
+checkpoint).
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuyard.platform_metrics import AttemptRecord, JobRecord, percentile
-
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+from gpuyard.domain.accounting import cost as cost_of
+from gpuyard.domain.accounting import percentile, ratio, resume_decided, resume_succeeded, split
+from gpuyard.platform_metrics import AttemptRecord, JobRecord
 
 
 @dataclass(frozen=True)
@@ -83,45 +87,43 @@ def series(
         attempts = [a for a in attempts if a.team in teams]
         jobs = [j for j in jobs if j.team in teams]
     step_s = (end - start).total_seconds() / steps
-    leased, ran, lost, cost = ([0.0] * steps for _ in range(4))
+    leased, useful, lost, cost = ([0.0] * steps for _ in range(4))
     waits: list[list[float]] = [[] for _ in range(steps)]
     resumed, resumed_ok = [0] * steps, [0] * steps
     job_cost: dict[str, float] = {}
     job_end: dict[str, datetime] = {}
     for a in attempts:
-        until = min(a.ended_at or end, end)
-        hourly = sum(price_per_gpu_hour.get(node, 0.0) for node in a.nodes) / max(1, len(a.nodes))
-        for i, seconds in _overlaps(a.created_at, until, start, step_s, steps):
-            leased[i] += seconds * a.gpus
-            cost[i] += seconds * a.gpus / 3600.0 * hourly
-        if a.started_at is not None:
-            for i, seconds in _overlaps(a.started_at, until, start, step_s, steps):
-                ran[i] += seconds * a.gpus
-        if (i := _step_of(a.ended_at, start, step_s, steps, ending=True)) is not None:
-            lost[i] += a.progress_lost_s * a.gpus
-        if (
-            a.number > 1
-            and a.resumed_from_checkpoint
-            and (i := _step_of(a.created_at, start, step_s, steps)) is not None
-        ):
-            resumed[i] += 1
-            resumed_ok[i] += a.started_at is not None
-        held_s = max(0.0, ((a.ended_at or end) - a.created_at).total_seconds()) * a.gpus
-        job_cost[a.job_id] = job_cost.get(a.job_id, 0.0) + held_s / 3600.0 * hourly
+        use = a.use(price_per_gpu_hour, end)
+        part = split(use)
+        until = a.ended_at or end
+        steps_from = until - timedelta(seconds=part.held_s - part.launch_s - part.restore_s)
+        lost_from = until - timedelta(seconds=part.lost_s)
+        worked = part.useful_s + part.stall_s
+        for i, seconds in _overlaps(a.created_at, min(until, end), start, step_s, steps):
+            leased[i] += seconds * use.gpus
+            cost[i] += seconds * use.price_per_hour / 3600.0
+        if worked > 0:
+            for i, seconds in _overlaps(steps_from, min(lost_from, end), start, step_s, steps):
+                useful[i] += seconds * part.useful_s / worked * use.busy_gpus
+        for i, seconds in _overlaps(lost_from, min(until, end), start, step_s, steps):
+            lost[i] += seconds * use.busy_gpus
+        if resume_decided(use) and (k := _step_of(a.created_at, start, step_s, steps)) is not None:
+            resumed[k] += 1
+            resumed_ok[k] += resume_succeeded(use)
+        job_cost[a.job_id] = job_cost.get(a.job_id, 0.0) + cost_of(use)
         if a.ended_at is not None and (a.job_id not in job_end or a.ended_at > job_end[a.job_id]):
             job_end[a.job_id] = a.ended_at
     finished: list[list[str]] = [[] for _ in range(steps)]
     for j in jobs:
+        job = j.use()
         if (
             j.first_attempt_at is not None
-            and (i := _step_of(j.first_attempt_at, start, step_s, steps)) is not None
+            and job.wait_s is not None
+            and (k := _step_of(j.first_attempt_at, start, step_s, steps)) is not None
         ):
-            waits[i].append((j.first_attempt_at - j.created_at).total_seconds())
-        if (
-            j.state in TERMINAL
-            and (i := _step_of(job_end.get(j.id), start, step_s, steps, ending=True)) is not None
-        ):
-            finished[i].append(j.id)
+            waits[k].append(job.wait_s)
+        if job.finished and (k := _step_of(job_end.get(j.id), start, step_s, steps, ending=True)) is not None:
+            finished[k].append(j.id)
     capacity_s = fleet_gpus * step_s
     points = []
     for i in range(steps):
@@ -131,12 +133,12 @@ def series(
                 start=start + timedelta(seconds=i * step_s),
                 end=start + timedelta(seconds=(i + 1) * step_s),
                 utilization=leased[i] / capacity_s if capacity_s else None,
-                goodput=max(0.0, ran[i] - lost[i]) / leased[i] if leased[i] else None,
+                goodput=ratio(useful[i], leased[i]),
                 leased_gpu_hours=leased[i] / 3600.0,
                 lost_gpu_hours=lost[i] / 3600.0,
                 queue_wait_p50_s=percentile(waits[i], 50),
                 queue_wait_p99_s=percentile(waits[i], 99),
-                resume_success_share=resumed_ok[i] / resumed[i] if resumed[i] else None,
+                resume_success_share=ratio(resumed_ok[i], resumed[i]),
                 cost=cost[i],
                 cost_per_job=sum(job_cost.get(j, 0.0) for j in done) / len(done) if done else None,
                 jobs_finished=len(done),

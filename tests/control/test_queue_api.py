@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from gpuyard.api.context import Refreshed
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.spec import parse_spec
-from gpuyard.platform_metrics import AttemptRecord, JobRecord
+from gpuyard.platform_metrics import AttemptRecord, JobRecord, summarize
 from gpuyard.platform_series import series
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import Settings
@@ -142,23 +142,43 @@ def test_series_figures_per_step() -> None:
     hour = timedelta(hours=1)
     attempts = [
         # 2 GPUs leased for the first two hours, started after 30 min, 0.5 h of progress lost at its end
-        AttemptRecord("j1", "a", 1, "PREEMPTED", 2, ("n1",), t0, t0 + hour / 2, t0 + 2 * hour, 1800.0, False),
-        # its resume in hour 3, which ran to the end
         AttemptRecord(
-            "j1", "a", 2, "SUCCEEDED", 2, ("n1",), t0 + 2 * hour, t0 + 2 * hour, t0 + 3 * hour, 0.0, True
+            "j1", "a", 1, "PREEMPTED", (("n1", 2),), t0, t0 + hour / 2, t0 + 2 * hour, 1800.0, False
+        ),
+        # its resume in hour 3, which ran to the end: a 10-minute restore, 5 minutes of stalls, a new step
+        AttemptRecord(
+            "j1",
+            "a",
+            2,
+            "SUCCEEDED",
+            (("n1", 2),),
+            t0 + 2 * hour,
+            t0 + 2 * hour,
+            t0 + 3 * hour,
+            0.0,
+            True,
+            restore_s=600.0,
+            checkpoint_stall_s=300.0,
+            new_step_at=t0 + 2 * hour + hour / 6,
         ),
     ]
     job_list = [JobRecord("j1", "a", "SUCCEEDED", t0 - hour / 4, t0)]
     points = series(attempts, job_list, {"n1": 3.0}, 4, 12.0, t0, t0 + 4 * hour, 4)
     assert [p.utilization for p in points] == [0.5, 0.5, 0.5, 0.0]
     assert points[0].goodput == 0.5  # ran 30 of the 60 leased minutes
-    assert points[1].goodput == 0.5  # ran the whole hour, but lost 30 minutes of it at the end
-    assert points[1].lost_gpu_hours == 1.0
+    assert points[1].goodput == 0.5  # ran the whole hour, but lost its last 30 minutes
+    assert points[1].lost_gpu_hours == 1.0 and points[0].lost_gpu_hours == 0.0
+    assert points[2].goodput == pytest.approx(45 / 60)  # the restore and the stalls are not useful
     assert points[0].queue_wait_p50_s == 900.0
     assert points[2].resume_success_share == 1.0 and points[0].resume_success_share is None
     assert points[2].jobs_finished == 1 and points[2].cost_per_job == 18.0  # 6 GPU-hours at 3.0
     assert points[3].idle_cost == 12.0 and points[0].idle_cost == 6.0
     assert series(attempts, job_list, {}, 4, 0.0, t0, t0 + hour, 1, teams={"b"})[0].leased_gpu_hours == 0.0
+    # Hour by hour, the figures add up to the summary's, by the same accounting.
+    whole = summarize(attempts, job_list, {}, {"n1": 3.0}, t0 + 4 * hour, t0)
+    assert sum(p.leased_gpu_hours for p in points) == pytest.approx(whole.leased_gpu_hours)
+    assert sum((p.goodput or 0) * p.leased_gpu_hours for p in points) == pytest.approx(whole.useful_gpu_hours)
+    assert sum(p.lost_gpu_hours for p in points) == pytest.approx(whole.lost_gpu_hours)
 
 
 def test_refreshed_serves_the_value_it_has_while_one_reload_runs() -> None:

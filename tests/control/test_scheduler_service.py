@@ -159,8 +159,10 @@ def beat(
     clock: Clock,
     step: int,
     checkpoint: dict[str, Any] | None = None,
+    **overheads: Any,
 ) -> attempt_store.Beat:
-    """A heartbeat of the attempt's worker at `clock`'s now, reporting `checkpoint` if it has one."""
+    """A heartbeat of the attempt's worker at `clock`'s now, reporting `checkpoint` if it has one (and
+    `restore`, `checkpoint_stall_s` if given)."""
     return attempt_store.heartbeat(
         engine,
         request.attempt_id,
@@ -170,6 +172,7 @@ def beat(
         checkpoint=checkpoint,
         at=clock(),
         lease_ttl_s=60,
+        **overheads,
     )
 
 
@@ -733,7 +736,11 @@ def test_platform_metrics_summarize_what_happened(
     service.step()
     second = next(r for r in launcher.launched.values() if r.attempt_id != first.attempt_id)
     attempt_store.mark_running(engine, second.attempt_id, clock())
-    clock.advance(300)
+    clock.advance(20)  # its workers restore step 50 in 20 s: no new step yet
+    beat(engine, second, clock, 50, restore={"step": 50, "seconds": 20.0}, checkpoint_stall_s=0.0)
+    clock.advance(100)  # a new step; 15 s of checkpoint writes paused the steps so far
+    beat(engine, second, clock, 60, checkpoint_stall_s=15.0)
+    clock.advance(180)
     launcher.pending_reports.append(WorkerReport(second.attempt_id, Outcome.SUCCEEDED, clock(), 0, "done"))
     service.step()
     assert state(engine, job_id) == "SUCCEEDED"
@@ -744,11 +751,14 @@ def test_platform_metrics_summarize_what_happened(
         assert summary["queue_wait_p50_s"] == 10.0
         assert summary["lost_gpu_hours"] == pytest.approx(100 * 4 / 3600)
         assert summary["leased_gpu_hours"] == pytest.approx(400 * 4 / 3600)
-        assert summary["goodput"] == pytest.approx(300 / 400)
+        # Useful: the second attempt's 300 s less its 20 s restore and 15 s of stalls; the first kept
+        # nothing (all 100 s of it came after its checkpoint).
+        assert summary["useful_gpu_hours"] == pytest.approx(265 * 4 / 3600)
+        assert summary["goodput"] == pytest.approx(265 / 400)
         assert summary["resumes"] == 1 and summary["resume_success_share"] == 1.0
         assert summary["fair_share_attainment"] == {"a": pytest.approx(1.0)}
         scraped = api.get("/metrics").text
-        assert "gpuyard_goodput_ratio 0.75" in scraped
+        assert "gpuyard_goodput_ratio 0.6625" in scraped
 
 
 def test_a_plain_command_lives_on_its_launchers_renewals_alone(

@@ -82,7 +82,7 @@ def test_every_policy_completes_every_job_with_exclusive_leases_in_one_domain(po
     for done in result.jobs:
         assert done.finished_s >= done.submitted_s + done.duration_s
     summary = summarize(result)
-    assert 0 < summary.goodput <= 1 and 0 < summary.utilization <= 1
+    assert summary.goodput is not None and 0 < summary.goodput <= 1 and 0 < summary.utilization <= 1
 
 
 def test_interruption_loses_only_progress_since_the_last_checkpoint() -> None:
@@ -97,12 +97,21 @@ def test_interruption_loses_only_progress_since_the_last_checkpoint() -> None:
     )
     result = simulate([job(0, 0.0, 10_000.0, 1)], fleet, "fifo", config)
     (done,) = result.jobs
-    # Checkpoints complete at 1030 and 2060 (2,000 s saved); at 2500 it had done 2,440 s: 440 s lost.
-    assert done.lost_gpu_s == pytest.approx(440.0)
-    assert result.totals.lost_gpu_s == pytest.approx(440.0)
+    lost, resumed = result.attempts
+    # Checkpoints complete at 1030 and 2060 (2,000 s saved); at 2500 it had done 2,440 s: 440 s lost,
+    # and it had paused 60 s to write the two.
+    assert lost.outcome == "LOST" and not lost.resumed
+    assert lost.lost_s == pytest.approx(440.0) and lost.stall_s == pytest.approx(60.0) and lost.restore_s == 0
     # Back at 3100 (node down 600 s), restore 60 s, 8,000 s of work left with 7 checkpoints of 30 s.
     assert done.finished_s == pytest.approx(3100.0 + 60.0 + 8000.0 + 7 * 30.0)
-    assert done.attempts == 2 and result.totals.resumes == result.totals.resumes_ok == 1
+    assert resumed.outcome == "SUCCEEDED" and resumed.resumed and resumed.made_step
+    assert resumed.restore_s == 60.0 and resumed.stall_s == pytest.approx(7 * 30.0) and resumed.lost_s == 0
+    summary = summarize(result)
+    assert summary.lost_gpu_h == pytest.approx(440.0 / 3600)
+    assert done.attempts == 2 and summary.resumes == 1 and summary.resume_success == 1.0
+    # Useful: the job's 10,000 s of work, once (2,000 s kept by the first attempt, the rest by the second).
+    assert summary.useful_gpu_h == pytest.approx(10_000.0 / 3600)
+    assert summary.goodput == pytest.approx(10_000.0 / (2500.0 + 60.0 + 8000.0 + 7 * 30.0))
 
 
 def test_preemption_checkpoints_then_requeues_without_losing_progress() -> None:
@@ -111,7 +120,10 @@ def test_preemption_checkpoints_then_requeues_without_losing_progress() -> None:
     config = SimConfig(preemptible_mtbi_s=None, checkpoint_interval=3600.0)
     result = simulate(trace, fleet, "tiresias", config)
     long, short = sorted(result.jobs, key=lambda j: j.id)
-    assert result.totals.preemptions == 1 and result.totals.lost_gpu_s == 0
+    assert result.totals.preemptions == 1 and summarize(result).lost_gpu_h == 0
+    # Stopped at 10,000 s with 9,940 s done: two periodic checkpoints and the stop's, 30 s each.
+    stopped = next(a for a in result.attempts if a.job_id == long.id)
+    assert stopped.outcome == "PREEMPTED" and stopped.lost_s == 0 and stopped.stall_s == pytest.approx(90.0)
     # The short job waits only for the long one's stop checkpoint (30 s), then runs.
     assert short.finished_s == pytest.approx(10_000.0 + 30.0 + 600.0)
     assert long.attempts == 2

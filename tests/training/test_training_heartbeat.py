@@ -10,7 +10,14 @@ import pytest
 from trainkit import ControlPlane, lease
 
 from training.checkpoint import CheckpointRecord
-from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, HeartbeatError, LauncherEnv
+from training.heartbeat import (
+    Action,
+    HeartbeatAgent,
+    HeartbeatClient,
+    HeartbeatError,
+    LauncherEnv,
+    Overheads,
+)
 
 
 def client(
@@ -46,6 +53,29 @@ def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
             },
         }
     ]
+
+
+def test_the_agent_reports_the_restore_and_the_checkpoint_stalls() -> None:
+    """What the platform's useful GPU time needs (docs/metrics.md): a resumed attempt reports the step
+    it restored and how long that took; every attempt its checkpoint stalls so far."""
+    stalls = [0.0]
+    with ControlPlane(lambda n, body: lease("continue")) as plane:
+        resumed = HeartbeatAgent(
+            client(plane), 3600, lambda: (40, None, {}), overheads=lambda: Overheads(40, 2.5, stalls[0])
+        )
+        resumed.beat_now()
+        stalls[0] = 1.25
+        resumed.beat_now()
+        fresh = HeartbeatAgent(
+            client(plane), 3600, lambda: (3, None, {}), overheads=lambda: Overheads(None, 0.1, 0)
+        )
+        fresh.beat_now()
+        for agent in (resumed, fresh):
+            agent.client.close()
+    first, second, third = plane.beats
+    assert first["restore"] == {"step": 40, "seconds": 2.5} and first["checkpoint_stall_s"] == 0.0
+    assert second["restore"] == first["restore"] and second["checkpoint_stall_s"] == 1.25
+    assert "restore" not in third and third["checkpoint_stall_s"] == 0  # it started afresh
 
 
 def test_checkpoint_and_stop_is_passed_on() -> None:

@@ -50,6 +50,11 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
     assert last["checkpoint"]["step"] == exit_event["step"] and last["step"] == exit_event["step"]
     assert last["checkpoint"]["url"].startswith(ckpt_dir.as_uri())
     assert any(b["metrics"].get("train_loss") for b in plane.beats)
+    # What the platform's accounting reads: the checkpoint stalls all told, the preemption's included;
+    # no restore, as it started afresh.
+    stalls = [b["checkpoint_stall_s"] for b in plane.beats]
+    assert stalls == sorted(stalls) and last["checkpoint_stall_s"] > stalls[0] >= 0
+    assert not any("restore" in b for b in plane.beats)
     manifest = CheckpointStore(ckpt_dir.as_uri()).latest()
     assert manifest is not None and manifest.step == exit_event["step"]
     assert manifest.run["job_id"] == "job-1" and manifest.run["attempt_id"] == "att-1"

@@ -33,6 +33,7 @@ from gpuyard.store.teams import Principal
 
 # Steps and checkpoint steps are stored as BIGINT.
 MAX_STEP = 2**63 - 1
+MAX_SPAN_S = 366 * 86400.0  # a reported duration beyond a year is a broken clock, not a fact
 UNKNOWN_NODE_MTBI_S = 24 * 3600.0  # a node the fleet does not list (it left): taken as a spot node
 
 router = APIRouter(prefix="/v1", tags=["workers"], responses=PROBLEM_RESPONSES)
@@ -47,6 +48,13 @@ class CheckpointIn(BaseModel):
     cost_s: float | None = Field(None, ge=0, le=86400)
 
 
+class RestoreIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0, le=MAX_STEP, description="The checkpoint step the workers restored")
+    seconds: float = Field(ge=0, le=MAX_SPAN_S, description="How long finding and loading it took")
+
+
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -54,6 +62,12 @@ class HeartbeatIn(BaseModel):
     step: int | None = Field(None, ge=0, le=MAX_STEP)
     checkpoint: CheckpointIn | None = None
     metrics: dict[str, float] = Field(default_factory=dict, max_length=64)
+    # What the accounting needs of the attempt (docs/metrics.md); workers that resumed nothing send
+    # no `restore`, and a plain command neither.
+    restore: RestoreIn | None = None
+    checkpoint_stall_s: float | None = Field(
+        None, ge=0, le=MAX_SPAN_S, description="Seconds the steps paused for checkpoint writes, all told"
+    )
 
 
 class HeartbeatOut(BaseModel):
@@ -82,6 +96,8 @@ def _beat(ctx: ApiContext, attempt_id: str, secret: str, body: HeartbeatIn) -> H
             at=now,
             lease_ttl_s=ctx.settings.lease_seconds,
             stores=ctx.checkpoint_stores,
+            restore=body.restore.model_dump() if body.restore is not None else None,
+            checkpoint_stall_s=body.checkpoint_stall_s,
         )
     except attempt_store.Unproven:
         raise unauthorized(

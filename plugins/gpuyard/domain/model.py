@@ -69,6 +69,10 @@ class Attempt:
     progress_lost_s: float | None = None
     lease_expires_at: datetime | None = None
     progress_at: datetime | None = None
+    resume_step: int | None = None  # the checkpoint step it resumes from
+    restore_s: float | None = None  # its workers' reports (docs/metrics.md)
+    checkpoint_stall_s: float | None = None
+    new_step_at: datetime | None = None  # first step past `resume_step` reported
     # The worker's proof of this attempt (domain/attempt_secret.py); None once it has ended. Out of
     # repr, so no log line of an attempt shows it.
     attempt_secret: str | None = field(default=None, repr=False)

@@ -75,7 +75,7 @@ def sim(
     """Replay a trace through the real scheduling cycle with a virtual clock."""
     # numpy and matplotlib: only when a sim runs (every `gpuyard` command imports this module)
     from gpuyard.sim.charts import run_recorded, write_chart
-    from gpuyard.sim.metrics import COLUMNS
+    from gpuyard.sim.metrics import COLUMNS, shown
 
     try:
         policies = [check_policy(name.strip()) for name in policy.split(",") if name.strip()]
@@ -111,7 +111,7 @@ def sim(
         table.add_column(title, justify="left" if title == "policy" else "right")
     table.add_column("wall s", justify="right")
     for summary, wall in summaries:
-        table.add_row(*(fmt.format(getattr(summary, key)) for key, _, fmt in columns), f"{wall:.1f}")
+        table.add_row(*(shown(fmt, getattr(summary, key)) for key, _, fmt in columns), f"{wall:.1f}")
     Console(width=240 if wide else 100).print(table)
     if not wide:
         typer.echo("(--wide: every column)")

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
+from gpuyard.domain.states import AttemptState
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
@@ -80,7 +81,6 @@ class _Job:
     pending_since_s: float = 0.0
     pending_s: float = 0.0
     attempts: int = 0
-    lost_gpu_s: float = 0.0
 
 
 @dataclass
@@ -150,13 +150,9 @@ class _Attempt:
 
 @dataclass
 class Totals:
-    leased_gpu_s: float = 0.0
-    leased_in_window_gpu_s: float = 0.0  # of which between the first and the last submit
-    kept_gpu_s: float = 0.0
-    lost_gpu_s: float = 0.0
-    cost: float = 0.0
-    resumes: int = 0
-    resumes_ok: int = 0
+    """What only the simulator counts; the attempts' own figures come from `SimResult.attempts`."""
+
+    leased_in_window_gpu_s: float = 0.0  # GPU-seconds leased between the first and the last submit
     preemptions: int = 0
     preemptions_by_rule: dict[str, int] = field(default_factory=dict)  # preemption.RULES names
     interruptions: int = 0
@@ -177,7 +173,6 @@ class JobResult:
     finished_s: float
     pending_s: float
     attempts: int
-    lost_gpu_s: float
 
     @property
     def jct_s(self) -> float:
@@ -188,10 +183,31 @@ class JobResult:
         return self.first_start_s - self.submitted_s
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """One attempt as it ended, in the terms the platform records (sim/metrics.py reads it through the
+    accounting, domain/accounting.py). Seconds are the virtual clock's, from `SimResult.start`."""
+
+    job_id: str
+    team: str
+    outcome: AttemptState  # SUCCEEDED, PREEMPTED (stopped after its checkpoint) or LOST (interrupted)
+    gpus: int  # leased
+    busy_gpus: float  # the trace's GPUs x the share of each it uses: what its steps keep busy
+    start_s: float  # placed: the GPUs are leased and its workers run at once
+    end_s: float
+    restore_s: float  # restoring the checkpoint it resumed from
+    stall_s: float  # writing checkpoints, periodic and the stop's
+    lost_s: float  # progress made after its newest complete checkpoint, at an interruption
+    resumed: bool  # it had a checkpoint to resume from
+    made_step: bool  # it made progress past its restore
+    price_per_hour: float  # of all its GPUs
+
+
 @dataclass
 class SimResult:
     policy: str
     jobs: list[JobResult]
+    attempts: list[AttemptResult]
     rejected: list[tuple[str, str]]  # (job id, why it can never run on this fleet)
     totals: Totals
     capacity_gpus: int
@@ -249,6 +265,7 @@ class Simulator:
         self.seq = 0
         self.totals = Totals()
         self.done: list[JobResult] = []
+        self.ended: list[AttemptResult] = []
         self.rng = {n.name: random.Random(f"{self.config.seed}:{n.name}") for n in self.fleet.nodes}
         self.max_per_node = max((n.gpus for n in self.fleet.nodes), default=0)
         self.domains = self.index.domains
@@ -349,6 +366,7 @@ class Simulator:
         return SimResult(
             self.policy.name,
             self.done,
+            self.ended,
             rejected,
             self.totals,
             self.capacity,
@@ -641,8 +659,6 @@ class Simulator:
         self.running[attempt_id] = attempt
         if self.preempting:
             self._refresh(attempt, t)
-        if attempt.resumed:
-            self.totals.resumes += 1
         self._push(attempt.finish_s, _FINISH, attempt)
         if self.config.las_wakes and self.preempting:
             for threshold in LAS_THRESHOLDS:
@@ -653,7 +669,11 @@ class Simulator:
         if self.observer is not None:
             self.observer(LeaseRecord(t, "start", job.trace.id, attempt_id, placement))
 
-    def _release(self, attempt: _Attempt, t: float) -> None:
+    def _release(
+        self, attempt: _Attempt, t: float, outcome: AttemptState, steps_s: float, lost_s: float
+    ) -> None:
+        """Give the attempt's GPUs back at `t` and record how it ended: `steps_s` of progress made, of
+        which `lost_s` not saved; the rest of its time went to its restore and checkpoint writes."""
         attempt.ended = True
         del self.running[attempt.id]
         self.snapshots.pop(attempt.id, None)
@@ -672,18 +692,31 @@ class Simulator:
         if attempt.borrowed:
             self.borrowed[job.trace.team] -= gpus
         job.attained_gpu_s += gpus * held
-        self.totals.leased_gpu_s += gpus * held
         self.totals.leased_in_window_gpu_s += gpus * max(0.0, min(t, self.last_submit_s) - attempt.start_s)
-        self.totals.cost += attempt.price_per_hour * held / 3600.0
-        if attempt.resumed and t >= attempt.start_s + attempt.restore_s + 1e-9:
-            self.totals.resumes_ok += 1
+        restore = min(attempt.restore_s, held)
+        self.ended.append(
+            AttemptResult(
+                job_id=job.trace.id,
+                team=job.trace.team,
+                outcome=outcome,
+                gpus=gpus,
+                busy_gpus=job.trace.gpus * job.trace.gpu_share,
+                start_s=attempt.start_s,
+                end_s=t,
+                restore_s=restore,
+                stall_s=max(0.0, held - restore - steps_s),
+                lost_s=lost_s,
+                resumed=attempt.resumed,
+                made_step=steps_s > 0,
+                price_per_hour=attempt.price_per_hour,
+            )
+        )
 
     def _finish(self, attempt: _Attempt, t: float) -> None:
-        self._release(attempt, t)
         job = attempt.job
+        self._release(attempt, t, AttemptState.SUCCEEDED, job.work_s - attempt.base_saved_s, 0.0)
         job.saved_s = job.work_s
         job.finished_s = t
-        self.totals.kept_gpu_s += job.work_s * job.trace.gpus * job.trace.gpu_share
         assert job.first_start_s is not None
         self.done.append(
             JobResult(
@@ -696,7 +729,6 @@ class Simulator:
                 finished_s=t,
                 pending_s=job.pending_s,
                 attempts=job.attempts,
-                lost_gpu_s=job.lost_gpu_s,
             )
         )
         if self.progress is not None:
@@ -717,8 +749,9 @@ class Simulator:
     def _stopped(self, attempt: _Attempt, t: float) -> None:
         assert attempt.stop_s is not None
         job = attempt.job
-        job.saved_s = attempt.base_saved_s + attempt.progress(attempt.stop_s)
-        self._release(attempt, t)
+        made = attempt.progress(attempt.stop_s)
+        job.saved_s = attempt.base_saved_s + made
+        self._release(attempt, t, AttemptState.PREEMPTED, made, 0.0)
         self._enqueue(job, t)
 
     def _interrupt(self, name: str, t: float) -> None:
@@ -730,10 +763,8 @@ class Simulator:
             # An attempt writing its stop checkpoint made no progress since the notice, and that
             # checkpoint dies with the node.
             at = t if attempt.stop_s is None else min(t, attempt.stop_s)
-            lost = attempt.progress(at) - attempt.durable(at)
+            made = attempt.progress(at)
             job.saved_s = attempt.base_saved_s + attempt.durable(at)
-            job.lost_gpu_s += lost * job.trace.gpus
-            self.totals.lost_gpu_s += lost * job.trace.gpus
             self.totals.attempts_killed += 1
-            self._release(attempt, t)
+            self._release(attempt, t, AttemptState.LOST, made, made - attempt.durable(at))
             self._enqueue(job, t)

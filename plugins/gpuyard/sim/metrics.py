@@ -1,14 +1,14 @@
 """Summary figures of one simulation: JCT, queue wait, utilization, goodput, fairness, cost, makespan.
 
-Definitions (docs/simulator.md repeats them):
-- JCT: finish - submit. Queue wait: submit -> first start. Pending: all time spent queued, requeues
-  after preemption or interruption included.
+The figures the running platform shows too (leased, useful and lost GPU time, goodput, resume success,
+queue wait percentiles, cost) come from the accounting (domain/accounting.py, docs/metrics.md), fed
+with the simulator's ended attempts; every percentile here is its nearest rank. The simulator's own
+(docs/simulator.md lists them):
+- JCT: finish - submit. Pending: all time spent queued, requeues after preemption or interruption
+  included.
 - utilization: GPU-seconds leased while jobs were arriving (first to last submit) / (fleet GPUs x that
   window): how busy the fleet kept while the trace offered load. `util_span` divides all GPU-seconds
   leased by the fleet's GPUs x (last finish - first submit); a single long job's tail dominates it.
-- goodput: GPU-seconds of progress that was kept (duration x GPUs of every finished job) / GPU-seconds
-  leased (restores, checkpoint writes, progress lost to interruptions and rounding a gang up to whole
-  slices are leased but not kept).
 - Jain's fairness index over teams of each team's mean (duration / JCT), the share of its time a job
   spends doing its work: 1 when every team's jobs are slowed alike.
 - stranded GPUs: free GPUs of nodes that are up on which no queued job fits (fewer free than any
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 
-import numpy as np
-from gpuyard.sim.engine import JobResult, SimResult
+from gpuyard.domain.accounting import AttemptUse, JobUse, figures, percentile
+from gpuyard.sim.engine import AttemptResult, JobResult, SimResult
 
 SLOWDOWN_FLOOR_S = 10.0
 # Job size classes by the GPUs asked: (name, fewest, most).
@@ -48,10 +48,10 @@ class Tail:
 
     @classmethod
     def of(cls, slowdowns: Iterable[float]) -> Tail:
-        values = np.fromiter(slowdowns, dtype=float)
-        if not len(values):
+        values = sorted(slowdowns)
+        if not values:
             return cls(0, 0.0, 0.0)
-        return cls(len(values), float(values.max()), float(np.percentile(values, 99.9)))
+        return cls(len(values), values[-1], percentile(values, 99.9) or 0.0)
 
 
 def slowdown(job: JobResult) -> float:
@@ -67,28 +67,31 @@ class Summary:
     p50_jct_h: float
     p99_jct_h: float
     avg_wait_h: float
-    p50_wait_h: float
+    p50_wait_h: float  # queue wait (docs/metrics.md); 0 with no job
     p99_wait_h: float
     avg_pending_h: float
     p99_pending_h: float
     utilization: float
     util_span: float
     stranded_gpus: float  # average between the first and the last submit
-    goodput: float
+    leased_gpu_h: float
+    useful_gpu_h: float
+    goodput: float | None  # None: nothing leased
     lost_gpu_h: float
-    resume_success: float
+    resume_success: float | None  # None: no resume
     resumes: int
     preemptions: int
     preemptions_by_rule: dict[str, int]
     interruptions: int
     cost_usd: float
+    cost_per_job_usd: float | None
     jain: float
     makespan_h: float
     cycles: int
     slowdown_by_size: dict[str, Tail]  # per SIZE_CLASSES name
     slowdown_by_team: dict[str, Tail]
 
-    def as_dict(self) -> dict[str, float | int | str]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         return asdict(self)
 
 
@@ -100,12 +103,37 @@ def jain_index(values: list[float]) -> float:
     return 1.0 if squares == 0 else sum(values) ** 2 / (len(values) * squares)
 
 
+def attempt_use(a: AttemptResult) -> AttemptUse:
+    """A simulated attempt as the accounting reads it: its workers run from its start."""
+    held = a.end_s - a.start_s
+    return AttemptUse(
+        job_id=a.job_id,
+        team=a.team,
+        outcome=a.outcome.value,
+        gpus=a.gpus,
+        busy_gpus=a.busy_gpus,
+        held_s=held,
+        ran_s=held,
+        restore_s=a.restore_s,
+        stall_s=a.stall_s,
+        lost_s=a.lost_s,
+        resumed=a.resumed,
+        made_step=a.made_step,
+        price_per_hour=a.price_per_hour,
+    )
+
+
+def job_use(j: JobResult) -> JobUse:
+    return JobUse(j.id, j.team, j.wait_s, finished=True)  # a simulation ends when every job has
+
+
 def summarize(result: SimResult) -> Summary:
     jobs = result.jobs
     hour = 3600.0
-    jct = np.array([j.jct_s for j in jobs], dtype=float) / hour
-    wait = np.array([j.wait_s for j in jobs], dtype=float) / hour
-    pending = np.array([j.pending_s for j in jobs], dtype=float) / hour
+    got = figures(map(attempt_use, result.attempts), map(job_use, jobs))
+    jct = [j.jct_s / hour for j in jobs]
+    wait = [j.wait_s / hour for j in jobs]
+    pending = [j.pending_s / hour for j in jobs]
     first = min((j.submitted_s for j in jobs), default=0.0)
     span = max(result.end_s - first, 1e-9)
     totals = result.totals
@@ -115,11 +143,11 @@ def summarize(result: SimResult) -> Summary:
     for j in jobs:
         per_team[j.team].append(j.duration_s / j.jct_s if j.jct_s > 0 else 1.0)
 
-    def pct(values: np.ndarray, q: float) -> float:
-        return float(np.percentile(values, q)) if len(values) else 0.0
+    def pct(values: list[float], q: float) -> float:
+        return percentile(values, q) or 0.0
 
-    def mean(values: np.ndarray) -> float:
-        return float(values.mean()) if len(values) else 0.0
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
 
     return Summary(
         policy=result.policy,
@@ -129,21 +157,24 @@ def summarize(result: SimResult) -> Summary:
         p50_jct_h=pct(jct, 50),
         p99_jct_h=pct(jct, 99),
         avg_wait_h=mean(wait),
-        p50_wait_h=pct(wait, 50),
-        p99_wait_h=pct(wait, 99),
+        p50_wait_h=(got.wait_p50_s or 0.0) / hour,
+        p99_wait_h=(got.wait_p99_s or 0.0) / hour,
         avg_pending_h=mean(pending),
         p99_pending_h=pct(pending, 99),
         utilization=totals.leased_in_window_gpu_s / (capacity * window),
-        util_span=totals.leased_gpu_s / (capacity * span),
+        util_span=got.leased_gpu_s / (capacity * span),
         stranded_gpus=totals.stranded_in_window_gpu_s / window,
-        goodput=totals.kept_gpu_s / totals.leased_gpu_s if totals.leased_gpu_s else 1.0,
-        lost_gpu_h=totals.lost_gpu_s / hour,
-        resume_success=totals.resumes_ok / totals.resumes if totals.resumes else 1.0,
-        resumes=totals.resumes,
+        leased_gpu_h=got.leased_gpu_s / hour,
+        useful_gpu_h=got.useful_gpu_s / hour,
+        goodput=got.goodput,
+        lost_gpu_h=got.lost_gpu_s / hour,
+        resume_success=got.resume_success,
+        resumes=got.resumes,
         preemptions=totals.preemptions,
         preemptions_by_rule=dict(sorted(totals.preemptions_by_rule.items())),
         interruptions=totals.interruptions,
-        cost_usd=totals.cost,
+        cost_usd=got.cost,
+        cost_per_job_usd=got.cost_per_finished_job,
         jain=jain_index([sum(v) / len(v) for v in per_team.values()]),
         makespan_h=span / hour,
         cycles=totals.cycles,
@@ -178,11 +209,16 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def shown(fmt: str, value: object) -> str:
+    """`value` formatted, or "-" for a figure with no value (goodput with nothing leased)."""
+    return "-" if value is None else fmt.format(value)
+
+
 def markdown_table(summaries: list[Summary]) -> str:
     head = "| " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
     rows = [
-        "| " + " | ".join(fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS) + " |" for s in summaries
+        "| " + " | ".join(shown(fmt, getattr(s, key)) for key, _, fmt in COLUMNS) + " |" for s in summaries
     ]
     return "\n".join([head, rule, *rows])
 
@@ -248,7 +284,7 @@ def result_line(summaries: dict[str, Summary]) -> str:
         f"avg_jct_vs_tiresias={ratio(ours.avg_jct_h, summaries['tiresias'].avg_jct_h):.3f} "
         f"p99_wait_vs_fifo_backfill={ratio(ours.p99_wait_h, summaries['fifo-backfill'].p99_wait_h):.3f} "
         f"util_vs_fifo_backfill={ratio(ours.utilization, summaries['fifo-backfill'].utilization):.3f} "
-        f"goodput={ours.goodput:.3f} "
+        f"goodput={shown('{:.3f}', ours.goodput)} "
         f"jain_vs_kueue={ratio(ours.jain, summaries['kueue'].jain):.3f}"
     )
 

@@ -268,9 +268,15 @@ def heartbeat(
     at: datetime,
     lease_ttl_s: float,
     stores: CheckpointStores = CheckpointStores(),
+    restore: dict[str, Any] | None = None,
+    checkpoint_stall_s: float | None = None,
 ) -> Beat:
     """Renew the attempt's leases and record progress, only for a worker that proves the live attempt
     with its `secret` (Unproven) and holds its fencing token (StaleToken).
+
+    What the accounting reads (docs/metrics.md): `restore` ({step, seconds}: the checkpoint its
+    workers restored and how long that took), `checkpoint_stall_s` (all the seconds its steps paused
+    for checkpoint writes so far), and the first beat with a step past the one it resumed from.
 
     Locks the job, then the attempt (the store's lock order), so a concurrent transition of either
     waits for this beat or is seen by it: a live attempt's own worker is never refused, and an ending
@@ -295,10 +301,19 @@ def heartbeat(
         _extend_lease(conn, attempt_id, token, expires)
         _mark_running(conn, job, found, at)
         changes: dict[str, Any] = {"heartbeat_at": at}
+        resume_step = found.resume_step
+        if restore is not None:
+            resume_step = restore["step"]
+            changes |= {"resume_step": resume_step, "restore_s": float(restore["seconds"])}
+        if checkpoint_stall_s is not None:
+            # Beats may be answered out of order (retries): the worker's total only grows.
+            changes["checkpoint_stall_s"] = max(checkpoint_stall_s, found.checkpoint_stall_s or 0.0)
         if step is not None:
             changes["step"] = step
             if found.step is None or step > found.step:
                 changes["progress_at"] = at
+            if found.new_step_at is None and step > (resume_step or 0):
+                changes["new_step_at"] = at
         # Only a newer step is recorded: a worker repeats its newest checkpoint in every beat until one
         # is answered, and a repeat must not move `checkpoint_at` (the lost progress counts from it).
         if checkpoint and (found.checkpoint_step is None or checkpoint["step"] > found.checkpoint_step):
@@ -534,13 +549,15 @@ def metric_records(conn: Connection, since: datetime) -> tuple[list[AttemptRecor
             team=r.team,
             number=r.number,
             state=r.state,
-            gpus=sum(len(n["gpus"]) for n in r.placement.get("nodes", [])),
-            nodes=tuple(n["node"] for n in r.placement.get("nodes", [])),
+            slices=tuple((n["node"], len(n["gpus"])) for n in r.placement.get("nodes", [])),
             created_at=r.created_at,
             started_at=r.started_at,
             ended_at=r.ended_at,
             progress_lost_s=r.progress_lost_s or 0.0,
-            resumed_from_checkpoint=r.number > 1 and r.checkpoint_step is not None,
+            resumed=r.resume_step is not None,
+            restore_s=r.restore_s or 0.0,
+            checkpoint_stall_s=r.checkpoint_stall_s or 0.0,
+            new_step_at=r.new_step_at,
         )
         for r in attempt_rows
     ]

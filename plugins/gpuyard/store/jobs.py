@@ -263,5 +263,9 @@ def attempt_from_row(row: Any) -> Attempt:
         progress_lost_s=row.progress_lost_s,
         lease_expires_at=row.lease_expires_at,
         progress_at=row.progress_at,
+        resume_step=row.resume_step,
+        restore_s=row.restore_s,
+        checkpoint_stall_s=row.checkpoint_stall_s,
+        new_step_at=row.new_step_at,
         attempt_secret=row.attempt_secret,
     )

@@ -134,6 +134,7 @@ def reserve_in(
                 "borrowed": wanted[i].borrowed,
                 "checkpoint_url": job.checkpoint_url,
                 "checkpoint_step": job.checkpoint_step,
+                "resume_step": job.checkpoint_step,
                 "lease_expires_at": expires,
                 "created_at": at,
                 "updated_at": at,

@@ -140,6 +140,14 @@ attempts = Table(
     Column("lease_expires_at", UtcDateTime()),
     Column("progress_at", UtcDateTime()),  # when `step` last advanced: hang detection
     Column("progress_lost_s", Float),
+    # The accounting's (docs/metrics.md): the checkpoint step it resumes from (its job's newest when
+    # reserved, then the one its workers report restoring), the seconds they report spending on that
+    # restore and on checkpoint writes that paused the steps, and when a beat first reported a step
+    # past `resume_step` (or past 0).
+    Column("resume_step", BigInteger),
+    Column("restore_s", Float),
+    Column("checkpoint_stall_s", Float),
+    Column("new_step_at", UtcDateTime()),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     # (job, number) is the idempotency key of a launch: a duplicate message cannot make a second one.

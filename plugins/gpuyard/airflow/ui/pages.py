@@ -18,11 +18,11 @@ from gpuyard.airflow.ui import svg
 
 FIGURES = (  # (field of a series point, chart title, shown as a share)
     ("utilization", "GPU utilization", True),
-    ("goodput", "goodput (progress kept / GPU time leased)", True),
+    ("goodput", "goodput (useful GPU time / GPU time leased)", True),
     ("queue_wait_p50_s", "queue wait p50 (s)", False),
     ("queue_wait_p99_s", "queue wait p99 (s)", False),
     ("resume_success_share", "resume success share", True),
-    ("lost_gpu_hours", "progress lost to interruptions (GPU-h)", False),
+    ("lost_gpu_hours", "progress lost (GPU-h): steps made and not kept", False),
     ("cost_per_job", "cost per finished job", False),
     ("idle_cost", "idle cost (free GPUs)", False),
 )
