@@ -47,8 +47,8 @@ import httpx
 import psycopg
 import yaml
 from gpuyard.clock import utcnow
+from gpuyard.domain.accounting import percentile
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
-from gpuyard.platform_metrics import percentile
 from gpuyard.scheduler.service import RELEASE_MEMORY_EVERY_S
 from harness import free_port, log, recreate_database, servers_parser, wait_ready
 
