@@ -158,12 +158,14 @@ def _lapsed(records: list[Record], lease_s: float) -> bool:
 
 def _exit_codes(history: History) -> dict[str, dict[int, int]]:
     """How each attempt's workers exited, by rank: their shims' exit files, else (a full disk took the
-    file) the code the worker itself reported last, unless the suite killed the attempt: its SIGKILL
-    may have come between the worker's report and its shim's file (seed 702: a node lost as its
-    worker exited 0 is LOST, rightly)."""
+    file) the code the worker itself reported last, unless a SIGKILL may have come between the
+    worker's report and its shim's file: the suite's (seed 702: a node lost as its worker exited 0 is
+    LOST, rightly) or the platform's own, at the end of the grace period of a stop it asked for (seed
+    803: shims frozen as their workers exited 0, preempted meanwhile, killed at the thaw)."""
+    stopped = {a.id for a in history.attempts.values() if a.stop_requested is not None}
     codes: dict[str, dict[int, int]] = defaultdict(dict)
     for record in sorted(history.journal, key=lambda r: r.t):
-        if record.e == "exit" and record.attempt not in history.kills:
+        if record.e == "exit" and record.attempt not in history.kills and record.attempt not in stopped:
             codes[record.attempt][record.rank] = int(record.data["code"])
     for attempt_id, ranks in history.exits.items():
         codes[attempt_id].update(ranks)

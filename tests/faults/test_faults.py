@@ -31,6 +31,7 @@ from .workload import plan
 
 
 @pytest.mark.slow
+@pytest.mark.starts_first
 def test_a_bounded_fault_campaign_keeps_every_promise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], record_property: Callable[[str, object], None]
 ) -> None:
@@ -269,6 +270,24 @@ def test_a_worker_killed_with_its_shim_as_it_exited_0_is_rightly_lost() -> None:
     assert "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None" in found
     killed = story.history(kills={"j2-a1": exit_record.t})
     assert not [v for v in check(killed) if v.invariant == "attempts match exits"]
+
+
+def test_a_worker_the_platform_killed_after_its_stop_s_grace_as_it_exited_0_is_rightly_lost() -> None:
+    """Seed 803: j2's workers journaled exit 0, their shims were frozen before writing the status, the
+    platform preempted the attempt meanwhile and SIGKILLed it at the end of the grace period: no status
+    survived, LOST is what the platform can know."""
+    story = clean_story()
+    story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], state="LOST", exit_code=None)
+    story.exits.pop("j2-a1")
+    story.job("j2", state="SUCCEEDED")
+    story.attempt("j2", 2, "SUCCEEDED", gpu=GPU_B, exit_code=exit_codes.SUCCESS)
+    story.event("job.scheduled", "j2", "j2-a2")
+    story.event("attempt.succeeded", "j2", "j2-a2")
+    story.job("j2")
+    found = {v.detail for v in check(story.history()) if v.invariant == "attempts match exits"}
+    assert "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None" in found
+    story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], stop_requested="preempt")
+    assert not [v for v in check(story.history()) if v.invariant == "attempts match exits"]
 
 
 def test_the_checker_catches_a_failure_count_that_disagrees_with_the_exits() -> None:
