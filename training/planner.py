@@ -200,29 +200,62 @@ def memory(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout) -> dic
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def exchange_bytes(shape: ModelShape, train: Training, lay: Layout) -> dict[str, float]:
+    """Bytes one GPU sends per optimizer step (ring collectives: it receives as much), by kind:
+    - `tp`: 4 all-reduces of a micro-batch's activations (s*b*h) per layer of its stage, 2*(tp-1)/tp of
+      them each, for every micro-batch of the step;
+    - `dp`: the data-parallel exchange of its shard of the weights (params / (tp*pp)), (dp-1)/dp of it
+      per pass: DDP one gradient all-reduce (2 passes), FSDP two all-gathers per micro-batch and one
+      reduce-scatter (2m + 1 passes);
+    - `pp`: a stage in the middle of the pipeline sends each micro-batch's activations (s*b*h) to the
+      next stage and their gradients back to the previous one, split over its tp ranks.
+    The step-time model charges `tp` and `dp`; `pp` is small beside them (point-to-point, no ring)."""
+    width = 4.0 if train.precision == "fp32" else 2.0
+    activations = shape.seq_len * train.micro_batch * shape.hidden * width
+    tp = 0.0
+    if lay.tp > 1:
+        per_layer = 4 * activations * 2 * (lay.tp - 1) / lay.tp
+        tp = per_layer * math.ceil(shape.layers / lay.pp) * lay.microbatches
+    dp = 0.0
+    if lay.dp > 1:
+        dp = (shape.params / (lay.tp * lay.pp)) * width * (lay.dp - 1) / lay.dp
+        dp *= (2 * lay.microbatches + 1) if lay.fsdp else 2
+    pp = 2 * activations / lay.tp * lay.microbatches if lay.pp > 1 else 0.0
+    return {"tp": tp, "dp": dp, "pp": pp}
+
+
+def crosses_nodes(fleet: Fleet, lay: Layout) -> dict[str, bool]:
+    """Which exchanges of `exchange_bytes` leave a node, ranks ordered tp, then dp, then pp: TP never
+    (tp divides a node's GPUs); DP when its group (dp x tp GPUs) is larger than a node; PP when the
+    whole pipeline (tp x dp x pp GPUs) is, so that at least one stage boundary lies between nodes."""
+    return {
+        "tp": False,
+        "dp": lay.dp > 1 and lay.dp * lay.tp > fleet.gpus_per_node,
+        "pp": lay.pp > 1 and lay.tp * lay.dp * lay.pp > fleet.gpus_per_node,
+    }
+
+
+def checkpoint_bytes(params: float, optimizer: Optimizer, precision: Precision) -> float:
+    """Bytes of one full checkpoint: the weights and the optimizer state (with mixed precision its fp32
+    master copy), as `bytes_per_param` counts them; gradients are not saved."""
+    per = bytes_per_param(optimizer, precision)
+    return params * (per["parameters"] + per["optimizer_state"])
+
+
 def step_time(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, global_batch: int) -> float:
     """Estimated seconds per optimizer step: compute (x4/3 with recomputation, / (1 - bubble)) plus
-    communication that does not overlap: TP all-reduces, and the data-parallel exchange (DDP: one gradient
-    all-reduce, 2x the shard; FSDP: two all-gathers per micro-batch and one reduce-scatter)."""
+    communication that does not overlap (`exchange_bytes`): the TP all-reduces on the links inside a
+    node, and half of the data-parallel exchange (the other half overlaps the backward pass) on the
+    links inside a node, or between nodes when its group spans several (`crosses_nodes`)."""
     tokens = global_batch * shape.seq_len
     flops = 6.0 * shape.params * tokens * (4 / 3 if lay.activation_checkpointing else 1.0)
     compute = flops / (fleet.gpus * fleet.gpu_tflops * 1e12 * fleet.mfu)
     bubble = (lay.pp - 1) / (lay.microbatches + lay.pp - 1)
     compute /= 1.0 - bubble
-    width = 4.0 if train.precision == "fp32" else 2.0
-    tp_comm = 0.0
-    if lay.tp > 1:
-        per_layer = 4 * shape.seq_len * train.micro_batch * shape.hidden * width * 2 * (lay.tp - 1) / lay.tp
-        layers = math.ceil(shape.layers / lay.pp)
-        tp_comm = per_layer * layers * lay.microbatches / (fleet.intra_node_gbps * GB)
-    dp_comm = 0.0
-    if lay.dp > 1:
-        volume = (shape.params / (lay.tp * lay.pp)) * width * (lay.dp - 1) / lay.dp
-        volume *= (2 * lay.microbatches + 1) if lay.fsdp else 2
-        inside_node = lay.dp * lay.tp <= fleet.gpus_per_node
-        bw = fleet.intra_node_gbps if inside_node else fleet.inter_node_gbps
-        # Half of the gradient exchange overlaps the backward pass.
-        dp_comm = 0.5 * volume / (bw * GB)
+    sent = exchange_bytes(shape, train, lay)
+    tp_comm = sent["tp"] / (fleet.intra_node_gbps * GB)
+    bw = fleet.inter_node_gbps if crosses_nodes(fleet, lay)["dp"] else fleet.intra_node_gbps
+    dp_comm = 0.5 * sent["dp"] / (bw * GB)
     return compute + tp_comm + dp_comm
 
 
