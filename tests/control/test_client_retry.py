@@ -80,7 +80,8 @@ def state_after(error: BaseException, attempt: int, since_start_s: float) -> ten
     state = tenacity.RetryCallState(tenacity.Retrying(), fn=None, args=(), kwargs={})
     state.attempt_number = attempt
     state.set_exception((type(error), error, None))
-    state.outcome_timestamp = state.start_time + since_start_s
+    # from 0, not the monotonic clock's now: (now + 60) - now is not 60 once now is large
+    state.start_time, state.outcome_timestamp = 0.0, since_start_s
     return state
 
 

@@ -86,8 +86,8 @@ def finalize(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
     return manifest
 
 
-def beat(self: Any, step: int, checkpoint: Any, metrics: Any = None) -> Any:
-    answer = _beat(self, step, checkpoint, metrics)
+def beat(self: Any, step: int, checkpoint: Any, metrics: Any = None, overheads: Any = None) -> Any:
+    answer = _beat(self, step, checkpoint, metrics, overheads)
     if answer is None:
         light.journal("beat_failed", step=step, error="unreachable after retries")
     elif answer.action == Action.STOP:
