@@ -35,7 +35,7 @@ from stack import AirflowStack, Gate, Gpuyard
 from pipelines.definition import load_definition
 from pipelines.tracking_server import TrackingServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.starts_first]  # an Airflow stack, ten DAG runs
 
 DONE = {"success", "failed", "upstream_failed"}
 EXECUTION_TIMEOUT_S = 20  # case_execution_timeout's

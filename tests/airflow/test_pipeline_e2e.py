@@ -39,7 +39,8 @@ from pipelines import mlflow_access, storage
 from pipelines.definition import HOME_VARIABLE, load_definition
 from pipelines.tracking_server import TrackingServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a DAG run and a second pipeline
+# a DAG run and a second pipeline
+pytestmark = [pytest.mark.slow, pytest.mark.starts_first, pytest.mark.timeout(1800)]
 
 SLICE: dict[str, Any] = {
     "data": {"run_date": "2013-01-12", "history_days": 10, "training_days": 5, "holdout_days": 2},

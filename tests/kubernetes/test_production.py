@@ -52,6 +52,7 @@ from servers import S3Server, free_port, open_directory, wait_until
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.starts_first,
     pytest.mark.postgres,
     pytest.mark.redis,
     pytest.mark.skipif(not Bridge.possible(), reason="the pods' network namespaces need root and iproute2"),
