@@ -15,9 +15,8 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import (
     Asset,
@@ -41,6 +40,9 @@ from pipelines.definition import (
     PipelineDefinition,
     load_definition,
 )
+
+if TYPE_CHECKING:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 log = logging.getLogger(__name__)
 START = "{{{{ ti.xcom_pull(task_ids='start')['{field}'] }}}}"  # a field of the run's window
@@ -218,6 +220,10 @@ def _spark_master(definition: PipelineDefinition) -> Callable[[Any], None]:
 
 
 def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
+    # imported here: Spark's hook loads the Kubernetes clients (about a second), which every task
+    # process of a DAG without Spark jobs (every parse of its file) would pay for nothing
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     config = definition.step_config()  # the days come from the run: templates below
     start, end = START.format(field="prepare_start"), START.format(field="run_date")
     return [
