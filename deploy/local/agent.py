@@ -15,7 +15,8 @@ for every pod bound to this node (kmock ignores field selectors: the agent filte
   grace period has passed, and the finalizer removed when it has stopped.
 
 Given the cluster's `PodNetwork`, each pod runs in a network namespace of its own on the cluster's
-bridge (its `podIP`), with the cluster's names as its `/etc/hosts` (`network.py`). What is not
+bridge (its `podIP`), with the cluster's names as its `/etc/hosts` and a resolver that fails every
+other name at once (`network.py`). What is not
 emulated yet: cgroup limits (CPU and memory are placed, not enforced;
 GPUs are counted only), more than one container per pod, probes, restart policies other than Never.
 
@@ -241,6 +242,7 @@ class NodeAgent:
                 meta["uid"], address, names, pod["spec"].get("subdomain"), meta["namespace"]
             )
             mounts["/etc/hosts"] = str(self.network.names.path)
+            mounts["/etc/resolv.conf"] = str(self.network.names.resolver)
         security = {**(pod["spec"].get("securityContext") or {}), **(container.get("securityContext") or {})}
         spec = {
             "argv": [*(container.get("command") or []), *(container.get("args") or [])],

@@ -6,7 +6,10 @@ object store); each pod gets an address of the bridge's subnet and a veth pair, 
 other and the gateway by address and nothing else of this machine (its loopback is not theirs). Names
 resolve as the cluster's DNS would resolve a headless Service's: `hosts` is one file, every pod's
 `/etc/hosts` (bind-mounted by `container.py`), rewritten in place as pods come and go, with each pod's
-`<hostname>.<subdomain>.<namespace>.svc.<domain>` and its shorter forms.
+`<hostname>.<subdomain>.<namespace>.svc.<domain>` and its shorter forms. Every other name fails at once,
+as a cluster's DNS answers for a name it does not have: each pod's `/etc/resolv.conf` names a server on
+its own loopback, where none listens. This machine's resolver, which pods cannot reach, made each
+lookup wait out its timeouts (10 s: gloo's reverse lookups held every rendezvous 10 to 20 s).
 
 Needs root and iproute2 (`BridgeNetwork.possible()`).
 """
@@ -124,6 +127,10 @@ class ClusterNames:
         self._entries: dict[str, tuple[str, list[str]]] = {}  # pod uid -> (address, names)
         self._lock = threading.Lock()
         self.path.write_text(self._render())
+        # Every pod's /etc/resolv.conf: no server answers on a pod's loopback, so a name that is not
+        # the cluster's fails at once (refused) instead of waiting for a resolver it cannot reach.
+        self.resolver = path.with_name("resolv.conf")
+        self.resolver.write_text("nameserver 127.0.0.1\n")
 
     def add(self, uid: str, address: str, hostname: str, subdomain: str | None, namespace: str) -> None:
         names = [hostname]

@@ -45,6 +45,15 @@ try:
 except OSError as error:
     print(type(error).__name__)
 """
+LOOKUP = """
+import socket, time
+began = time.monotonic()
+try:
+    socket.getaddrinfo("outside.example", 80)
+    print("resolved")
+except OSError as error:
+    print(type(error).__name__, round(time.monotonic() - began, 1))
+"""
 
 
 @pytest.fixture
@@ -110,12 +119,17 @@ def test_a_pod_reaches_this_machine_at_the_gateway_and_not_at_its_loopback(
                 host,
                 str(port),
             )
-        for name in ("gw", "lo"):
+        # Nor does it reach this machine's resolver: a name that is not the cluster's fails at once
+        # (a lookup waited 10 s for it before, and held every gloo rendezvous as long).
+        python_pod(cluster, "dns", f"import sys; sys.stdout = open('{shared}/dns.out', 'w')\n" + LOOKUP)
+        for name in ("gw", "lo", "dns"):
             wait_until(
                 lambda name=name: phase(cluster, name) == "Succeeded", timeout_s=60, what=f"{name} done"
             )
         assert (shared / "gw.out").read_text().strip() == "reached"
         assert (shared / "lo.out").read_text().strip() == "ConnectionRefusedError"  # its own loopback
+        failed, seconds = (shared / "dns.out").read_text().split()
+        assert failed == "gaierror" and float(seconds) < 2
     finally:
         stop.set()
         at_gateway.close()
