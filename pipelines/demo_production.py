@@ -36,19 +36,17 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from typing import Any
 
 from gpuyard.client import GpuyardClient, resolve_endpoint
-from local_cluster.agent import NodeSpec
+from local_cluster.agent import H100, NodeSpec
 from local_cluster.cluster import EmulatedCluster
-from local_cluster.control_plane import ControlPlane, settings
+from local_cluster.control_plane import object_store_secret, on_cluster
 from local_cluster.images import python_image
 from local_cluster.services import (
     MACHINE_POSTGRES,
     MACHINE_REDIS,
     S3Server,
-    free_port,
     running_or_throwaway,
     throwaway_database,
     throwaway_postgres,
@@ -77,7 +75,6 @@ IMAGE_SOURCES = "/opt/gpuyard/src"
 # (read-only), and nothing else of the checkout, whose .gpuyard/ the pods write their work into.
 PACKAGES = tuple(str(REPOSITORY / folder) for folder in ("plugins", "training", "pipelines", "spark_jobs"))
 GPU_TYPE = "h100"
-H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
 LEASE_S, GRACE_S = 20, 10
 
 
@@ -181,29 +178,19 @@ def main() -> int:
         )
 
         console.rule("3. the control plane: migrate, api x2, relay, scheduler x2 (Kubernetes launcher)")
-        port = free_port()
-        api_url = f"http://{cluster.gateway}:{port}"
-        plane = ControlPlane(
+        plane = on_cluster(
+            cluster,
+            s3,
             HOME / "gpuyard",
-            env
-            | s3.env
-            | settings(
-                database_url=gpuyard_db,
-                redis_url=redis_url,
-                api_url=api_url,
-                kubernetes_url=cluster.url,
-                run=(HOME / "gpuyard"),
-                lease_s=LEASE_S,
-                grace_s=GRACE_S,
-                checkpoint_store=checkpoints,
-            )
-            | {
-                "GPUYARD_REDIS_STREAM": f"gpuyard:demo-production:{uuid.uuid4().hex[:8]}",
-                "GPUYARD_KUBERNETES__ENV_FROM_SECRETS": '["object-store"]',
-            },
-            host=cluster.gateway,
-            port=port,
+            env,
+            database_url=gpuyard_db,
+            redis_url=redis_url,
+            lease_s=LEASE_S,
+            grace_s=GRACE_S,
+            checkpoint_store=checkpoints,
+            stream="demo-production",
         )
+        api_url = plane.url
         plane.gpuyard("migrate")
         token = plane.team_token(TEAM, "make demo-production: Airflow")
         admin_token = json.loads(
@@ -237,7 +224,7 @@ def main() -> int:
         cluster.server.emulator.apply(
             cluster.api.api_client,
             [
-                secret("object-store", s3.env),  # the pods' credentials for the checkpoint bucket
+                object_store_secret(TEAM_NAMESPACE, s3),  # the pods' credentials for the checkpoint bucket
                 secret(  # what the jobs' env_from_secret names: team a's MLflow user
                     f"gpuyard-team-{TEAM}",
                     {

@@ -54,6 +54,9 @@ from local_cluster.periodic import Periodic
 log = logging.getLogger(__name__)
 
 FINALIZER = "local-cluster.gpuyard.io/containers"  # the agent's hold on a deleted pod
+# The labels NVIDIA's GPU feature discovery puts on a node of H100s (80 GB), which a GPU scheduler reads
+# the node's GPU model and memory from: a NodeSpec's `labels` for an emulated H100 node.
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
 Obj = dict[str, Any]
 
 

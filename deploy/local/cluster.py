@@ -40,14 +40,30 @@ class EmulatedCluster:
         configuration = k8s.Configuration()
         configuration.host = self.server.url
         self.api = k8s.CoreV1Api(k8s.ApiClient(configuration))
-        self.agents = {
-            spec.name: NodeAgent(
-                self.api, spec, images, root / spec.name, report_every_s=report_every_s, network=self.network
-            )
-            for spec in nodes
-        }
+        self.images, self.root, self.report_every_s = images, root, report_every_s
+        self.agents = {spec.name: self._agent(spec) for spec in nodes}
         self.binder = Binder(self.api)
         self.lifecycle = NodeLifecycle(self.api, grace_s=node_grace_s)
+
+    def _agent(self, spec: NodeSpec) -> NodeAgent:
+        return NodeAgent(
+            self.api,
+            spec,
+            self.images,
+            self.root / spec.name,
+            report_every_s=self.report_every_s,
+            network=self.network,
+        )
+
+    def add_node(self, spec: NodeSpec) -> NodeAgent:
+        """A node joins the running cluster (a machine added, or one that replaces a lost machine): its
+        agent registers it and runs the pods bound to it from then on."""
+        if spec.name in self.agents:
+            raise ValueError(f"node {spec.name} exists already")
+        agent = self._agent(spec)
+        self.agents[spec.name] = agent
+        agent.register().start()
+        return agent
 
     @property
     def url(self) -> str:

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,12 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 from local_cluster.apiserver import ApiServerEmulator, write_kubeconfig
-from local_cluster.services import free_port
+from local_cluster.cluster import EmulatedCluster
+from local_cluster.services import S3Server, free_port
+
+# The Secret of each team's namespace that holds the object store's credentials: every worker pod gets
+# its keys as variables (`kubernetes.env_from_secrets`), as `on_cluster` configures the control plane.
+OBJECT_STORE_SECRET = "object-store"
 
 
 def settings(
@@ -32,8 +38,8 @@ def settings(
     api_url: str,
     kubernetes_url: str,
     run: Path,
-    lease_s: int,
-    grace_s: int,
+    lease_s: float,
+    grace_s: float,
     checkpoint_store: str,
     namespace: str = "gpuyard",
 ) -> dict[str, str]:
@@ -54,6 +60,49 @@ def settings(
         "GPUYARD_KUBERNETES__WATCH_TIMEOUT_S": "30",
         "KUBECONFIG": str(write_kubeconfig(kubernetes_url, run / "kubeconfig")),
     }
+
+
+def object_store_secret(namespace: str, s3: S3Server) -> dict[str, Any]:
+    """The object store's Secret for a team's namespace: the credentials of `s3`, and its endpoint."""
+    metadata = {"name": OBJECT_STORE_SECRET, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": s3.env}
+
+
+def on_cluster(
+    cluster: EmulatedCluster,
+    s3: S3Server,
+    run: Path,
+    env: Mapping[str, str],
+    *,
+    database_url: str,
+    redis_url: str,
+    lease_s: float,
+    grace_s: float,
+    checkpoint_store: str,
+    stream: str,
+) -> ControlPlane:
+    """gpuyard's processes for an emulated cluster and its S3 endpoint, as `make demo-production` and
+    benchmarks/time_to_resume.py run them: `env` (the machine's variables the processes need), the
+    endpoint's credentials, `settings()`, the API on the cluster's gateway (where its pods reach it), a
+    Redis stream of their own (`gpuyard:<stream>:<random>`: a machine's Redis may serve several), and
+    every worker pod given its team namespace's `OBJECT_STORE_SECRET` (`object_store_secret` makes
+    it). Not started: `up()` does."""
+    port = free_port()
+    extra = {
+        "GPUYARD_REDIS_STREAM": f"gpuyard:{stream}:{uuid.uuid4().hex[:8]}",
+        "GPUYARD_KUBERNETES__ENV_FROM_SECRETS": json.dumps([OBJECT_STORE_SECRET]),
+    }
+    configured = settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        api_url=f"http://{cluster.gateway}:{port}",
+        kubernetes_url=cluster.url,
+        run=run,
+        lease_s=lease_s,
+        grace_s=grace_s,
+        checkpoint_store=checkpoint_store,
+    )
+    return ControlPlane(run, {**env, **s3.env, **configured, **extra}, host=cluster.gateway, port=port)
 
 
 def _read(url: str) -> str:
@@ -86,6 +135,7 @@ class ControlPlane:
         self.env = dict(env)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.schedulers: dict[str, str] = {}  # name -> probe URL
+        self._commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}  # name -> its args, env
 
     def gpuyard(self, *args: str) -> str:
         """Run one `gpuyard` command to its end; its output, or RuntimeError with its error."""
@@ -101,6 +151,7 @@ class ControlPlane:
         return done.stdout
 
     def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        self._commands[name] = (args, env)
         log = (self.run / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "gpuyard.cli", *args],
@@ -126,6 +177,17 @@ class ControlPlane:
         for name, url in self.schedulers.items():
             self.wait_for(lambda url=url: _answers(f"{url}/healthz"), timeout_s, f"{name}'s probe")
         self.leader()
+
+    def supervise(self) -> list[str]:
+        """Start again every process that exited (with its arguments and probe port), as a Deployment
+        restarts its pods; their names."""
+        restarted = []
+        for name, process in list(self.processes.items()):
+            if process.poll() is not None:
+                args, env = self._commands[name]
+                self.start(name, *args, **env)
+                restarted.append(name)
+        return restarted
 
     def wait_for(self, ready: Any, timeout_s: float, what: str, *, watch: bool = True) -> None:
         """Until `ready()`; with `watch`, RuntimeError naming the log of a process that exited meanwhile."""

@@ -195,7 +195,7 @@ def test_a_missing_secret_is_a_create_config_error(cluster: EmulatedCluster) -> 
     assert waiting == {"reason": "CreateContainerConfigError", "message": 'secret "absent" not found'}
 
 
-def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes_them_down(
+def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes_them_down_till_replaced(
     cluster: EmulatedCluster, shared: Path
 ) -> None:
     beat = f"while :; do date +%s%N > {shared}/$NAME; sleep 0.05; done"
@@ -219,6 +219,10 @@ def test_a_partitioned_node_goes_unknown_while_its_pods_run_and_a_lost_one_takes
     assert pod(cluster, "on-b") is not None  # what became of it is unknown until the node is removed
     cluster.api.delete_node("node-b")  # the operator's word that the machine is gone
     wait_until(lambda: pod(cluster, "on-b") is None, what="the lost node's pod collected")
+    cluster.add_node(NodeSpec("node-c", labels={"zone": "b"}))  # a machine that replaces it joins
+    run(cluster, "on-c", f"echo ran > {shared}/c", nodeSelector={"zone": "b"})
+    wait_until(lambda: phase(cluster, "on-c") == "Succeeded", what="a pod on the new node")
+    assert (pod(cluster, "on-c") or {})["spec"]["nodeName"] == "node-c"
 
 
 def ready(cluster: EmulatedCluster, node: str) -> str:

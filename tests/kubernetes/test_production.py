@@ -43,7 +43,7 @@ import pytest
 from conftest import NAMESPACE, Cluster, assert_valid
 from faults.workload import write_runtime_config
 from gpuyard.launchers.kubernetes import manifests as m
-from local_cluster.agent import NodeSpec
+from local_cluster.agent import H100, NodeSpec
 from local_cluster.cluster import EmulatedCluster
 from local_cluster.control_plane import ControlPlane, settings
 from local_cluster.images import LocalImage, python_image
@@ -215,9 +215,8 @@ def checkpoints(s3: S3Server, url: str) -> list[str]:
 def platform(
     postgres_server: str, redis_url: str, tmp_path: Path
 ) -> Iterator[tuple[Platform, EmulatedCluster, S3Server]]:
-    labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
     nodes = [
-        NodeSpec(name, gpus=1, cpu="8", memory="32Gi", labels={**labels, "gpuyard.io/domain": "rack-1"})
+        NodeSpec(name, gpus=1, cpu="8", memory="32Gi", labels={**H100, "gpuyard.io/domain": "rack-1"})
         for name in ("gpu-a", "gpu-b", "gpu-c", "gpu-d")
     ]
     database = f"gpuyard_e2e_{uuid.uuid4().hex[:10]}"
