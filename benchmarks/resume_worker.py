@@ -8,17 +8,32 @@ start, resume, saves, beats, steps and exit) plus the moments of a start the ben
   chosen and its checksums verified) then `Checkpointer.restore` (model, optimizer, RNG and trainer
   state loaded); no `restored` when there was nothing to restore.
 
+A Kubernetes pod is one process per node that starts the node's ranks itself (training/ranks.py) as
+`python -m training.run`; here that process journals as rank -1 (its `start`, `imported`, `exit`)
+and starts each rank as this script instead, so every rank journals as under the local launcher.
+
     resume_worker.py --config RUNTIME.yaml [--set key=value ...]
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from training import ranks as ranks_module  # no torch: before the `start` record
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "faults"))
-import runtime_worker  # journals `start`, then imports torch and the runtime and wraps its calls
+import worker as light  # the journal (runtime_worker's own)
+
+NODE = ranks_module.node_ranks(os.environ) is not None  # a pod's process, which starts the node's ranks
+if NODE:
+    light.RANK = -1  # journaled as the node, not as its rank 0
+
+import runtime_worker  # noqa: E402  (journals `start`, then imports torch and the runtime, wraps its calls)
 
 ckpt_module, light = runtime_worker.ckpt_module, runtime_worker.light
 light.journal("imported")
@@ -45,7 +60,15 @@ def init(*args: Any, **kwargs: Any) -> Any:
     return world
 
 
+def start_rank(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """training/ranks.py's start of a rank, `python -m training.run ARGS`, as this script."""
+    assert argv[1:3] == ["-m", "training.run"], argv
+    return subprocess.Popen([argv[0], str(Path(__file__).resolve()), *argv[3:]], **kwargs)
+
+
 distributed.init = init  # training.run calls it through the module
+if NODE:
+    ranks_module.subprocess = SimpleNamespace(Popen=start_rank)  # type: ignore[assignment]
 ckpt_module.Checkpointer.find_latest = find_latest  # type: ignore[method-assign]
 ckpt_module.Checkpointer.restore = restore  # type: ignore[method-assign]
 
