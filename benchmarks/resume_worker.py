@@ -9,8 +9,9 @@ start, resume, saves, beats, steps and exit) plus the moments of a start the ben
   state loaded); no `restored` when there was nothing to restore.
 
 A Kubernetes pod is one process per node that starts the node's ranks itself (training/ranks.py) as
-`python -m training.run`; here that process journals as rank -1 (its `start`, `imported`, `exit`)
-and starts each rank as this script instead, so every rank journals as under the local launcher.
+`python -m training.run`, importing no torch; here that process journals as rank -1 (its `start`,
+`exit`) and starts each rank as this script instead, so every rank journals as under the local
+launcher.
 
     resume_worker.py --config RUNTIME.yaml [--set key=value ...]
 """
@@ -30,34 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "faults")
 import worker as light  # the journal (runtime_worker's own)
 
 NODE = ranks_module.node_ranks(os.environ) is not None  # a pod's process, which starts the node's ranks
-if NODE:
-    light.RANK = -1  # journaled as the node, not as its rank 0
-
-import runtime_worker  # noqa: E402  (journals `start`, then imports torch and the runtime, wraps its calls)
-
-ckpt_module, light = runtime_worker.ckpt_module, runtime_worker.light
-light.journal("imported")
-distributed = runtime_worker.run_module.distributed
-_init = distributed.init
-_find_latest = ckpt_module.Checkpointer.find_latest  # runtime_worker's wrapper: journals `resume`
-_restore = ckpt_module.Checkpointer.restore
-
-
-def find_latest(self: Any, *args: Any, **kwargs: Any) -> Any:
-    light.journal("restore_began")
-    return _find_latest(self, *args, **kwargs)
-
-
-def restore(self: Any, *args: Any, **kwargs: Any) -> Any:
-    restored = _restore(self, *args, **kwargs)
-    light.journal("restored", step=int(restored.trainer["step"]))
-    return restored
-
-
-def init(*args: Any, **kwargs: Any) -> Any:
-    world = _init(*args, **kwargs)
-    light.journal("joined")
-    return world
 
 
 def start_rank(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
@@ -66,11 +39,46 @@ def start_rank(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen([argv[0], str(Path(__file__).resolve()), *argv[3:]], **kwargs)
 
 
-distributed.init = init  # training.run calls it through the module
-if NODE:
-    ranks_module.subprocess = SimpleNamespace(Popen=start_rank)  # type: ignore[assignment]
-ckpt_module.Checkpointer.find_latest = find_latest  # type: ignore[method-assign]
-ckpt_module.Checkpointer.restore = restore  # type: ignore[method-assign]
+def node_main() -> None:
+    """The pod's process: the runtime's own entry point, which starts the ranks and imports no torch."""
+    from training import run
 
-if __name__ == "__main__":
-    runtime_worker.main()
+    light.RANK = -1  # journaled as the node, not as its rank 0
+    light.journal("start", runtime=True)
+    ranks_module.subprocess = SimpleNamespace(Popen=start_rank)  # type: ignore[assignment]
+    light.leave(run.main(sys.argv[1:]))
+
+
+if NODE:
+    if __name__ == "__main__":
+        node_main()
+else:
+    import runtime_worker  # journals `start`, then imports torch and the runtime, wraps its calls
+
+    ckpt_module, light = runtime_worker.ckpt_module, runtime_worker.light
+    light.journal("imported")
+    distributed = runtime_worker.trainer_module.distributed
+    _init = distributed.init
+    _find_latest = ckpt_module.Checkpointer.find_latest  # runtime_worker's wrapper: journals `resume`
+    _restore = ckpt_module.Checkpointer.restore
+
+    def find_latest(self: Any, *args: Any, **kwargs: Any) -> Any:
+        light.journal("restore_began")
+        return _find_latest(self, *args, **kwargs)
+
+    def restore(self: Any, *args: Any, **kwargs: Any) -> Any:
+        restored = _restore(self, *args, **kwargs)
+        light.journal("restored", step=int(restored.trainer["step"]))
+        return restored
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        world = _init(*args, **kwargs)
+        light.journal("joined")
+        return world
+
+    distributed.init = init  # training.trainer calls it through the module
+    ckpt_module.Checkpointer.find_latest = find_latest  # type: ignore[method-assign]
+    ckpt_module.Checkpointer.restore = restore  # type: ignore[method-assign]
+
+    if __name__ == "__main__":
+        runtime_worker.main()

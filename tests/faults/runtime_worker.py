@@ -40,6 +40,7 @@ light.journal("start", runtime=True)
 from training import checkpoint as ckpt_module  # noqa: E402  (after the start record: torch is slow)
 from training import heartbeat as heartbeat_module  # noqa: E402
 from training import run as run_module  # noqa: E402
+from training import trainer as trainer_module  # noqa: E402
 from training.heartbeat import Action  # noqa: E402
 
 ATTEMPT = light.ATTEMPT
@@ -63,7 +64,7 @@ os.fsync = _fsync  # type: ignore[assignment]  (the same signature; mypy refuses
 _find_latest = ckpt_module.Checkpointer.find_latest
 _finalize = ckpt_module.CheckpointStore.finalize
 _beat = heartbeat_module.HeartbeatClient.beat
-_write = run_module.EventLog.write
+_write = trainer_module.EventLog.write
 
 
 def find_latest(self: Any, verify_checksums: bool = True, recorded: str | None = None) -> Any:
@@ -106,7 +107,7 @@ def write(self: Any, event: str, **fields: Any) -> None:
 ckpt_module.Checkpointer.find_latest = find_latest  # type: ignore[method-assign]
 ckpt_module.CheckpointStore.finalize = finalize  # type: ignore[method-assign]
 heartbeat_module.HeartbeatClient.beat = beat  # type: ignore[method-assign]
-run_module.EventLog.write = write  # type: ignore[method-assign]
+trainer_module.EventLog.write = write  # type: ignore[method-assign]
 
 
 def main() -> None:

@@ -1,0 +1,307 @@
+"""One rank of a training run (`training/run.py` starts it): trains the configured model on the
+parquet training set with DDP or FSDP, resumes from the newest complete checkpoint, checkpoints on
+schedule, obeys SIGTERM and heartbeat answers, and records one MLflow run per training run. Exit
+codes: see training/exit_codes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from training import distributed, exit_codes
+from training.checkpoint import Checkpointer, CheckpointStore
+from training.config import Config, load
+from training.control import CheckpointSchedule, Preemption, decide, local_action, votes
+from training.data import Dataset, StepSampler, feature_stats, read_parquet, split
+from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads
+from training.mlflow_tracking import Tracker, make_tracker
+from training.model import MLPClassifier, count_parameters
+
+log = logging.getLogger("training")
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def lr_lambda(cfg: Config) -> Any:
+    """Linear warm-up, then cosine decay to 10% of the peak rate."""
+    warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, device: torch.device) -> dict[str, float]:
+    """Loss and accuracy on the validation set; every rank runs it (FSDP forward is collective)."""
+    if len(data) == 0:
+        return {}
+    was_training = model.training
+    model.eval()
+    chunks = torch.split(data.features, 65536)
+    logits = torch.cat([model(chunk.to(device)).float().cpu() for chunk in chunks])
+    model.train(was_training)
+    loss = F.binary_cross_entropy_with_logits(logits, data.labels).item()
+    accuracy = ((logits > 0).float() == data.labels).float().mean().item()
+    return {"val_loss": loss, "val_accuracy": accuracy}
+
+
+class EventLog:
+    """Rank 0's JSON-lines record of the run (steps, checkpoints, exits) in the working directory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self.path is not None:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+
+def choose_strategy(cfg: Config, n_params: int, world_size: int) -> tuple[str, str]:
+    if cfg.parallel.strategy != "auto":
+        return cfg.parallel.strategy, "set by config"
+    from training.planner import runtime_strategy
+
+    memory = cfg.parallel.gpu_memory_gb
+    if memory is None:
+        cuda = torch.cuda.is_available()
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 16.0
+    return runtime_strategy(n_params, memory, world_size)
+
+
+def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: Preemption) -> int:
+    leader = world.is_leader
+    events = EventLog(Path(cfg.workdir, "events.jsonl") if leader else None)
+    data = split(read_parquet(cfg.data), cfg.data.val_fraction, cfg.seed)
+    sampler = StepSampler(len(data.train), cfg.train.global_batch_size, cfg.seed)
+    sampler.local_batch(0, world.rank, world.world_size)  # fails early on an indivisible batch size
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    mean, std = feature_stats(data.train)
+    base = MLPClassifier(data.train.features.shape[1], cfg.model.hidden, cfg.model.dropout, mean, std)
+    n_params = count_parameters(base)
+    strategy, why = choose_strategy(cfg, n_params, world.world_size)
+    model = distributed.wrap(base, strategy, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    # Fenced like the leases: this attempt writes only folders named with its own token (checkpoint.py).
+    store = CheckpointStore(cfg.checkpoint_url(), int(env.fencing_token) if env.fencing_token else None)
+    ckpt = Checkpointer(
+        store,
+        world.rank,
+        world.world_size,
+        world.checkpoint_group,
+        async_save=cfg.checkpoint.async_save,
+        keep_last=cfg.checkpoint.keep_last,
+        best_metric=cfg.checkpoint.keep_best_metric,
+        best_mode=cfg.checkpoint.best_mode,
+    )
+    step, run_id = 0, None
+    restore_began = time.perf_counter()
+    restored_step: int | None = None
+    manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums, recorded=env.resume_url)
+    if manifest is not None:
+        restored = ckpt.restore(manifest, model, optimizer)
+        scheduler.load_state_dict(restored.trainer["scheduler"])
+        step = int(restored.trainer["step"])
+        restored_step = step
+        run_id = manifest.run.get("mlflow_run_id")
+        if not restored.rng_restored:
+            torch.manual_seed(cfg.seed + 7919 * (world.rank + 1) + step)
+        events.write("resume", step=step, world_size=world.world_size, saved_world_size=manifest.world_size)
+        log.info(
+            "resumed from %s (saved by %d ranks)",
+            store.step_url(step, manifest.writer_token),
+            manifest.world_size,
+        )
+    else:
+        torch.manual_seed(cfg.seed + 7919 * (world.rank + 1))  # per-rank stream (dropout)
+    restore_s = time.perf_counter() - restore_began
+
+    tracker: Tracker = make_tracker(cfg.mlflow, cfg.workdir, world.rank, env.job_id, env.attempt_id)
+    run_id = tracker.start(run_id, step) or run_id
+    run_ids = {"mlflow_run_id": run_id, "job_id": env.job_id, "attempt_id": env.attempt_id}
+    tracker.log_params({**_flatten("", asdict(cfg), {}), "n_parameters": n_params, "strategy": strategy})
+    tracker.set_tags({"gpuyard.strategy": strategy, "gpuyard.strategy_reason": why})
+    tracker.log_metrics({"world_size": world.world_size}, step)
+
+    progress: dict[str, Any] = {"step": step, "metrics": {}}
+    agent = None
+    if leader and env.managed:
+        client = HeartbeatClient(
+            env.api_url or "",
+            env.attempt_id or "",
+            env.fencing_token or "",
+            env.attempt_secret or "",
+            timeout_s=cfg.heartbeat.timeout_s,
+        )
+        agent = HeartbeatAgent(
+            client,
+            cfg.heartbeat.interval_s,
+            lambda: (progress["step"], ckpt.latest, progress["metrics"]),
+            recorded=ckpt.recorded_by_control_plane,
+            overheads=lambda: Overheads(restored_step, restore_s, sum(ckpt.stalls_s)),
+        ).start()
+    schedule = CheckpointSchedule(cfg.checkpoint, agent)
+    events.write("start", step=step, world_size=world.world_size, strategy=strategy, n_parameters=n_params)
+
+    def save(current: int, train_loss: float | None, *, force_sync: bool = False) -> None:
+        metrics = evaluate(model, data.val, world.device)
+        if train_loss is not None:
+            metrics["train_loss_window"] = train_loss
+        ckpt.save(
+            current,
+            model,
+            optimizer,
+            {"scheduler": scheduler.state_dict(), "samples_seen": current * cfg.train.global_batch_size},
+            metrics,
+            run_ids,
+            force_sync=force_sync,
+        )
+        schedule.saved()
+        tracker.log_metrics({**metrics, "checkpoint_stall_s": ckpt.stalls_s[-1]}, current)
+        events.write("checkpoint", step=current, stall_s=ckpt.stalls_s[-1], metrics=metrics)
+
+    model.train()
+    window: list[float] = []
+    t_last = time.perf_counter()
+    code = exit_codes.SUCCESS
+    try:
+        while step < cfg.train.max_steps:
+            idx = sampler.local_batch(step, world.rank, world.world_size)
+            x = data.train.features[idx].to(world.device)
+            y = data.train.labels[idx].to(world.device)
+            loss = F.binary_cross_entropy_with_logits(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            if cfg.train.step_sleep_s:
+                time.sleep(cfg.train.step_sleep_s)
+            step += 1
+            due = leader and schedule.due(step)
+            if due and agent is not None and agent.lease_lapsed:
+                # Our lease may have passed and a successor own the job: no periodic checkpoint until a
+                # beat is answered again. (A preemption's last save still goes to our own fenced folder.)
+                log.warning("step %d: no heartbeat answered within the lease: checkpoint skipped", step)
+                due = False
+            action = local_action(preemption, agent)
+            decision = decide(
+                distributed.all_sum(
+                    [loss.item() * len(idx), float(len(idx)), *votes(action), float(due)], world.device
+                )
+            )
+            window.append(decision.loss)
+            progress["step"] = step
+            progress["metrics"] = {"train_loss": decision.loss}
+            if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+                now = time.perf_counter()
+                rate = cfg.train.log_every / max(now - t_last, 1e-9)
+                tracker.log_metrics(
+                    {"train_loss": decision.loss, "lr": scheduler.get_last_lr()[0], "steps_per_s": rate}, step
+                )
+                if world.rank == 0:  # progress in the worker's log (`gpuyard logs`), not only in MLflow
+                    log.info(
+                        "step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps, decision.loss, rate
+                    )
+                t_last = now
+            events.write("step", step=step, loss=decision.loss)
+            if decision.action == Action.STOP:
+                log.error(
+                    "attempt refused (ended, or a stale token) at step %d: exiting without writing", step
+                )
+                code = exit_codes.STALE_FENCING_TOKEN
+                ckpt.abandon()
+                break
+            if decision.action == Action.CHECKPOINT_AND_STOP:
+                log.warning("preempted at step %d: checkpointing and exiting", step)
+                save(step, sum(window) / len(window), force_sync=True)
+                code = exit_codes.PREEMPTED
+                break
+            if decision.checkpoint_due and step < cfg.train.max_steps:
+                save(step, sum(window) / len(window))
+                window = []
+        else:
+            resumed_at_end = ckpt.latest is not None and ckpt.latest.step == step
+            if cfg.checkpoint.save_final and not resumed_at_end:
+                save(step, sum(window) / len(window) if window else None, force_sync=True)
+            export_model(model, cfg, data, tracker, world, base)
+        ckpt.close()
+    except BaseException:
+        tracker.end("FAILED")
+        if agent is not None:
+            agent.stop(final_beat=False)
+        raise
+    if agent is not None:
+        agent.stop(final_beat=code != exit_codes.STALE_FENCING_TOKEN)
+    tracker.end({exit_codes.SUCCESS: "FINISHED", exit_codes.PREEMPTED: "KILLED"}.get(code, "FAILED"))
+    events.write("exit", step=step, code=code, reason=exit_codes.DESCRIPTIONS.get(code, "failure"))
+    return code
+
+
+def export_model(
+    model: nn.Module, cfg: Config, data: Any, tracker: Tracker, world: distributed.World, template: nn.Module
+) -> None:
+    """Gather the full weights (a collective) and log the final model on rank 0."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not world.is_leader or not cfg.mlflow.enabled or not cfg.mlflow.log_model:
+        return
+    plain = MLPClassifier(data.train.features.shape[1], cfg.model.hidden, cfg.model.dropout)
+    plain.load_state_dict(full)
+    tracker.log_model(plain, data.train.features[:5])
+
+
+def run_rank(config: str, overrides: Sequence[str]) -> int:
+    """Train as the rank the environment names (RANK, WORLD_SIZE, ...; a group of one without them)."""
+    # SIGTERM is a request read between steps for the process's whole life: one that comes while it
+    # starts stops the run at its first step (checkpoint, exit 75), one that comes once the outcome is
+    # decided (the final beat, the teardown) changes nothing. Left to its default action, it turned a
+    # finished run or a preemption into "killed by signal 15" (the fault campaign's seed 500).
+    preemption = Preemption().install()
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        cfg = load(config, list(overrides))
+        env = LauncherEnv.read()
+        env.check()
+    except (OSError, ValueError) as exc:
+        log.error("%s", exc)
+        return exit_codes.FAILURE
+    world = distributed.init(cfg.parallel.backend)
+    try:
+        return train(cfg, world, env, preemption)
+    except Exception:
+        log.exception("training failed")
+        return exit_codes.FAILURE
+    finally:
+        distributed.shutdown()
