@@ -51,9 +51,8 @@ Each interruption prints one line on stderr: the time to resume and where it wen
 the store has the old attempt's end: detection, and for a preemption the signal, the save and the
 exit), `place` (until the job's next attempt is reserved), `launch` (until that worker's Python runs:
 the claim, the shim, the interpreter; on Kubernetes the attempt's objects created, the pod bound and
-started, until its process runs), `node` (Kubernetes, a pod of several ranks: its process imports
-torch and the runtime, because training/run.py imports torch before it looks for ranks to start, then
-starts the ranks, until rank 0's Python runs: 3 to 4 s median on 2026-12-06), `import` (torch and the
+started, until its process runs), `node` (Kubernetes, a pod of several ranks: its process starts
+the ranks, importing no torch, until rank 0's Python runs), `import` (torch and the
 runtime), `join` (the config and the ranks' rendezvous), `setup` (data, model, DDP wrap, until the
 restore begins), `restore` (the worker's own restore span: checkpoint chosen, verified and loaded) and
 `step` (until its first step). Store events are stamped with the database's clock, converted to this
