@@ -128,19 +128,20 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
             run=run,
             lease_s=campaign.lease_s,
         )
+        stop = threading.Event()
+        undo.callback(stop.set)
         began = time.monotonic()
         client = workload.Client(
             target.cluster.api_url,
             _make_token(target.engine),
             plans,
             give_up_at=began + campaign.fault_s + campaign.quiesce_s,
+            stop=stop,
         )
         injector = Injector(target, campaign.seed, until=began + campaign.fault_s, echo=echo)
         undo.callback(lambda: (run / "faults.log").write_text("\n".join(injector.log) + "\n"))
-        stop = threading.Event()
-        undo.callback(stop.set)
         threads = [
-            threading.Thread(target=client.run, args=(began, stop), name="workload", daemon=True),
+            threading.Thread(target=client.run, args=(began,), name="workload", daemon=True),
             threading.Thread(target=injector.run, args=(stop,), name="faults", daemon=True),
         ]
         for thread in threads:

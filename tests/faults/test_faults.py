@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from .campaign import Campaign, Report, run_campaign
 from .faults import FAULTS
 from .history import AttemptRow, CancelRequest, EventRow, History, JobRow, Record, Submission
 from .invariants import Violation, check, retries_resume_from_the_newest_checkpoint
-from .workload import plan
+from .workload import Client, Plan, plan
 
 # -- the bounded campaign ---------------------------------------------------------------------------
 
@@ -111,6 +112,26 @@ def test_a_campaign_strikes_with_every_kind_before_it_repeats_one(monkeypatch: p
     first = deal(5)
     assert sorted(first[: len(FAULTS)]) == sorted(FAULTS) == sorted(first[len(FAULTS) :])
     assert first == deal(5) and first != deal(6)
+
+
+def test_an_undone_campaign_s_client_gives_up_its_retries_at_once() -> None:
+    """The API gone (the campaign interrupted, its servers stopped): a submission that retries toward
+    a deadline an hour away ends as soon as the campaign's stop is set."""
+    from servers import free_port
+
+    stop = threading.Event()
+    planned = Plan("k", "light", 0.0, {})
+    client = Client(
+        f"http://127.0.0.1:{free_port()}", "t", [planned], give_up_at=time.monotonic() + 3600, stop=stop
+    )
+    submitting = threading.Thread(target=client._submit, args=(planned,))
+    submitting.start()
+    submitting.join(1.0)
+    assert submitting.is_alive()  # retrying: nothing answers
+    stop.set()
+    submitting.join(5.0)
+    assert not submitting.is_alive()
+    assert not client.submissions["k"].accepted  # no answer came: nothing recorded as accepted
 
 
 def test_a_seed_plans_the_same_workload(tmp_path: Path) -> None:

@@ -154,8 +154,12 @@ def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s:
 class Client:
     """Submits the plans on time and cancels those that say so; records every definite answer."""
 
-    def __init__(self, api_url: str, token: str, plans: list[Plan], *, give_up_at: float):
-        self.api_url, self.plans, self.give_up_at = api_url, plans, give_up_at
+    def __init__(
+        self, api_url: str, token: str, plans: list[Plan], *, give_up_at: float, stop: threading.Event
+    ):
+        """`stop`: the campaign is being undone; a call still retrying gives up at once (else an
+        interrupted run waited for `give_up_at` with its servers gone)."""
+        self.api_url, self.plans, self.give_up_at, self.stop = api_url, plans, give_up_at, stop
         self.headers = {"Authorization": f"Bearer {token}"}
         self.submissions = {p.key: Submission(p.key, p.kind) for p in plans}
         self.cancels: list[CancelRequest] = []
@@ -163,10 +167,10 @@ class Client:
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="client")
         self._lock = threading.Lock()
 
-    def run(self, started: float, stop: threading.Event) -> None:
+    def run(self, started: float) -> None:
         """Submit each plan at its moment (in this thread's time); returns when all are handed out."""
         for planned in self.plans:
-            if stop.wait(max(0.0, started + planned.at_s - time.monotonic())):
+            if self.stop.wait(max(0.0, started + planned.at_s - time.monotonic())):
                 return
             self._pool.submit(self._submit, planned)
 
@@ -184,9 +188,8 @@ class Client:
                     return response
             except httpx.HTTPError:
                 pass
-            if time.monotonic() + delay > self.give_up_at:
+            if time.monotonic() + delay > self.give_up_at or self.stop.wait(delay):
                 return None
-            time.sleep(delay)
         return None  # unreachable: the delays never end
 
     def _submit(self, planned: Plan) -> None:
