@@ -275,9 +275,9 @@ def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for()
     ]
 
 
-def test_a_worker_killed_with_its_shim_as_it_exited_0_is_rightly_lost() -> None:
-    """Seed 702: the suite's kill-worker (a node losing the processes) struck as j2's worker journaled
-    exit 0 and before its shim wrote the status: LOST is the truth then, not a lost outcome."""
+def j2_lost_as_its_worker_exited_0() -> Story:
+    """The clean story, but j2's first attempt LOST with no shim status after its worker journaled exit
+    0, and a second attempt that succeeded."""
     story = clean_story()
     story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], state="LOST", exit_code=None)
     story.exits.pop("j2-a1")
@@ -286,6 +286,13 @@ def test_a_worker_killed_with_its_shim_as_it_exited_0_is_rightly_lost() -> None:
     story.event("job.scheduled", "j2", "j2-a2")
     story.event("attempt.succeeded", "j2", "j2-a2")
     story.job("j2")
+    return story
+
+
+def test_a_worker_killed_with_its_shim_as_it_exited_0_is_rightly_lost() -> None:
+    """Seed 702: the suite's kill-worker (a node losing the processes) struck as j2's worker journaled
+    exit 0 and before its shim wrote the status: LOST is the truth then, not a lost outcome."""
+    story = j2_lost_as_its_worker_exited_0()
     exit_record = next(r for r in story.journal if r.attempt == "j2-a1" and r.e == "exit")
     found = {v.detail for v in check(story.history()) if v.invariant == "attempts match exits"}
     assert "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None" in found
@@ -297,14 +304,7 @@ def test_a_worker_the_platform_killed_after_its_stop_s_grace_as_it_exited_0_is_r
     """Seed 803: j2's workers journaled exit 0, their shims were frozen before writing the status, the
     platform preempted the attempt meanwhile and SIGKILLed it at the end of the grace period: no status
     survived, LOST is what the platform can know."""
-    story = clean_story()
-    story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], state="LOST", exit_code=None)
-    story.exits.pop("j2-a1")
-    story.job("j2", state="SUCCEEDED")
-    story.attempt("j2", 2, "SUCCEEDED", gpu=GPU_B, exit_code=exit_codes.SUCCESS)
-    story.event("job.scheduled", "j2", "j2-a2")
-    story.event("attempt.succeeded", "j2", "j2-a2")
-    story.job("j2")
+    story = j2_lost_as_its_worker_exited_0()
     found = {v.detail for v in check(story.history()) if v.invariant == "attempts match exits"}
     assert "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None" in found
     story.attempts["j2-a1"] = replace(story.attempts["j2-a1"], stop_requested="preempt")
