@@ -21,9 +21,11 @@ COPY training/ training/
 COPY spark_jobs/ spark_jobs/
 COPY pipelines/ pipelines/
 COPY feature_repo/ feature_repo/
+COPY requirements/drop_feast_mlflow_plugin.py requirements/drop_feast_mlflow_plugin.py
 RUN /opt/gpuyard/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
  && /opt/gpuyard/bin/pip install --no-cache-dir -c requirements/constraints.txt \
-        "gpuyard[${EXTRAS}] @ file://$(ls /wheels/gpuyard-*.whl)"
+        "gpuyard[${EXTRAS}] @ file://$(ls /wheels/gpuyard-*.whl)" \
+ && /opt/gpuyard/bin/python requirements/drop_feast_mlflow_plugin.py
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --gid 10001 gpuyard \

@@ -18,12 +18,13 @@ SYSTEM_PACKAGES := faketime chromium
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) requirements/drop_feast_mlflow_plugin.py
 	dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "pip==26.0.1"
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[pipeline,dev,local-cluster]"
+	$(BIN)/python requirements/drop_feast_mlflow_plugin.py
 	touch $(STAMP)
 
 demo: $(STAMP)
