@@ -2,8 +2,10 @@
 
 Data engineers edit the definition, pipelines/flights_delay/pipeline.yaml (days, features, Spark,
 resources, the grid, the promotion rule); this file only wires the shared steps (pipelines/tasks.py)
-in their order. It runs daily without catch-up, whenever a raw flights partition lands (an Asset
-event), and from the UI with the Params form; `airflow dags test flights_delay` runs it here.
+in their order. It runs once per raw flights partition announced on its raw asset (the partition
+key D: the run trains through D), by the partition's producer or by the daily landing check
+`flights_delay_landings` (dags/landings.py), and from the UI with the Params form;
+`airflow dags test flights_delay` runs it here.
 """
 
 from __future__ import annotations

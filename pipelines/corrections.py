@@ -8,10 +8,11 @@ D .. D + look-back change, the same `lookback_days` the preparation reads backwa
 D changes. `reprepare` runs the preparation (the definition's engine) on exactly that reach,
 clipped to the days already prepared; the training sets built afterwards differ where it reaches.
 
-In the DAG a correction is an event on the raw flights asset whose extra says so:
-``{"date": "2013-01-09", "correction": true}`` (the producer re-landed that raw partition first).
-The run's `reprepare_corrections` task re-prepares the reach of every corrected day outside the
-days the run prepares anyway, and the run's ingest keeps the corrected partitions as they landed.
+In the DAG a correction is an event on the raw flights asset with the day's partition key and an
+extra that says so: key ``2013-01-09``, ``{"correction": true}`` (the producer re-landed that raw
+partition first). The run's `reprepare_corrections` task re-prepares the reach of every corrected
+day outside the days the run prepares anyway, and the run's ingest keeps the corrected partitions
+as they landed.
 """
 
 from __future__ import annotations
@@ -59,26 +60,20 @@ def spans(
     return runs
 
 
-def _event_day(extra: Mapping[str, Any]) -> dt.date | None:
-    value = extra.get("date")
-    if value is None:
-        return None
-    try:
-        return dt.date.fromisoformat(str(value))
-    except ValueError:
-        raise ConfigError(
-            f"raw asset event: 'date' must be YYYY-MM-DD, got {value!r} in {dict(extra)}"
-        ) from None
-
-
-def event_days(extras: Iterable[Mapping[str, Any] | None]) -> tuple[list[dt.date], list[dt.date]]:
-    """(landed days, corrected days) named by raw asset events' extras, each sorted and unique."""
-    landed, corrected = set(), set()
-    for extra in extras:
-        day = _event_day(extra or {})
-        if day is not None:
-            (corrected if (extra or {}).get("correction") else landed).add(day)
-    return sorted(landed), sorted(corrected)
+def corrected_days(events: Iterable[tuple[str | None, Mapping[str, Any] | None]]) -> list[dt.date]:
+    """The raw days that raw asset events, as (partition key, extra), say were re-landed with
+    corrections: the key of each event whose extra has ``correction: true``, sorted and unique."""
+    days = set()
+    for key, extra in events:
+        if not (extra or {}).get("correction"):
+            continue
+        try:
+            days.add(dt.date.fromisoformat(str(key)))
+        except ValueError:
+            raise ConfigError(
+                f"raw asset correction event: its partition key must be a day, YYYY-MM-DD, got {key!r}"
+            ) from None
+    return sorted(days)
 
 
 def _prepared(config: PipelineConfig) -> list[dt.date]:

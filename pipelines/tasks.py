@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import (
     Asset,
-    AssetOrTimeSchedule,
-    CronTriggerTimetable,
     Param,
+    PartitionedAssetTimetable,
     TaskGroup,
     TriggerRule,
     get_current_context,
@@ -54,9 +53,9 @@ def deployment(variable: str, default: str) -> str:
 
 
 def raw_asset(definition: PipelineDefinition) -> Asset:
-    """The landing zone of raw flights: an event on it (a new partition landed, ``extra={"date": D}``)
-    triggers a run; ``{"date": D, "correction": true}`` says the raw day D was landed again with
-    corrections (pipelines/corrections.py)."""
+    """The landing zone of raw flights: an event on it with partition key D (the raw day D landed)
+    triggers a retraining run for D; with ``extra={"correction": true}`` it says the raw day D was
+    landed again with corrections (pipelines/corrections.py)."""
     return Asset(
         name=f"{definition.name}/raw/flights",
         uri=storage.join(definition.data.root, "raw", "flights"),
@@ -70,13 +69,11 @@ def model_asset(definition: PipelineDefinition) -> Asset:
     return Asset(name=f"{model}@{alias}", uri=f"mlflow-models://{model}/{alias}", group="model")
 
 
-def schedule(definition: PipelineDefinition) -> Any:
-    """Daily (or the definition's cron) without catch-up, and whenever raw flights land."""
-    if definition.schedule is None:
-        return [raw_asset(definition)]
-    return AssetOrTimeSchedule(
-        timetable=CronTriggerTimetable(definition.schedule, timezone="UTC"), assets=[raw_asset(definition)]
-    )
+def schedule(definition: PipelineDefinition) -> PartitionedAssetTimetable:
+    """One run per raw flights partition announced on the raw asset: by its producer, or by the
+    pipeline's landing check on the definition's schedule (pipelines/landings.py). A partition key
+    is a day (identity mapping): the run for key D trains through D."""
+    return PartitionedAssetTimetable(assets=raw_asset(definition))
 
 
 def params(definition: PipelineDefinition) -> dict[str, Param]:
@@ -88,7 +85,7 @@ def params(definition: PipelineDefinition) -> dict[str, Param]:
             type="string",
             format="date",
             title="Run date",
-            description="the newest day of data the run takes (an asset event's `date` wins)",
+            description="the newest day of data a manual run takes (a partition's run takes its day)",
         ),
         "max_steps": Param(job.max_steps, type="integer", minimum=1, title="Training steps"),
         "gpus": Param(job.gpus, type="integer", minimum=1, title="GPUs per job"),
@@ -108,12 +105,12 @@ def _definition(path: str) -> PipelineDefinition:
     return load_definition(path)
 
 
-def _triggering_days(context: Any) -> tuple[list[dt.date], list[dt.date]]:
-    """(landed, corrected) raw days named by the asset events that triggered this run."""
+def _corrected_days(context: Any) -> list[dt.date]:
+    """The raw days that the asset events which triggered this run say were re-landed with corrections."""
     from pipelines import corrections
 
     events = [e for batch in (context.get("triggering_asset_events") or {}).values() for e in batch]
-    return corrections.event_days(e.extra for e in events)
+    return corrections.corrected_days((e.partition_key, e.extra) for e in events)
 
 
 @task(task_id="start")
@@ -122,8 +119,10 @@ def _start(path: str) -> dict[str, Any]:
 
     context = get_current_context()
     definition = _definition(path)
-    landed, corrected = _triggering_days(context)
-    run_date = str(landed[-1]) if landed else context["params"]["run_date"]
+    corrected = _corrected_days(context)
+    # a run for a partition (landed, announced, or a correction of that day) trains through that day;
+    # a manual run without one takes its Params
+    run_date = context.get("partition_key") or context["params"]["run_date"]
     window = definition.window(run_date)
     days: dict[str, Any] = {k: str(v) for k, v in window.model_dump().items()}
     days |= {"holdout_end": str(window.holdout_end), "corrected_dates": [str(d) for d in corrected]}
@@ -140,7 +139,7 @@ def _start(path: str) -> dict[str, Any]:
 
 
 def start(definition: PipelineDefinition) -> Any:
-    """The run's window (from the Params, or the triggering asset event) and its MLflow run.
+    """The run's window (through its partition key's day, else its Params' run date) and its MLflow run.
 
     The run's setup (`finish` is its teardown): Airflow runs it again with any task cleared, and it
     then returns what the DAG run's first start chose (pipelines/lineage.py). Its direct downstream

@@ -25,9 +25,11 @@ for dag_id, dag in bag.dags.items():
         "tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
         "mapped": sorted(t.task_id for t in dag.tasks if type(t).__name__ == "MappedOperator"),
         "schedule": type(timetable).__name__,
-        "cron": getattr(getattr(timetable, "timetable", None), "expression", None),
-        "assets": sorted(a.uri for a in timetable.asset_condition.objects)
-            if hasattr(timetable, "asset_condition") else [],
+        "cron": getattr(timetable, "expression", None),
+        "partition_key_format": getattr(timetable, "key_format", None),
+        "assets": sorted(a.uri for a in getattr(condition, "objects", [condition]))
+            if (condition := getattr(timetable, "asset_condition", None)) else [],
+        "inlets": {t.task_id: [i.name for i in t.inlets] for t in dag.tasks if getattr(t, "inlets", None)},
         "outlets": {t.task_id: [o.name for o in t.outlets] for t in dag.tasks if getattr(t, "outlets", None)},
         "params": {k: dag.params.get_param(k).value for k in dag.params},
         "catchup": dag.catchup,
@@ -113,7 +115,8 @@ def test_flights_delay_s_run_state_is_its_work_s_and_a_failure_is_reported(folde
 def test_flights_delay_schedule_assets_and_params_are_the_definitions(folder: dict[str, Any]) -> None:
     dag = folder["dags"]["flights_delay"]
     definition = load_definition("flights_delay")
-    assert dag["schedule"] == "AssetOrTimeSchedule" and dag["cron"] == "0 0 * * *"
+    # one run per announced raw partition; the definition's schedule is its landing check's
+    assert dag["schedule"] == "PartitionedAssetTimetable" and dag["cron"] is None
     assert dag["catchup"] is False and dag["max_active_runs"] == 1
     assert [uri.rstrip("/") for uri in dag["assets"]] == [f"{definition.data.root}/raw/flights"]
     assert dag["outlets"] == {"publish": ["flights-delay@champion"]}
@@ -126,3 +129,15 @@ def test_flights_delay_schedule_assets_and_params_are_the_definitions(folder: di
         "preemptible": True,
         "new_job": False,
     }
+
+
+def test_flights_delay_s_landing_check_runs_on_its_schedule_and_announces_on_its_raw_asset(
+    folder: dict[str, Any],
+) -> None:
+    dag = folder["dags"]["flights_delay_landings"]  # dags/landings.py, from the definition
+    assert dag["tasks"] == {"announce": []}
+    assert dag["schedule"] == "CronPartitionTimetable" and dag["cron"] == "0 0 * * *"
+    assert dag["partition_key_format"] == "%Y-%m-%d"  # a day, as the landing zone names partitions
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    raw = ["flights_delay/raw/flights"]
+    assert dag["inlets"] == {"announce": raw} and dag["outlets"] == {"announce": raw}

@@ -144,12 +144,11 @@ def test_spans_merge_the_reaches_and_leave_out_the_days_a_run_prepares_anyway() 
     assert corrections.spans([day(2013, 2, 1)], 9, prepared) == []  # nothing prepared in its reach
 
 
-def test_raw_asset_events_name_landed_and_corrected_days() -> None:
-    extras = [{"date": "2013-01-21"}, {"date": "2013-01-09", "correction": True}, None, {"other": 1}]
-    landed, corrected = corrections.event_days(extras)
-    assert landed == [dt.date(2013, 1, 21)] and corrected == [dt.date(2013, 1, 9)]
-    with pytest.raises(ConfigError, match="'date' must be YYYY-MM-DD, got '2013-13-01'"):
-        corrections.event_days([{"date": "2013-13-01", "correction": True}])
+def test_raw_asset_correction_events_name_their_partition_s_day() -> None:
+    events = [("2013-01-21", {}), ("2013-01-09", {"correction": True}), ("2013-01-10", None)]
+    assert corrections.corrected_days(events) == [dt.date(2013, 1, 9)]
+    with pytest.raises(ConfigError, match="partition key must be a day, YYYY-MM-DD, got '2013-13-01'"):
+        corrections.corrected_days([("2013-13-01", {"correction": True})])
 
 
 def test_a_run_re_prepares_only_the_reach_outside_its_own_days(corrected) -> None:
