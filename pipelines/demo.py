@@ -43,7 +43,10 @@ from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition
 from pipelines.tracking_server import TrackingServer
 
 PIPELINE = "flights_delay"
-DEMO = REPOSITORY / ".gpuyard" / "demo"
+# Where make demo keeps its state and make ui finds it, and the DAGs both show: the repository's by
+# default (a test points both at a world of its own).
+DEMO = Path(os.environ.get("GPUYARD_DEMO_HOME") or REPOSITORY / ".gpuyard" / "demo")
+DAGS = Path(os.environ.get("GPUYARD_DEMO_DAGS") or REPOSITORY / "dags")
 BIN = Path(sys.executable).parent
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -69,7 +72,7 @@ def airflow_environment(connection: dict[str, str], tracking_uri: str) -> dict[s
     return environment() | {
         "MLFLOW_TRACKING_URI": tracking_uri,
         "AIRFLOW_HOME": str(DEMO / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPOSITORY / "dags"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # GPU jobs wait in the triggerer, not a worker

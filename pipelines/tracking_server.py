@@ -110,8 +110,8 @@ class TrackingServer:
     asks for credentials, and `provision` makes the pipeline's identity and the teams' users. With
     `artifacts`, an object store's URL, it keeps the artifacts there (reading the AWS settings of its
     environment, as production's does), still serving them to its clients. With `backend`, a database
-    URL (PostgreSQL: `postgresql+psycopg://...`), its runs and registry live there. `host`: where it
-    listens (an emulated cluster's gateway, for its pods)."""
+    URL (PostgreSQL: `postgresql+psycopg://...`), its runs and registry live there. `host` and `port`:
+    where it listens (an emulated cluster's gateway, for its pods; a free port unless given)."""
 
     def __init__(
         self,
@@ -123,10 +123,11 @@ class TrackingServer:
         artifacts: str | None = None,
         host: str = "127.0.0.1",
         backend: str | None = None,
+        port: int | None = None,
     ) -> None:
         self.root, self.log, self.env, self.auth, self.artifacts = root, log, env, auth, artifacts
         self.host, self.backend = host, backend
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -9,7 +9,8 @@ admin's password is in the store's `mlflow-auth/admin.password`). Airflow's `gpu
 connection holds a new token of the pipeline's team, so a run triggered from its UI trains and
 publishes. Ctrl-C or SIGTERM stops all three and what they started (each runs in a session of its
 own: SIGTERM to every process of it, then SIGKILL for what still runs after STOP_S).
-Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000).
+Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000); GPUYARD_DEMO_HOME and
+GPUYARD_DEMO_DAGS point it at another demo's state and DAGs folder (tests/airflow/test_pipeline_e2e.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from gpuyard.client import SERVER_FILE
 
 from pipelines import mlflow_access, storage, tracking_server
-from pipelines.definition import HOME_VARIABLE, load_definition
+from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition
 from pipelines.demo import BIN, DEMO, PIPELINE, airflow_environment, environment, team_token, wait_for_gpuyard
 
 STOP_S = 15.0  # how long the three get to stop on SIGTERM, together
@@ -67,13 +68,13 @@ def main() -> int:
         start(
             "gpuyard",
             [str(BIN / "gpuyard"), "up", "--port", ports["gpuyard"]],
-            base | {"GPUYARD_HOME": str(home), "GPUYARD_WORKER_DIR": str(DEMO.parents[1])},
+            base | {"GPUYARD_HOME": str(home), "GPUYARD_WORKER_DIR": str(REPOSITORY)},
         )
-        start(
-            "mlflow",
-            tracking_server.command(root, int(ports["mlflow"])),
-            base | tracking_server.SERVER_ENV | tracking_server.auth_environment(root),
-        )
+        # the tracking server's own start: its store and artifacts for the platform's user only
+        tracking = tracking_server.TrackingServer(root, logs / "mlflow.log", base, port=int(ports["mlflow"]))
+        process = tracking.start().process
+        assert process is not None  # started: it answered
+        running["mlflow"] = process
         url = wait_for_gpuyard(running["gpuyard"], home, logs / "gpuyard.log")
         connection = {
             "conn_type": "gpuyard",

@@ -1,6 +1,8 @@
-"""End to end: the repository's flights_delay DAG, run by `airflow dags test` against an embedded
-gpuyard on a small slice of real 2013 flights, with one injected preemption; then the tutorial's
-second pipeline (docs/airflow.md), added from scratch beside it.
+"""End to end: the repository's flights_delay DAG on a small slice of real 2013 flights, triggered with
+Params through Airflow's REST API in what `make ui` starts (its Airflow, an embedded gpuyard, the
+MLflow tracking server), as a person triggers it from the UI, with one injected preemption; then the
+tutorial's second pipeline (docs/airflow.md), added from scratch beside it and run by `airflow dags
+test`. Leaving, make ui is stopped with SIGTERM and must leave nothing of what it started running.
 
 The slice is the definition with fewer days, fewer steps and one CPU slot per job; the DAG file
 is the repository's own, pointed at that copy of its definition. Everything lives in a directory
@@ -16,9 +18,11 @@ job, evaluation, publication.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import re
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -27,17 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psutil
 import pytest
 import yaml
-from airflow_harness import ROOT, airflow_environment
+from airflow_harness import PYTHON, ROOT, airflow_environment
 from gpuyard.client import GpuyardClient, resolve_endpoint
 from gpuyard.launchers import worker_env
-from servers import open_directory, wait_until
+from servers import free_port, open_directory, wait_until
 from stack import AIRFLOW, GPUYARD, Gpuyard
 
-from pipelines import mlflow_access, storage
+from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
-from pipelines.tracking_server import TrackingServer
 
 # a DAG run and a second pipeline
 pytestmark = [pytest.mark.slow, pytest.mark.starts_first, pytest.mark.timeout(1800)]
@@ -120,7 +125,7 @@ class World:
     dags: Path
     flights: Run
     preempted: str | None
-    tracking: TrackingServer
+    mlflow_url: str
     team_b_token: str
 
 
@@ -130,8 +135,6 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
 
     with open_directory("gpuyard-e2e-") as root, contextlib.ExitStack() as started:
         monkeypatch_module.setenv(HOME_VARIABLE, str(root))  # the definitions' data roots, here too
-        gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
-        started.callback(gpuyard.stop)  # also when the setup below fails
         dags = root / "dags"
         dags.mkdir()
         definition = sliced(
@@ -139,36 +142,144 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         )
         dag_file((ROOT / "dags" / "flights_delay.py").read_text(), "flights_delay", definition, dags)
         data = Path(storage.local_path(load_definition(definition).data.root))  # the tutorial's too
-        tracking = started.enter_context(TrackingServer(data, root / "mlflow.log"))
-        pipeline = tracking.provision(("a", "b"))
-        monkeypatch_module.setenv("MLFLOW_TRACKING_URI", tracking.url)  # the definitions' store
+        (root / "airflow").mkdir()
+        ports = {name: free_port() for name in ("airflow", "gpuyard", "mlflow")}
+        ui = started.enter_context(MakeUi(root, dags, ports))
+        mlflow_url = f"http://127.0.0.1:{ports['mlflow']}"
+        pipeline = tracking_server.stored_credentials(data, mlflow_access.PIPELINE)
+        teams = {t: tracking_server.stored_credentials(data, mlflow_access.team_user(t)) for t in ("a", "b")}
+        admin_credentials = tracking_server.stored_credentials(data, mlflow_access.ADMIN)
+        mlflow_access.provision(mlflow_url, admin_credentials, pipeline, teams)
+        monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow_url)  # the definitions' store
         for name, value in pipeline.env().items():  # this process reads as the pipeline
             monkeypatch_module.setenv(name, value)
+        gpuyard = ui.gpuyard
         admin = started.enter_context(
             GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
         )
         team_b = subprocess.run(  # a team exists once it has a token
             [GPUYARD, "token", "create", "--team", "b"], env=gpuyard.env, capture_output=True, text=True
         ).stdout.strip()
-        for team in ("a", "b"):
-            mlflow_access.hand_to_team(admin, team, tracking.credentials(mlflow_access.team_user(team)))
-        (root / "airflow").mkdir()
+        for team, credentials in teams.items():
+            mlflow_access.hand_to_team(admin, team, credentials)
         connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
         env = airflow_environment(
             root / "airflow",
             AIRFLOW__CORE__DAGS_FOLDER=str(dags),
             AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
-            MLFLOW_TRACKING_URI=tracking.url,
+            MLFLOW_TRACKING_URI=mlflow_url,
             **pipeline.env(),
             **{HOME_VARIABLE: str(root)},
         )
-        subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, check=True)
         preemption = Preemption(admin)
         preemption.start()
         started.callback(preemption.stop.set)
-        flights = dags_test(env, "flights_delay")
+        flights = ui.run("flights_delay", PARAMS)
         preemption.stop.set()
-        yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking, team_b)
+        yield World(root, gpuyard, env, dags, flights, preemption.attempt, mlflow_url, team_b)
+
+
+# What a person sets in the trigger form: more steps than the definition's, so the test sees the
+# Params reach the training jobs (and the injected preemption lands mid-run).
+PARAMS = {"max_steps": 80, "gpus": 1, "preemptible": False}
+
+
+class MakeUi:
+    """`make ui` (pipelines/ui.py) on the test's demo home and DAGs folder: its own `gpuyard up`, MLflow
+    tracking server and `airflow standalone`, as a person starts them after `make demo`. Leaving the
+    context SIGTERMs it, and nothing it started may be left running."""
+
+    def __init__(self, root: Path, dags: Path, ports: dict[str, int]) -> None:
+        self.root, self.dags, self.ports = root, dags, ports
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{ports['airflow']}/api/v2", timeout=30)
+
+    def __enter__(self) -> MakeUi:
+        subprocess.run(  # what `make demo` leaves: Airflow's database
+            [AIRFLOW, "db", "migrate"],
+            env=airflow_environment(self.root / "airflow"),
+            check=True,
+            capture_output=True,
+        )
+        env = env_without_ours() | {
+            "GPUYARD_DEMO_HOME": str(self.root),
+            "GPUYARD_DEMO_DAGS": str(self.dags),
+            **{f"{name.upper()}_UI_PORT": str(port) for name, port in self.ports.items()},
+        }
+        self.process = subprocess.Popen(
+            [PYTHON, "-m", "pipelines.ui"],
+            env=env,
+            cwd=ROOT,
+            stdout=(self.root / "make-ui.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            home = self.root / "gpuyard"
+            wait_until(self._serves, 240, 0.5, what="make ui's Airflow, gpuyard and MLflow")
+            self.gpuyard = Gpuyard(home)
+            self.gpuyard.url = json.loads((home / "server.json").read_text())["url"]
+            self.gpuyard.admin_token = (home / "admin.token").read_text().strip()
+            self.gpuyard.env = env_without_ours() | {"GPUYARD_HOME": str(home)}
+            self.gpuyard.token = subprocess.run(
+                [GPUYARD, "token", "create", "--team", "a"],
+                env=self.gpuyard.env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _serves(self) -> bool:
+        assert self.process.poll() is None, (self.root / "make-ui.log").read_text()[-5000:]
+        urls = (
+            f"http://127.0.0.1:{self.ports['mlflow']}/health",
+            f"http://127.0.0.1:{self.ports['airflow']}/api/v2/monitor/health",
+        )
+        with contextlib.suppress(httpx.HTTPError):
+            served = all(httpx.get(url, timeout=2).status_code == 200 for url in urls)
+            return served and self.api.get("/dags/flights_delay").status_code == 200
+        return False
+
+    def run(self, dag_id: str, params: dict[str, Any]) -> Run:
+        """Unpause the DAG and trigger a run with `params` through Airflow's REST API, as the UI's
+        trigger form does; the run's outcome once it ended."""
+        assert self.api.patch(f"/dags/{dag_id}", json={"is_paused": False}).status_code == 200
+        now = dt.datetime.now(dt.UTC).isoformat()
+        response = self.api.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": now, "conf": params})
+        assert response.status_code == 200, response.text
+        run_id = response.json()["dag_run_id"]
+
+        def ended() -> str | None:
+            state = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            return state if state in ("success", "failed") else None
+
+        state = wait_until(ended, 1200, 1.0, what=f"the triggered run of {dag_id}")
+        folder = self.root / "airflow" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        logs = "\n".join(p.read_text(errors="replace") for p in sorted(folder.rglob("*.log*")) if p.is_file())
+        env = airflow_environment(self.root / "airflow")
+        return Run(0 if state == "success" else 1, f"DAG run {run_id}: {state}\n{logs}", env)
+
+    def __exit__(self, *_: object) -> None:
+        self.api.close()
+        self.process.send_signal(signal.SIGTERM)  # as `kill` would: make ui stops what it started
+        code = self.process.wait(timeout=60)
+        left = [p for p in psutil.process_iter() if self._started_by_ui(p)]
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        assert code == 0 and not left, f"make ui exited {code} and left {left} running"
+
+    def _started_by_ui(self, process: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return process.pid != os.getpid() and process.environ().get(HOME_VARIABLE) == str(self.root)
+        return False
+
+
+def env_without_ours() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "AIRFLOW", "MLFLOW_"))}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +290,7 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
 
 def test_the_dag_runs_end_to_end_and_publishes_a_champion(world: World) -> None:
     run = world.flights
-    assert run.code == 0 and "DagRun Finished" in run.log, run.log[-5000:]
+    assert run.code == 0, run.log[-5000:]  # the run triggered in make ui's Airflow, with Params
     states = run.states("flights_delay")
     # the slice is small: `engine: auto` prepares it with pandas, the Spark jobs are skipped
     assert {t for t, s in states.items() if s == "skipped"} == {
@@ -232,6 +343,7 @@ def test_the_training_job_record_shows_the_injected_preemption_and_the_resume(wo
     assert job["state"] == "SUCCEEDED"
     first, second = job["attempts"]
     assert (first["state"], second["state"]) == ("PREEMPTED", "SUCCEEDED")
+    assert second["step"] == PARAMS["max_steps"]  # the trigger form's Params reached the job
     assert first["checkpoint_step"] > 0  # it saved on the notice ...
     assert (
         f"attempt 2 running, resuming from the checkpoint at step {first['checkpoint_step']}"
@@ -312,7 +424,7 @@ def test_team_b_s_job_can_neither_read_team_a_s_runs_nor_move_any_alias(world: W
     [other] = [v.version for v in versions if v.version != champion.version]  # the grid's other candidate
     experiment = mlflow.get_run(champion.run_id).info.experiment_id
     store = Path(storage.local_path(definition.data.root)) / "mlflow.db"
-    args = [world.tracking.url, experiment, champion.run_id, "flights-delay", str(other), str(store)]
+    args = [world.mlflow_url, experiment, champion.run_id, "flights-delay", str(other), str(store)]
     spec = {
         "name": "mlflow-probe",
         "team": "b",
