@@ -88,7 +88,9 @@ def landing_dag(definition: PipelineDefinition) -> DAG | None:
         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         catchup=False,
         max_active_runs=1,  # one check at a time: two could announce the same partition
-        default_args={"owner": definition.owner},
+        # a check that fails on its way (its process starved, the API slow to answer) tries again: a
+        # failed check would leave a landed day unannounced until the next tick
+        default_args={"owner": definition.owner, "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
         tags=["gpuyard", "landings"],
         doc_md=__doc__,
     ) as dag:

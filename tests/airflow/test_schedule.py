@@ -105,7 +105,7 @@ class World:
             found = self.query(sql, dag_id, run_id, task_id)
             return found[0][0] if found and found[0][0] in ("success", "skipped", "failed") else None
 
-        return str(wait_until(state, 120, 0.2, what=f"{task_id} of {run_id} ended"))
+        return str(wait_until(state, 240, 0.2, what=f"{task_id} of {run_id} ended"))  # a retry included
 
     def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
         sql = "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = ?"
