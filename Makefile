@@ -53,7 +53,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo deploy
+	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo deploy requirements
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
