@@ -287,6 +287,9 @@ async def test_past_the_deadline_the_followers_fail_naming_the_api(
         with pytest.raises(
             ApiUnreachable, match=rf"the gpuyard API at {site.via_proxy} was unreachable for 1 s"
         ):
-            await asyncio.wait_for(anext(batches), 30)
+            # the running job's next events may have been answered before the cut (seen on a loaded
+            # machine): they arrive, then the follower gives up
+            for _ in range(10):
+                await asyncio.wait_for(anext(batches), 30)
     finally:
         await batches.aclose()
