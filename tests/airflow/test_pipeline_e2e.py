@@ -2,7 +2,9 @@
 Params through Airflow's REST API in what `make ui` starts (its Airflow, an embedded gpuyard, the
 MLflow tracking server), as a person triggers it from the UI, with one injected preemption; then the
 tutorial's second pipeline (docs/airflow.md), added from scratch beside it and run by `airflow dags
-test`. Leaving, make ui is stopped with SIGTERM and must leave nothing of what it started running.
+test` on a gpuyard and an MLflow of its own (make ui, stopped with SIGTERM once the run ended, must have
+left nothing of what it started running: a `dags test` must not share Airflow's database with a live
+scheduler).
 
 The slice is the definition with fewer days, fewer steps and one CPU slot per job; the DAG file
 is the repository's own, pointed at that copy of its definition. Everything lives in a directory
@@ -43,6 +45,7 @@ from stack import AIRFLOW, GPUYARD, Gpuyard
 
 from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
+from pipelines.tracking_server import TrackingServer
 
 # a DAG run and a second pipeline
 pytestmark = [pytest.mark.slow, pytest.mark.starts_first, pytest.mark.timeout(1800)]
@@ -144,39 +147,47 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
         data = Path(storage.local_path(load_definition(definition).data.root))  # the tutorial's too
         (root / "airflow").mkdir()
         ports = {name: free_port() for name in ("airflow", "gpuyard", "mlflow")}
-        ui = started.enter_context(MakeUi(root, dags, ports))
-        mlflow_url = f"http://127.0.0.1:{ports['mlflow']}"
         pipeline = tracking_server.stored_credentials(data, mlflow_access.PIPELINE)
         teams = {t: tracking_server.stored_credentials(data, mlflow_access.team_user(t)) for t in ("a", "b")}
-        admin_credentials = tracking_server.stored_credentials(data, mlflow_access.ADMIN)
-        mlflow_access.provision(mlflow_url, admin_credentials, pipeline, teams)
-        monkeypatch_module.setenv("MLFLOW_TRACKING_URI", mlflow_url)  # the definitions' store
         for name, value in pipeline.env().items():  # this process reads as the pipeline
             monkeypatch_module.setenv(name, value)
-        gpuyard = ui.gpuyard
-        admin = started.enter_context(
-            GpuyardClient(resolve_endpoint(url=gpuyard.url, token=gpuyard.admin_token))
-        )
-        team_b = subprocess.run(  # a team exists once it has a token
-            [GPUYARD, "token", "create", "--team", "b"], env=gpuyard.env, capture_output=True, text=True
-        ).stdout.strip()
-        for team, credentials in teams.items():
-            mlflow_access.hand_to_team(admin, team, credentials)
+        with MakeUi(root, dags, ports) as ui:
+            mlflow_url = f"http://127.0.0.1:{ports['mlflow']}"
+            admin_credentials = tracking_server.stored_credentials(data, mlflow_access.ADMIN)
+            mlflow_access.provision(mlflow_url, admin_credentials, pipeline, teams)
+            admin = started.enter_context(
+                GpuyardClient(resolve_endpoint(url=ui.gpuyard.url, token=ui.gpuyard.admin_token))
+            )
+            team_b = subprocess.run(  # a team exists once it has a token
+                [GPUYARD, "token", "create", "--team", "b"],
+                env=ui.gpuyard.env,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            for team, credentials in teams.items():
+                mlflow_access.hand_to_team(admin, team, credentials)
+            preemption = Preemption(admin)
+            preemption.start()
+            started.callback(preemption.stop.set)
+            flights = ui.run("flights_delay", PARAMS)
+            preemption.stop.set()
+        # The checks below run on a gpuyard and an MLflow of their own, on the same homes: the tutorial's
+        # `airflow dags test` must not share Airflow's database with make ui's live scheduler and triggerer.
+        (root / "gpuyard" / "server.json").unlink(missing_ok=True)
+        gpuyard = Gpuyard(root / "gpuyard", slots=2).start()
+        started.callback(gpuyard.stop)
+        tracking = started.enter_context(TrackingServer(data, root / "mlflow.log"))
+        monkeypatch_module.setenv("MLFLOW_TRACKING_URI", tracking.url)  # the definitions' store
         connection = {"conn_type": "gpuyard", "host": gpuyard.url, "password": gpuyard.token}
         env = airflow_environment(
             root / "airflow",
             AIRFLOW__CORE__DAGS_FOLDER=str(dags),
             AIRFLOW_CONN_GPUYARD_DEFAULT=json.dumps(connection),
-            MLFLOW_TRACKING_URI=mlflow_url,
+            MLFLOW_TRACKING_URI=tracking.url,
             **pipeline.env(),
             **{HOME_VARIABLE: str(root)},
         )
-        preemption = Preemption(admin)
-        preemption.start()
-        started.callback(preemption.stop.set)
-        flights = ui.run("flights_delay", PARAMS)
-        preemption.stop.set()
-        yield World(root, gpuyard, env, dags, flights, preemption.attempt, mlflow_url, team_b)
+        yield World(root, gpuyard, env, dags, flights, preemption.attempt, tracking.url, team_b)
 
 
 # What a person sets in the trigger form: more steps than the definition's, so the test sees the
