@@ -10,8 +10,6 @@ key D: the run trains through D), by the partition's producer or by the daily la
 
 from __future__ import annotations
 
-import datetime as dt
-
 from airflow.sdk import DAG, chain
 
 from pipelines import tasks as step
@@ -19,19 +17,7 @@ from pipelines.definition import load_definition
 
 PIPELINE = load_definition("flights_delay")
 
-with DAG(
-    dag_id=PIPELINE.name,
-    description=PIPELINE.description,
-    schedule=step.schedule(PIPELINE),
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    catchup=False,
-    max_active_runs=1,
-    params=step.params(PIPELINE),
-    default_args={"owner": PIPELINE.owner, "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
-    tags=["gpuyard", "retraining"],
-    on_failure_callback=step.report_failure,  # names the failed tasks
-    doc_md=__doc__,
-) as dag:
+with DAG(**step.retraining_dag(PIPELINE), doc_md=__doc__) as dag:
     run = step.start(PIPELINE)
     landed = step.ingest(PIPELINE, run)
     raw_checked = step.validate_raw(PIPELINE, run)

@@ -76,6 +76,23 @@ def schedule(definition: PipelineDefinition) -> PartitionedAssetTimetable:
     return PartitionedAssetTimetable(assets=raw_asset(definition))
 
 
+def retraining_dag(definition: PipelineDefinition) -> dict[str, Any]:
+    """The retraining DAG's arguments but its steps: its id, schedule, Params, retries and failure
+    report, written once for dags/<name>.py and the tests' copies of it."""
+    return {
+        "dag_id": definition.name,
+        "description": definition.description,
+        "schedule": schedule(definition),
+        "start_date": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        "catchup": False,
+        "max_active_runs": 1,
+        "params": params(definition),
+        "default_args": {"owner": definition.owner, "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+        "tags": ["gpuyard", "retraining"],
+        "on_failure_callback": report_failure,  # names the failed tasks
+    }
+
+
 def params(definition: PipelineDefinition) -> dict[str, Param]:
     """The Params form of a manual run; its defaults are the definition's."""
     job = definition.job

@@ -4,7 +4,6 @@ tests read the window `start` resolved), and its landing check as dags/landings.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 
 from airflow.sdk import DAG
@@ -15,14 +14,7 @@ from pipelines.definition import load_definition
 
 PIPELINE = load_definition(os.environ["GPUYARD_SCHEDULE_DEFINITION"])
 
-with DAG(
-    dag_id=PIPELINE.name,
-    schedule=step.schedule(PIPELINE),
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    catchup=False,
-    max_active_runs=1,
-    params=step.params(PIPELINE),
-):
+with DAG(**step.retraining_dag(PIPELINE)):
     step.start(PIPELINE)
 
 landings.landing_dag(PIPELINE)
