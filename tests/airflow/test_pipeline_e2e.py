@@ -202,7 +202,7 @@ class MakeUi:
 
     def __init__(self, root: Path, dags: Path, ports: dict[str, int]) -> None:
         self.root, self.dags, self.ports = root, dags, ports
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{ports['airflow']}/api/v2", timeout=30)
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{ports['airflow']}/api/v2", timeout=120)
 
     def __enter__(self) -> MakeUi:
         subprocess.run(  # what `make demo` leaves: Airflow's database
@@ -264,7 +264,12 @@ class MakeUi:
         run_id = response.json()["dag_run_id"]
 
         def ended() -> str | None:
-            state = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            # Under the suite's load the API server may answer late (SQLite's writers queue behind the
+            # scheduler's): a late answer says nothing about the run, the next poll asks again.
+            try:
+                state = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            except httpx.TimeoutException:
+                return None
             return state if state in ("success", "failed") else None
 
         state = wait_until(ended, 1200, 1.0, what=f"the triggered run of {dag_id}")
