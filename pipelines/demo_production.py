@@ -6,8 +6,8 @@ production topology on this one machine.
    checkpoints and one for MLflow's artifacts;
 2. the emulated Kubernetes cluster (deploy/local): 4 nodes of 2 GPUs in two domains (the GPUs are
    counted, not real: training runs on CPU), whose node agents run the pods as local processes in
-   namespaces of their own, from a training image that carries the runtime and the pipeline's
-   configuration;
+   namespaces of their own, from a training image built from this checkout's wheel: the runtime and
+   the pipeline's configuration installed inside it, nothing of the checkout on the pods' paths;
 3. the control plane: `gpuyard migrate`, `gpuyard api` (2 workers), `gpuyard relay` and two
    `gpuyard scheduler` replicas with the Kubernetes launcher, team a's namespace applied as a cluster
    admin would, its Secrets (the object store's credentials, its MLflow user), the MLflow tracking
@@ -42,7 +42,7 @@ from gpuyard.client import GpuyardClient, resolve_endpoint
 from local_cluster.agent import H100, NodeSpec
 from local_cluster.cluster import EmulatedCluster
 from local_cluster.control_plane import object_store_secret, on_cluster
-from local_cluster.images import python_image
+from local_cluster.images import installed_image
 from local_cluster.services import (
     MACHINE_POSTGRES,
     MACHINE_REDIS,
@@ -68,12 +68,9 @@ HOME = REPOSITORY / ".gpuyard" / "demo-production"
 TEAM = "a"
 TEAM_NAMESPACE = f"gpuyard-team-{TEAM}"
 # The training image, pinned by digest as production admits images; the emulated registry maps its
-# repository to this machine's Python environment with the pipelines' sources at /opt/gpuyard/src.
+# repository to the project's wheel, built from this checkout when the demo starts and installed at
+# /opt/gpuyard/lib (the pipeline's definition inside it) over this machine's third-party packages.
 TRAINING_IMAGE = "registry.gpuyard.local/flights-delay-train@sha256:" + "7" * 64
-IMAGE_SOURCES = "/opt/gpuyard/src"
-# The folders this checkout's editable install points into: the image carries them at their own paths
-# (read-only), and nothing else of the checkout, whose .gpuyard/ the pods write their work into.
-PACKAGES = tuple(str(REPOSITORY / folder) for folder in ("plugins", "training", "pipelines", "spark_jobs"))
 GPU_TYPE = "h100"
 LEASE_S, GRACE_S = 20, 10
 
@@ -165,7 +162,8 @@ def main() -> int:
         )
 
         console.rule("2. the emulated cluster: 4 nodes x 2 GPUs (H100 labels, CPU underneath) in two racks")
-        image = python_image(files={IMAGE_SOURCES: str(REPOSITORY)}, sources=PACKAGES, workdir=IMAGE_SOURCES)
+        console.print("building the training image: this checkout's wheel, installed at /opt/gpuyard/lib")
+        image = installed_image(REPOSITORY, HOME / "image")  # the definition's relative path resolves there
         cluster = stack.enter_context(
             EmulatedCluster(nodes(), {TRAINING_IMAGE.split("@")[0]: image}, HOME / "nodes", node_grace_s=10)
         )

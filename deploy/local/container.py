@@ -45,7 +45,8 @@ def enter(spec: dict[str, object]) -> None:
         if Path(f"/proc/self/fd/{descriptor}").is_dir():
             Path(target).mkdir(parents=True, exist_ok=True)
         else:
-            Path(target).touch(exist_ok=True)  # a file over a file: /etc/hosts
+            if not Path(target).exists():  # a file over a file: /etc/hosts, or one in an image's files
+                Path(target).touch()
         # The kernel follows the descriptor to what it was opened on; mount(8) would resolve its name
         # again, under the volumes already mounted.
         _mount(f"/proc/self/fd/{descriptor}", target, MS_BIND)

@@ -6,9 +6,17 @@ pull failure are settable per image, for the tests' slow and broken registries."
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Where an installed image keeps its environment and the project's installed packages, as a Dockerfile
+# that builds a venv and installs the project's wheel into it would.
+IMAGE_ROOT = "/opt/gpuyard"
 
 
 @dataclass(frozen=True)
@@ -41,3 +49,48 @@ def python_image(
     path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
     carried = {folder: folder for folder in (sys.prefix, *sources)} | (files or {})
     return LocalImage(env={"PATH": path}, files=carried, **overrides)  # type: ignore[arg-type]
+
+
+def installed_image(project: Path, build: Path, *, files: dict[str, str] | None = None) -> LocalImage:
+    """The Python project at `project` as an image built from its wheel: this machine's environment
+    (its third-party packages) at IMAGE_ROOT/venv, with the hooks of its editable installs hidden, and
+    the project's wheel installed (not editable) at IMAGE_ROOT/lib, its working directory, where the
+    packages' data files lie beside their modules. Nothing on its interpreter's paths leads into a
+    checkout: a pod runs the code the image was built with. (`python -m` only: the environment's
+    console scripts still name this machine's interpreter in their first lines.)"""
+    lib = build_wheel_install(project, build)
+    venv, site = f"{IMAGE_ROOT}/venv", Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)
+    empty = build / "empty"
+    empty.touch()
+    hidden = {  # after the environment itself: mounted in this order, over its files
+        f"{venv}/{site}/{hook.name}": str(empty) for hook in Path(sys.prefix, site).glob("__editable__*")
+    }
+    path = os.pathsep.join([f"{venv}/bin", "/usr/local/bin", "/usr/bin", "/bin"])
+    return LocalImage(
+        env={"PATH": path, "PYTHONPATH": f"{IMAGE_ROOT}/lib"},
+        workdir=f"{IMAGE_ROOT}/lib",
+        files={venv: sys.prefix, **hidden, f"{IMAGE_ROOT}/lib": str(lib), **(files or {})},
+    )
+
+
+def build_wheel_install(project: Path, build: Path) -> Path:
+    """`project`'s wheel, built from a copy of what it packages (pyproject.toml, its readme, its
+    package folders: a build in the checkout would leave files there and pack stale ones), installed
+    with no dependencies into `build`/lib; returns that folder."""
+    metadata = tomllib.loads((project / "pyproject.toml").read_text())
+    folders = metadata["tool"]["setuptools"]["package-dir"].values()
+    source = build / "source"
+    shutil.rmtree(build, ignore_errors=True)
+    source.mkdir(parents=True)
+    for name in ("pyproject.toml", metadata["project"].get("readme")):
+        if name:
+            shutil.copy2(project / name, source / name)
+    for folder in folders:
+        ignored = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(project / folder, source / folder, ignore=ignored, dirs_exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "-qq", "--disable-pip-version-check"]
+    wheel = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(build), str(source)]
+    subprocess.run(wheel, check=True)
+    [built] = build.glob("*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(build / "lib"), str(built)], check=True)
+    return build / "lib"
