@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from . import workload
 from .backends import Postgres, Redis, SmallDisk
 from .cluster import COMPONENTS, Cluster, labelled
-from .faults import Injector, Target
+from .faults import FAULTS, Injector, Target
 from .history import (
     FINAL_JOB_STATES,
     History,
@@ -39,6 +39,7 @@ from .history import (
     read_verdict_times,
 )
 from .invariants import Violation, check
+from .kubernetes import KUBERNETES_FAULTS, Pods
 from .network import Network
 from .pausing import thaw_all
 from .proxy import FaultProxy
@@ -55,6 +56,7 @@ class Campaign:
     lease_s: float = 10.0
     quiesce_s: float = 240.0  # the longest wait for every job to end once the faults stop
     stall_s: float = 45.0  # ... and the longest without progress (a job ending, a worker's record)
+    launcher: str = "local"  # or "kubernetes": the workers run in the emulated cluster's pods
 
 
 @dataclass
@@ -127,18 +129,23 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
             rate_per_s=campaign.rate_per_s,
             run=run,
             lease_s=campaign.lease_s,
+            store=target.pods.store if target.pods else None,
         )
         stop = threading.Event()
         undo.callback(stop.set)
         began = time.monotonic()
+        token = _make_token(target.engine)
+        if target.pods is not None:  # the team exists: its namespace, as a cluster admin applies it
+            target.pods.apply_namespaces(target.cluster.env)
         client = workload.Client(
             target.cluster.api_url,
-            _make_token(target.engine),
+            token,
             plans,
             give_up_at=began + campaign.fault_s + campaign.quiesce_s,
             stop=stop,
         )
-        injector = Injector(target, campaign.seed, until=began + campaign.fault_s, echo=echo)
+        kinds = KUBERNETES_FAULTS if target.pods else FAULTS
+        injector = Injector(target, campaign.seed, until=began + campaign.fault_s, echo=echo, kinds=kinds)
         undo.callback(lambda: (run / "faults.log").write_text("\n".join(injector.log) + "\n"))
         threads = [
             threading.Thread(target=client.run, args=(began,), name="workload", daemon=True),
@@ -186,9 +193,12 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
         postgres.url().replace("postgresql://", "postgresql+psycopg://"), pool_pre_ping=True
     )
     undo.callback(engine.dispose)
-    # The node's disk (the launcher's attempt directories) and the checkpoint store, small enough
-    # to fill at will.
-    disks = [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
+    # The node's disk (the local launcher's attempt directories) and the checkpoint store, small
+    # enough to fill at will.
+    on_cluster = campaign.launcher == "kubernetes"
+    disks = (
+        [] if on_cluster else [SmallDisk(run / "home" / "attempts", 256), SmallDisk(run / "checkpoints", 256)]
+    )
     for disk in disks:
         if disk.mount():
             undo.callback(disk.unmount, keep=run / "kept" / disk.path.name)
@@ -196,20 +206,28 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
             echo(f"  (no tmpfs could be mounted at {disk.path}: not root? no full-disk fault there)")
     journal = JournalCollector(run / "journal.sock", run / "journal.jsonl")
     undo.callback(journal.close)
+    pods, api_port = None, free_port()
+    if on_cluster:
+        pods = Pods(run, listen, (network.address("api") if network else "127.0.0.1", api_port)).start()
+        undo.callback(pods.stop)
+        (run / "journal.sock").chmod(0o666)  # the pods' workers run as the launcher's run_as_user
     undo.callback(_kill_leftovers, run)
     undo.callback(thaw_all)  # before the kill: a frozen worker dies of nothing until thawed
     cluster = Cluster(
         run,
         database_url=postgres.url(links[0].port, host=listen),
         redis_url=f"redis://{listen}:{links[1].port}/0",
-        api_port=free_port(),
+        api_port=api_port,
         lease_s=campaign.lease_s,
         network=network,
+        launcher=pods.env() if pods else None,
     )
     migrate(engine)
     undo.callback(cluster.stop)
     cluster.start(engine)
-    return Target(cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM, disks)
+    return Target(
+        cluster, postgres, redis_server, links[0], links[1], engine, journal, run, STREAM, disks, pods=pods
+    )
 
 
 def _kill_leftovers(run: Path) -> None:
@@ -265,9 +283,10 @@ def _history(
         attempts=attempt_rows,
         events=events,
         journal=list(target.journal.records),
-        exits=read_exits(target.cluster.home / "attempts"),
-        ended=read_exit_times(target.cluster.home / "attempts"),
-        verdicts=read_verdict_times(target.cluster.home / "attempts"),
+        # how the workers ended: their shims' files, or their pods' containers as the kubelet reported
+        exits=target.pods.exits if target.pods else read_exits(target.cluster.home / "attempts"),
+        ended=target.pods.ended if target.pods else read_exit_times(target.cluster.home / "attempts"),
+        verdicts=target.pods.ended if target.pods else read_verdict_times(target.cluster.home / "attempts"),
         submissions=list(client.submissions.values()),
         cancels=list(client.cancels),
         kills=dict(target.kills),

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,10 @@ class Cluster:
         api_port: int,
         lease_s: float,
         network: Network | None = None,
+        launcher: Mapping[str, str] | None = None,
     ):
+        """`launcher`: the launcher's settings, where it is not the local launcher (whose fleet is
+        two nodes of 2 GPUs of this machine)."""
         self.run, self.api_port, self.lease_s, self.network = run, api_port, lease_s, network
         self.api_host = network.address("api") if network else "127.0.0.1"
         self.home = run / "home"
@@ -112,6 +116,9 @@ class Cluster:
                 ]
             ),
         }
+        if launcher is not None:
+            del self.env["GPUYARD_FLEET_FILE"], self.env["GPUYARD_WORKER_USERS"]
+            self.env |= launcher
         cli = [sys.executable, "-m", "gpuyard.cli"]
         commands = {
             "api": [*cli, "api", "--host", self.api_host, "--port", str(api_port), "--workers", "2"],

@@ -18,19 +18,23 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from gpuyard.store.tables import attempts
 from sqlalchemy import Engine, select
 
 from .backends import Postgres, Redis, SmallDisk
-from .cluster import Cluster
+from .cluster import Cluster, labelled
 from .history import JournalCollector
 from .pausing import Frozen, stopped
 from .proxy import FaultProxy
+
+if TYPE_CHECKING:
+    from .kubernetes import Pods
 
 SLOW_FSYNC = "slow-fsync"  # the file in the run directory that slows workers' fsyncs (worker.py's name)
 SKEW_LIMIT_S = 20.0  # the largest skew of one component's clock (docs/faults.md, "Clocks")
@@ -51,18 +55,26 @@ class Target:
     stream: str
     disks: list[SmallDisk] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> when the suite killed its workers
+    pods: Pods | None = None  # the emulated cluster, where the Kubernetes launcher runs the workers
 
 
 Fault = Callable[[Target, random.Random], str | None]
 
 
-def _running_attempts(target: Target) -> list[str]:
+def running_attempts(target: Target) -> list[str]:
     with target.engine.connect() as conn:
         return sorted(conn.execute(select(attempts.c.id).where(attempts.c.state == "RUNNING")).scalars())
 
 
 def _worker_groups(target: Target, attempt_id: str) -> list[int]:
-    """The process groups of an attempt's workers (each shim leads one)."""
+    """The process groups of an attempt's workers (each shim leads one; on the cluster, each pod's
+    container)."""
+    if target.pods is not None:
+        groups = set()
+        for pid in labelled("FAULTS_RUN", target.run.name).get(attempt_id, []):
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(pid))
+        return sorted(groups)
     try:
         listing = json.loads((target.cluster.home / "attempts" / attempt_id / "workers.json").read_text())
     except (OSError, ValueError):
@@ -105,7 +117,7 @@ def kill_leader(target: Target, rng: random.Random) -> str | None:
 
 
 def kill_worker(target: Target, rng: random.Random) -> str | None:
-    running = _running_attempts(target)
+    running = running_attempts(target)
     if not running:
         return None
     attempt_id = rng.choice(running)
@@ -114,7 +126,7 @@ def kill_worker(target: Target, rng: random.Random) -> str | None:
 
 def kill_mid_checkpoint(target: Target, rng: random.Random) -> str | None:
     """Hold a running attempt's next save half-written (tests/faults/worker.py), then SIGKILL it."""
-    running = _running_attempts(target)
+    running = running_attempts(target)
     if not running:
         return None
     attempt_id = rng.choice(running)
@@ -195,7 +207,7 @@ def pause_api_worker(target: Target, rng: random.Random) -> str | None:
 def pause_worker(target: Target, rng: random.Random) -> str | None:
     """Freeze a running attempt's whole tree (shims and workers) past its lease: no heartbeat, no step,
     while its processes still exist."""
-    running = _running_attempts(target)
+    running = running_attempts(target)
     if not running:
         return None
     attempt_id = rng.choice(running)
@@ -369,8 +381,9 @@ class Injector:
         until: float,
         echo: Callable[[str], None],
         gap_s: tuple[float, float] = (1.0, 4.0),
+        kinds: Mapping[str, Fault] = FAULTS,
     ):
-        self.target, self.until, self.echo, self.gap_s = target, until, echo, gap_s
+        self.target, self.until, self.echo, self.gap_s, self.kinds = target, until, echo, gap_s, kinds
         self.rng = random.Random(f"faults-{seed}")
         self.injected: Counter[str] = Counter()
         self.log: list[str] = []
@@ -380,12 +393,12 @@ class Injector:
         deck: list[str] = []
         while not stop.wait(self.rng.uniform(*self.gap_s)) and time.monotonic() < self.until:
             if not deck:
-                deck = sorted(FAULTS)
+                deck = sorted(self.kinds)
                 self.rng.shuffle(deck)
             kind = deck.pop()
             started = time.monotonic()
             try:
-                done = FAULTS[kind](self.target, self.rng)
+                done = self.kinds[kind](self.target, self.rng)
             except Exception as error:  # a fault that could not be injected is reported, not fatal
                 done = f"could not inject: {error!r}"
             else:

@@ -26,6 +26,7 @@ from .campaign import Campaign, Report, run_campaign
 from .faults import FAULTS
 from .history import AttemptRow, CancelRequest, EventRow, History, JobRow, Record, Submission
 from .invariants import Violation, check, retries_resume_from_the_newest_checkpoint
+from .kubernetes import KUBERNETES_FAULTS
 from .workload import Client, Plan, plan
 
 # -- the bounded campaign ---------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def test_a_bounded_fault_campaign_keeps_every_promise(
     assert not report.violations, "\n".join(map(str, report.violations))
 
 
-def test_the_runner_ends_with_a_result_line_and_refuses_a_launcher_it_cannot_drive(
+def test_the_runner_ends_with_a_result_line_naming_every_kind_of_its_launcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def fake(campaign: Campaign, work: Path, echo: object) -> Report:
@@ -75,11 +76,14 @@ def test_the_runner_ends_with_a_result_line_and_refuses_a_launcher_it_cannot_dri
     kinds = dict(pair.split(":") for pair in last.split("kinds=")[1].split(","))
     assert kinds["kill-relay"] == "4" and kinds["pause-leader"] == "2" and kinds["flush-redis"] == "0"
     assert set(kinds) == set(FAULTS)
-    assert runner.main(["--seed", "7", "--campaigns", "1", "--launcher", "kubernetes"]) == 2
-    assert "emulated cluster" in capsys.readouterr().err
+    on_kubernetes = ["--launcher", "kubernetes", "--work", str(tmp_path)]
+    assert runner.main(["--seed", "9", "--campaigns", "1", *on_kubernetes]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    kinds = dict(pair.split(":") for pair in last.split("kinds=")[1].split(","))
+    assert set(kinds) == set(KUBERNETES_FAULTS) and kinds["lose-node"] == "0" and "full-disk" not in kinds
 
 
-def test_a_campaign_strikes_with_every_kind_before_it_repeats_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_campaign_strikes_with_every_kind_before_it_repeats_one() -> None:
     """The deck: a seeded order, each kind once per round; a kind that found nothing to act on is
     dealt again later in the round, not lost from it."""
     struck: list[str] = []
@@ -98,13 +102,20 @@ def test_a_campaign_strikes_with_every_kind_before_it_repeats_one(monkeypatch: p
 
         return strike
 
-    monkeypatch.setattr(faults, "FAULTS", {kind: fault(kind) for kind in FAULTS})
+    kinds = {kind: fault(kind) for kind in FAULTS}
 
     def deal(seed: int) -> list[str]:
         struck.clear()
         stop.clear()
         idle.add("kill-worker")
-        injector = faults.Injector(None, seed, until=float("inf"), echo=lambda _: None, gap_s=(0, 0))  # type: ignore[arg-type]
+        injector = faults.Injector(
+            None,  # type: ignore[arg-type]
+            seed,
+            until=float("inf"),
+            echo=lambda _: None,
+            gap_s=(0, 0),
+            kinds=kinds,
+        )
         injector.run(stop)
         assert injector.injected == {kind: 2 for kind in FAULTS}
         return list(struck)

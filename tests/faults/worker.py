@@ -3,6 +3,8 @@ and tells the suite everything it does, so the invariant checker can compare the
 
     worker.py --steps N --step-seconds S --save-every K [--fail-at STEP --exit-code C]
 
+- Checkpoints are files under a file:// GPUYARD_CHECKPOINT_URL, or objects in an object store
+  (s3://, the Kubernetes launcher's: `ObjectStore`).
 - Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when it is complete, else from
   the newest complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its
   manifest (written last, after the data is fsynced) names the data's size and sha256.
@@ -153,6 +155,61 @@ def save(root: Path, step: int, hold: Path) -> str:
     return directory.as_uri()
 
 
+class ObjectStore:
+    """The same checkpoints in an object store (s3://, as production keeps them: the credentials and
+    endpoint in the environment): each object appears whole when its upload completes, so a save held
+    half-written has uploaded nothing yet; the manifest is uploaded last."""
+
+    def __init__(self, url: str):
+        import fsspec  # only here: the light worker's start stays light where checkpoints are files
+
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.scheme = url.split("://", 1)[0]
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
+    def complete(self, url: str) -> int | None:
+        path = url.split("://", 1)[1].rstrip("/")
+        try:
+            manifest = json.loads(self.fs.cat_file(f"{path}/{MANIFEST}"))
+            data = self.fs.cat_file(f"{path}/state.bin")
+        except (OSError, ValueError):
+            return None
+        if len(data) != manifest["size"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            return None
+        return int(manifest["step"])
+
+    def newest_complete(self) -> int:
+        try:
+            found = sorted(self.fs.ls(self.root, detail=False, refresh=True), reverse=True)
+        except OSError:  # nothing saved yet
+            return 0
+        for path in found:
+            if path.rsplit("/", 1)[-1].startswith("step-") and (step := self.complete(self.url(path))):
+                return step
+        return 0
+
+    def save(self, step: int, hold: Path) -> str:
+        directory = f"{self.root}/step-{step:06d}"
+        if step in _saved and self.complete(self.url(directory)) == step:
+            return self.url(directory)
+        data = payload(step)
+        if hold.exists():
+            journal("half_written", step=step)
+            while hold.exists():  # the suite kills us here
+                pause(0.02)
+        slow_disk()
+        self.fs.pipe_file(f"{directory}/state.bin", data)
+        manifest = {"step": step, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        slow_disk()
+        journal("committing", step=step)  # from here the checkpoint may be complete before `saved` says so
+        self.fs.pipe_file(f"{directory}/{MANIFEST}", json.dumps(manifest).encode())
+        journal("saved", step=step, url=self.url(directory))
+        _saved.add(step)
+        return self.url(directory)
+
+
 # -- heartbeats -------------------------------------------------------------------------------------
 
 
@@ -226,18 +283,22 @@ def main() -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    root = Path(urlsplit(env["GPUYARD_CHECKPOINT_URL"]).path)
+    url = env["GPUYARD_CHECKPOINT_URL"]
+    store = ObjectStore(url) if not url.startswith("file:") else None
+    root = Path(urlsplit(url).path)
     hold = Path(env["FAULTS_DIR"]) / "hold" / ATTEMPT
     journal("start", steps=args.steps)
     began = time.monotonic()
     # The checkpoint the store recorded when it is complete, else the newest complete one (the runtime's
     # rule: training/checkpoint.py, find_latest).
     resume = env.get("GPUYARD_RESUME_URL")
-    step = complete(Path(urlsplit(resume).path)) if resume else None
+    step = None
+    if resume:
+        step = store.complete(resume) if store else complete(Path(urlsplit(resume).path))
     if resume and step is None:
         journal("recorded_incomplete", url=resume)
     if step is None:
-        step, _ = newest_complete(root)
+        step = store.newest_complete() if store else newest_complete(root)[0]
     journal("resume", step=step, url=resume, began=began)
     heartbeat = Heartbeat(args.lease_seconds)
 
@@ -248,7 +309,7 @@ def main() -> None:
             journal("save_skipped", step=step, why="lease lapsed")
             return None
         try:
-            return {"url": save(root, step, hold), "step": step}
+            return {"url": store.save(step, hold) if store else save(root, step, hold), "step": step}
         except OSError as error:
             journal("save_failed", step=step, error=str(error)[:120])
             leave(exit_codes.FAILURE, reason="checkpoint write failed")

@@ -121,8 +121,12 @@ def writes_journal(job_name: str) -> bool:
     return not job_name.startswith("plain-")
 
 
-def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s: float) -> list[Plan]:
+def plan(
+    seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s: float, store: str | None = None
+) -> list[Plan]:
+    """`store`: the checkpoint store (the platform's `checkpoint_store`); the run's folder by default."""
     rng = random.Random(f"workload-{seed}")
+    store = store or (run / "checkpoints").as_uri()
     plans, at = [], 0.0
     while (at := at + rng.expovariate(rate_per_s)) < duration_s:
         kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
@@ -145,7 +149,7 @@ def plan(seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s:
         }
         if made.get("checkpoint", True):
             # Under the team's root in the cluster's checkpoint store (`<store>/<team>`).
-            spec["checkpoint"] = {"url": (run / "checkpoints" / TEAM / key).as_uri(), "interval": "30s"}
+            spec["checkpoint"] = {"url": f"{store}/{TEAM}/{key}", "interval": "30s"}
         cancel = rng.uniform(0.5, 8.0) if rng.random() < 0.12 else None
         plans.append(Plan(key, kind, at, spec, cancel))
     return plans
