@@ -48,13 +48,14 @@ def gang_exit(codes: Sequence[int]) -> int:
     return exit_codes.PREEMPTED if exit_codes.PREEMPTED in codes else exit_codes.SUCCESS
 
 
-def run_node(ranks: list[dict[str, str]], argv: Sequence[str]) -> int:
-    """Start `python -m training.run argv` once per rank, pass SIGTERM and SIGINT on (the preemption
-    notice), stop the others when one fails, and wait for all; a rank killed by signal N counts as
-    128 + N."""
+def run_node(
+    ranks: list[dict[str, str]], argv: Sequence[str], entry: Sequence[str] = ("-m", "training.run")
+) -> int:
+    """Start `python <entry> argv` once per rank (the runtime's entry point, or a wrapper of it: the
+    fault suite's journaling one), pass SIGTERM and SIGINT on (the preemption notice), stop the others
+    when one fails, and wait for all; a rank killed by signal N counts as 128 + N."""
     children = [
-        subprocess.Popen([sys.executable, "-m", "training.run", *argv], env={**os.environ, **rank})
-        for rank in ranks
+        subprocess.Popen([sys.executable, *entry, *argv], env={**os.environ, **rank}) for rank in ranks
     ]
 
     def forward(signum: int, _frame: object) -> None:

@@ -92,7 +92,7 @@ class Report:
             *(f"    {v}" for v in self.violations),
             *(f"  refused submission: {r}" for r in self.rejected),
             f"  replay: python -m tests.faults.run --seed {c.seed} --campaigns 1 "
-            f"--fault-seconds {c.fault_s:g} --rate {c.rate_per_s:g}",
+            f"--fault-seconds {c.fault_s:g} --rate {c.rate_per_s:g} --launcher {c.launcher}",
         ]
         return "\n".join(lines)
 
@@ -210,7 +210,11 @@ def _start(campaign: Campaign, run: Path, undo: contextlib.ExitStack, echo: Echo
     if on_cluster:
         pods = Pods(run, listen, (network.address("api") if network else "127.0.0.1", api_port)).start()
         undo.callback(pods.stop)
-        (run / "journal.sock").chmod(0o666)  # the pods' workers run as the launcher's run_as_user
+        # The pods' workers run as the launcher's run_as_user: the journal and the runtime's work folders
+        # (runtime_worker.py) are open to it.
+        (run / "journal.sock").chmod(0o666)
+        (run / "runtime").mkdir()
+        (run / "runtime").chmod(0o1777)
     undo.callback(_kill_leftovers, run)
     undo.callback(thaw_all)  # before the kill: a frozen worker dies of nothing until thawed
     cluster = Cluster(

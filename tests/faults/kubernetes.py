@@ -210,13 +210,20 @@ def _pods(target: Target) -> Pods:
 
 
 def _running_pod(target: Target, rng: random.Random) -> dict[str, Any] | None:
-    """A pod of a running attempt, if any runs."""
+    """A pod of a running attempt on a node that is there (a lost node's pods stay in the API, Running,
+    until the node is removed), if any runs."""
+    pods = _pods(target)
+    live = set(pods.live_nodes())
     running = running_attempts(target)
     rng.shuffle(running)
     for attempt_id in running:
-        pods = [p for p in _pods(target).pods_of(attempt_id) if not p["metadata"].get("deletionTimestamp")]
-        if pods:
-            return rng.choice(pods)
+        found = [
+            p
+            for p in pods.pods_of(attempt_id)
+            if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName") in live
+        ]
+        if found:
+            return rng.choice(found)
     return None
 
 

@@ -17,7 +17,8 @@ wrapping, not changing, five of its calls:
   `half_written`, waits until the file is gone or it is killed) and slow disk
   (`$FAULTS_DIR/slow-fsync` holds the seconds each fsync takes longer).
 
-The working directory (rank 0's event log) is per attempt under `$FAULTS_DIR/runtime/`.
+The working directory (rank 0's event log) is per attempt under `$FAULTS_DIR/runtime/`. In a pod (one
+process per node, `training/ranks.py`), each of the node's ranks is this wrapper.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, str(Path(__file__).parent))
 import worker as light
+
+from training import ranks
+
+# A pod is one process per node: this one only starts the node's ranks (each this wrapper, with its
+# RANK), which journal; it journals nothing itself (rank 0 would seem to start twice) and never
+# imports torch.
+if (node := ranks.node_ranks(os.environ)) is not None and __name__ == "__main__":
+    sys.exit(ranks.run_node(node, sys.argv[1:], entry=(__file__,)))
 
 BEGAN = time.monotonic()
 light.journal("start", runtime=True)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from servers import open_directory
 
 from training import exit_codes
 
@@ -32,30 +33,40 @@ from .workload import Client, Plan, plan
 # -- the bounded campaign ---------------------------------------------------------------------------
 
 
+# Each launcher's bounded campaign: the cluster's pods start slower than local processes, so its
+# campaign is shorter. Job arrivals are random: the floors below hold for all but a rare draw.
+CAMPAIGNS = {
+    "local": {"fault_s": 50.0, "rate_per_s": 0.3, "quiesce_s": 150.0},
+    "kubernetes": {"fault_s": 30.0, "rate_per_s": 0.3, "quiesce_s": 150.0},
+}
+
+
 @pytest.mark.slow
 @pytest.mark.starts_first
+@pytest.mark.parametrize("launcher", sorted(CAMPAIGNS))
 def test_a_bounded_fault_campaign_keeps_every_promise(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], record_property: Callable[[str, object], None]
+    launcher: str, capsys: pytest.CaptureFixture[str], record_property: Callable[[str, object], None]
 ) -> None:
     # A random seed each run (issue 28 item 11), printed before anything starts, so a failing draw is
     # replayed with GPUYARD_FAULT_SEED=N; each run of make test thus covers another schedule.
     chosen = os.environ.get("GPUYARD_FAULT_SEED", "random")
     seed = random.SystemRandom().randrange(1_000_000) if chosen == "random" else int(chosen)
-    with capsys.disabled():
-        print(f"\nfault campaign seed {seed} (GPUYARD_FAULT_SEED={seed} replays it)")
-        report = run_campaign(
-            Campaign(seed=seed, fault_s=50.0, rate_per_s=0.3, quiesce_s=150.0), tmp_path, echo=print
+    # A directory every user may enter: the cluster's pods run their workers as a user of their own.
+    with capsys.disabled(), open_directory("gpuyard-faults-") as work:
+        print(
+            f"\nfault campaign seed {seed} on the {launcher} launcher (GPUYARD_FAULT_SEED={seed} replays it)"
         )
+        report = run_campaign(Campaign(seed=seed, launcher=launcher, **CAMPAIGNS[launcher]), work, echo=print)
         print(report.render())
-        result = runner.result_line(len(report.violations) + len(report.rejected), report.injected)
+        result = runner.result_line(len(report.violations) + len(report.rejected), report.injected, launcher)
         print(result)
     # Under pytest-xdist a worker's output never reaches the terminal: the summary prints these.
-    record_property("summary", f"fault campaign seed {seed}: {result}")  # tests/conftest.py
-    # Faults run one after another, some for up to 18 s: a draw of long ones fits few in 50 s.
+    record_property("summary", f"fault campaign seed {seed} ({launcher}): {result}")  # tests/conftest.py
+    # Faults run one after another, some for up to 18 s: a draw of long ones fits few in 30 s.
     assert sum(report.injected.values()) >= 2, "the campaign injected almost no faults"
     # A floor against a campaign that ran nothing, not a figure: a random draw heavy in database delays
-    # submits fewer jobs in its 50 s (seed 851734: 9 under a loaded suite, every promise kept).
-    assert sum(report.jobs.values()) >= 5, "the campaign ran almost no jobs"
+    # submits fewer jobs (seed 851734: 9 in 50 s under a loaded suite, every promise kept).
+    assert sum(report.jobs.values()) >= 2, "the campaign ran almost no jobs"
     assert not report.rejected, report.rejected
     assert not report.violations, "\n".join(map(str, report.violations))
 
