@@ -163,7 +163,10 @@ class ObjectStore:
     def __init__(self, url: str):
         import fsspec  # only here: the light worker's start stays light where checkpoints are files
 
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        # Every wait bounded (botocore's own read timeout is 60 s): an upload that hangs (a black-holed
+        # link, a connection the store dropped) fails in seconds and is retried (AWS_MAX_ATTEMPTS).
+        bounds = {"connect_timeout": 5, "read_timeout": 10}
+        self.fs, self.root = fsspec.core.url_to_fs(url, config_kwargs=bounds)
         self.scheme = url.split("://", 1)[0]
 
     def url(self, path: str) -> str:
