@@ -229,7 +229,10 @@ def _running_pod(target: Target, rng: random.Random) -> dict[str, Any] | None:
 
 def lose_node(target: Target, rng: random.Random) -> str | None:
     """A node running an attempt's pod is gone: every process of its pods dies, it reports nothing
-    more; a new machine joins in its place."""
+    more; a new machine joins in its place. A while later the cloud's node controller, told the
+    machine no longer exists, deletes its Node, and the pod garbage collector its pods: until then
+    they stay in the API, and a worker that never heartbeat cannot be told from one partitioned
+    (gpuyard does not replace such an attempt, nor end it on a cancel, before its pods are gone)."""
     pod = _running_pod(target, rng)
     if pod is None or not pod["spec"].get("nodeName"):
         return None
@@ -241,7 +244,12 @@ def lose_node(target: Target, rng: random.Random) -> str | None:
     for attempt_id in {_attempt_of(p) for p in listed if p["spec"].get("nodeName") == node} - {None}:
         target.kills.setdefault(str(attempt_id), time.monotonic())
     agent.lose()
-    return f"{node} lost (running {pod['metadata']['name']}); {pods.replace()} joined"
+    joined = pods.replace()
+    noticed = rng.uniform(NODE_GRACE_S, 3 * NODE_GRACE_S)
+    time.sleep(noticed)
+    pods.cluster.api.delete_node(node)
+    running = pod["metadata"]["name"]
+    return f"{node} lost (running {running}); {joined} joined; its Node deleted after {noticed:.1f}s"
 
 
 def partition_node(target: Target, rng: random.Random) -> str | None:
