@@ -101,6 +101,10 @@ def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict
     return {"status": {"phase": phase, "containerStatuses": containers, **status}}
 
 
+def _disruption(reason: str) -> dict[str, str]:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason}
+
+
 @pytest.mark.parametrize(
     ("pod", "expected"),
     [
@@ -129,15 +133,29 @@ def _pod(phase: str, state: dict[str, Any] | None = None, **status: Any) -> dict
             _pod("Pending", {"waiting": {"reason": "InvalidImageName"}}),
             PodFate(Outcome.FAILED, "image pull failed: InvalidImageName"),
         ),
+        # Preempted or evicted on a Ready node: the kubelet stops it (SIGTERM, grace, SIGKILL); until its
+        # worker ended it runs, and its exit is its fate (seed 1011: a successor ran beside it).
+        (
+            _pod("Running", {"running": {}}, conditions=[_disruption("PreemptionByScheduler")]),
+            PodFate(Outcome.RUNNING),
+        ),
+        (
+            _pod("Running", {"running": {}}, conditions=[_disruption("EvictionByEvictionAPI")]),
+            PodFate(Outcome.RUNNING),
+        ),
         (
             _pod(
-                "Running",
-                {"running": {}},
-                conditions=[
-                    {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
-                ],
+                "Failed",
+                {"terminated": {"exitCode": exit_codes.PREEMPTED}},
+                conditions=[_disruption("EvictionByEvictionAPI")],
             ),
-            PodFate(Outcome.LOST, "PreemptionByScheduler"),
+            PodFate(Outcome.PREEMPTED, None, exit_codes.PREEMPTED),
+        ),
+        (_pod("Pending", conditions=[_disruption("PreemptionByScheduler")]), PodFate(Outcome.LOST)),
+        # Its node unreachable: nobody is there to stop it, nor to say it stopped.
+        (
+            _pod("Running", {"running": {}}, conditions=[_disruption("DeletionByTaintManager")]),
+            PodFate(Outcome.LOST, "DeletionByTaintManager"),
         ),
     ],
 )

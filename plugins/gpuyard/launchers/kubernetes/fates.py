@@ -42,6 +42,12 @@ DISRUPTION_REASONS = frozenset(
         "TerminationByKubelet",
     }
 )
+# Of those, the ones a Ready node's kubelet carries out: SIGTERM, the grace period, then SIGKILL. Until its
+# worker's container ended, the pod runs (saving a checkpoint on the notice): its exit is its fate, and a
+# successor launched before it would run beside it (fault campaign seed 1011: an eviction).
+GRACEFUL_DISRUPTIONS = frozenset(
+    {"PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"}
+)
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CREATE_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 # Waiting reasons of a container on its way up on its node (pulling its image, init containers).
@@ -78,12 +84,13 @@ def _worker_status(status: Mapping[str, Any], container: str) -> Mapping[str, An
     return {}
 
 
-def _disruption(status: Mapping[str, Any]) -> str | None:
+def _disruption_target(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's DisruptionTarget condition, where it says the cluster is taking the pod away."""
+    known = {*DISRUPTION_REASONS, "DisruptionTarget"}
     for condition in status.get("conditions") or ():
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            reason = condition.get("reason") or "DisruptionTarget"
-            if reason in DISRUPTION_REASONS or reason == "DisruptionTarget":
-                return _detail(reason, condition.get("message"))
+        says = condition.get("type") == "DisruptionTarget" and condition.get("status") == "True"
+        if says and (condition.get("reason") or "DisruptionTarget") in known:
+            return condition
     return None
 
 
@@ -93,7 +100,9 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
     phase = status.get("phase")
     pod_reason = status.get("reason")
     lost_reason = _detail(pod_reason, status.get("message")) if pod_reason in LOST_POD_REASONS else None
-    lost_reason = lost_reason or _disruption(status)
+    target = _disruption_target(status)
+    if lost_reason is None and target is not None:
+        lost_reason = _detail(target.get("reason") or "DisruptionTarget", target.get("message"))
     state = _worker_status(status, container).get("state") or {}
 
     terminated = state.get("terminated")
@@ -113,6 +122,9 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
         return PodFate(Outcome.FAILED, f"{reason} ({extra})" if extra else reason, code)
 
     if lost_reason:
+        graceful = pod_reason not in LOST_POD_REASONS and (target or {}).get("reason") in GRACEFUL_DISRUPTIONS
+        if graceful and state.get("running") is not None:
+            return PodFate(Outcome.RUNNING)  # being stopped: it ends within its grace period
         return PodFate(Outcome.LOST, lost_reason, disrupted=True)
 
     waiting = state.get("waiting") or {}
