@@ -307,6 +307,31 @@ def test_evicted_pod_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> 
     assert report.reason == "node rank 0: Evicted: The node was low on resource: ephemeral-storage."
 
 
+def test_a_pod_evicted_on_a_ready_node_runs_until_its_worker_stopped(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """The eviction's notice (DisruptionTarget; the kubelet sends SIGTERM) ends nothing: the attempt runs
+    until its workers exit, so no successor starts beside them (fault campaign seed 1011)."""
+    names = start_gang(cluster, launcher)
+    notice = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+    cluster.set_pod_status(names[0], running() | {"conditions": notice})
+    reports: list[WorkerReport] = []
+
+    def noticed() -> bool:  # the launcher has applied the notice to its view of the pod
+        reports.extend(launcher.observe())
+        return any(
+            pod["metadata"]["name"] == names[0] and (pod.get("status") or {}).get("conditions") == notice
+            for pod in launcher._pods.values()
+        )
+
+    wait_until(noticed, timeout_s=8, what="the launcher to see the eviction's notice")
+    assert [r.outcome for r in reports if r.outcome is not Outcome.RUNNING] == []
+    for name in names:  # the checkpoint saved on the notice, both ranks stop
+        cluster.set_pod_status(name, terminated(exit_codes.PREEMPTED) | {"conditions": notice})
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.PREEMPTED and report.disrupted, report
+
+
 def test_disruption_by_taint_manager_is_lost_even_with_a_crash_exit(
     cluster: Cluster, launcher: KubernetesLauncher
 ) -> None:
