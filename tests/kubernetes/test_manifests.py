@@ -152,6 +152,15 @@ def _disruption(reason: str) -> dict[str, str]:
             PodFate(Outcome.PREEMPTED, None, exit_codes.PREEMPTED),
         ),
         (_pod("Pending", conditions=[_disruption("PreemptionByScheduler")]), PodFate(Outcome.LOST)),
+        # Its pod deleted (kubectl delete): the SIGTERM or the grace period's SIGKILL is not the job's doing.
+        (
+            _pod("Failed", {"terminated": {"exitCode": 143}}) | {"metadata": {"deletionTimestamp": "t"}},
+            PodFate(Outcome.LOST, "pod deleted (worker exited 143)", 143),
+        ),
+        (
+            _pod("Failed", {"terminated": {"exitCode": 143, "reason": "Error"}}),
+            PodFate(Outcome.FAILED, "exited 143 (Error)", 143),
+        ),
         # Its node unreachable: nobody is there to stop it, nor to say it stopped.
         (
             _pod("Running", {"running": {}}, conditions=[_disruption("DeletionByTaintManager")]),

@@ -48,6 +48,7 @@ DISRUPTION_REASONS = frozenset(
 GRACEFUL_DISRUPTIONS = frozenset(
     {"PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"}
 )
+KILLED_BY_DELETION = frozenset({128 + 15, 128 + 9})  # a container's exit code after SIGTERM, SIGKILL
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CREATE_ERROR_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 # Waiting reasons of a container on its way up on its node (pulling its image, init containers).
@@ -117,6 +118,10 @@ def pod_fate(pod: Mapping[str, Any], container: str = "worker") -> PodFate:
             return PodFate(Outcome.LOST, f"{lost_reason} (worker exited {code})", code, True)
         if terminated.get("reason") == "OOMKilled":
             return PodFate(Outcome.FAILED, "OOMKilled", code)
+        if code in KILLED_BY_DELETION and (pod.get("metadata") or {}).get("deletionTimestamp"):
+            # its pod deleted (the grace period's SIGTERM, then SIGKILL): the deletion's doing, not the job's
+            # (seed 1013: a worker ending 0 as its pod was deleted died of the SIGTERM, 143)
+            return PodFate(Outcome.LOST, f"pod deleted (worker exited {code})", code, True)
         _, reason = outcome_of_exit(code)
         extra = terminated.get("message") or terminated.get("reason")
         return PodFate(Outcome.FAILED, f"{reason} ({extra})" if extra else reason, code)
