@@ -294,6 +294,7 @@ def _history(
         submissions=list(client.submissions.values()),
         cancels=list(client.cancels),
         kills=dict(target.kills),
+        disruptions=dict(target.disruptions),
         leftovers=labelled("FAULTS_RUN", target.run.name),
         lease_s=lease_s,
         stalls=list(stalls),

@@ -56,6 +56,7 @@ class Target:
     disks: list[SmallDisk] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> when the suite killed its workers
     pods: Pods | None = None  # the emulated cluster, where the Kubernetes launcher runs the workers
+    disruptions: dict[str, float] = field(default_factory=dict)  # attempt -> when its pod was taken away
 
 
 Fault = Callable[[Target, random.Random], str | None]

@@ -95,6 +95,8 @@ class History:
     submissions: list[Submission] = field(default_factory=list)
     cancels: list[CancelRequest] = field(default_factory=list)
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time the suite killed it
+    # attempt -> monotonic time the suite had the cluster take its pod away (an eviction, a deletion)
+    disruptions: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time its shims saw it end
     # attempt -> monotonic time its launcher recorded its verdict (the workers were gone by then)
     verdicts: dict[str, float] = field(default_factory=dict)

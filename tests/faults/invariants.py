@@ -163,6 +163,7 @@ def _exit_codes(history: History) -> dict[str, dict[int, int]]:
     LOST, rightly) or the platform's own, at the end of the grace period of a stop it asked for (seed
     803: shims frozen as their workers exited 0, preempted meanwhile, killed at the thaw)."""
     stopped = {a.id for a in history.attempts.values() if a.stop_requested is not None}
+    stopped |= set(history.disruptions)  # the cluster's SIGTERM may land in the worker's exit (seed 1014)
     codes: dict[str, dict[int, int]] = defaultdict(dict)
     for record in sorted(history.journal, key=lambda r: r.t):
         if record.e == "exit" and record.attempt not in history.kills and record.attempt not in stopped:
@@ -206,8 +207,9 @@ def attempts_match_exits(history: History) -> Iterator[Finding]:
             ):
                 said = f"the store says {attempt.reason!r}"
                 yield job_id, f"{where}: every worker exited 0 under a lease that held; {said}"
-            if attempt.state == "PREEMPTED" and attempt.stop_requested is None:
-                yield job_id, f"{where}: PREEMPTED, but the platform never asked it to stop"
+            asked = attempt.stop_requested is not None or attempt.id in history.disruptions  # an eviction
+            if attempt.state == "PREEMPTED" and not asked:
+                yield job_id, f"{where}: PREEMPTED, but neither the platform nor the cluster asked it to stop"
 
 
 def _recorded_before(history: History, job_id: str, seq: int) -> int | None:

@@ -282,6 +282,7 @@ def evict_pod(target: Target, rng: random.Random) -> str | None:
     if pod is None:
         return None
     meta = pod["metadata"]
+    target.disruptions.setdefault(_attempt_of(pod) or "", time.monotonic())
     _pods(target).cluster.evict(meta["name"], meta["namespace"])
     return f"{meta['name']} evicted"
 
@@ -292,6 +293,7 @@ def delete_pod(target: Target, rng: random.Random) -> str | None:
     if pod is None:
         return None
     meta, grace = pod["metadata"], rng.choice([None, 0])
+    target.disruptions.setdefault(_attempt_of(pod) or "", time.monotonic())
     api = _pods(target).cluster.api
     api.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=grace)
     return f"{meta['name']} deleted ({'no grace' if grace == 0 else 'its grace period'})"

@@ -291,10 +291,14 @@ def test_the_checker_catches_an_outcome_lost_and_a_preemption_nobody_asked_for()
     )
     details = [v.detail for v in check(story.history()) if v.invariant == "attempts match exits"]
     assert details == [
-        "attempt 1 (PREEMPTED): PREEMPTED, but the platform never asked it to stop",
+        "attempt 1 (PREEMPTED): PREEMPTED, but neither the platform nor the cluster asked it to stop",
         "SUCCEEDED, but its last attempt is LOST",
         "attempt 1 (LOST): every worker exited 0 under a lease that held; the store says None",
     ]
+    history = story.history()
+    history.disruptions["j1-a1"] = 1.0  # its pod evicted: the cluster asked
+    details = [v.detail for v in check(history) if v.invariant == "attempts match exits"]
+    assert not [d for d in details if "PREEMPTED" in d]
 
 
 def j2_lost_as_its_worker_exited_0() -> Story:
