@@ -105,6 +105,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """The port chosen for the server was bound by another process first."""
+
+
 class TrackingServer:
     """The server of the data root `root` (a local directory), its output in `log`; with `auth`, it
     asks for credentials, and `provision` makes the pipeline's identity and the teams' users. With
@@ -127,13 +131,25 @@ class TrackingServer:
     ) -> None:
         self.root, self.log, self.env, self.auth, self.artifacts = root, log, env, auth, artifacts
         self.host, self.backend = host, backend
+        self.chosen_port = port is None  # a free port, chosen again if another process takes it first
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 120.0) -> TrackingServer:
-        """Start it and return once it answers /health (its first start creates the schema)."""
+        """Start it and return once it answers /health (its first start creates the schema). A port it
+        chose that another process bound between the choice and the server's bind is chosen again."""
+        for _ in range(3):
+            try:
+                return self._start(timeout_s)
+            except PortTaken:
+                self.port = free_port()
+                self.url = f"http://{self.host}:{self.port}"
+        return self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> TrackingServer:
         self.root.mkdir(parents=True, exist_ok=True)
+        offset = self.log.stat().st_size if self.log.exists() else 0
         env = dict(os.environ if self.env is None else self.env) | SERVER_ENV
         if self.auth:
             env |= auth_environment(self.root)
@@ -158,8 +174,19 @@ class TrackingServer:
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                code = self.process.poll()
                 self.stop()
-                raise RuntimeError(f"the MLflow tracking server on {self.root} did not start; see {self.log}")
+                why = f"exited {code}" if code is not None else f"no answer within {timeout_s:g} s"
+                with self.log.open("rb") as out:
+                    out.seek(offset)
+                    said = out.read().decode(errors="replace")
+                if self.chosen_port and "address already in use" in said.lower():
+                    raise PortTaken(self.port)
+                tail = said[-3000:]
+                raise RuntimeError(
+                    f"the MLflow tracking server on {self.root} ({self.url}) did not start ({why}); "
+                    f"{self.log} ends:\n{tail}"
+                )
             time.sleep(0.2)
         return self
 
