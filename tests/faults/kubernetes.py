@@ -35,7 +35,7 @@ from gpuyard.launchers.kubernetes.manifests import RANK_LABEL
 from local_cluster.agent import NodeSpec
 from local_cluster.apiserver import write_kubeconfig
 from local_cluster.cluster import EmulatedCluster
-from local_cluster.control_plane import OBJECT_STORE_SECRET
+from local_cluster.control_plane import OBJECT_STORE_SECRET, object_store_secret
 from local_cluster.images import LocalImage, python_image, repository
 from local_cluster.services import S3Server
 
@@ -135,12 +135,9 @@ class Pods:
         )
         documents = [doc for doc in yaml.safe_load_all(made.stdout) if doc]
         namespaces = [d["metadata"]["name"] for d in documents if d.get("kind") == "Namespace"]
-        for namespace in namespaces:
-            metadata = {"name": OBJECT_STORE_SECRET, "namespace": namespace}
-            documents.append(
-                {"apiVersion": "v1", "kind": "Secret", "metadata": metadata}
-                | {"stringData": self.store_env()}
-            )
+        # the Secret control_plane makes for a team, naming the store's link, not the server
+        secrets = [object_store_secret(ns, self.s3) | {"stringData": self.store_env()} for ns in namespaces]
+        documents += secrets
         self.cluster.server.emulator.apply(self.cluster.api.api_client, documents)
 
     # -- how pods ended ----------------------------------------------------------------------------
