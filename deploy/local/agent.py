@@ -21,8 +21,9 @@ emulated yet: cgroup limits (CPU and memory are placed, not enforced;
 GPUs are counted only), more than one container per pod, probes, restart policies other than Never.
 
 Faults a test sets: `partition()` (the node stops reporting: no heartbeat, no pod status, its pods
-run on and reach everything), `heal()`, `lose()` (the node is gone: its pods' processes die with it,
-nothing more is reported).
+run on and reach everything), `partition(pods_too=True)` (the machine cut from every network: its
+pods run on and reach nothing, not even each other's gang), `heal()`, `lose()` (the node is gone:
+its pods' processes die with it, nothing more is reported).
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class NodeAgent:
         self.reporting = True  # False: partitioned from the API (pods run on)
         self.lost = False
         self._pods: dict[str, _Pod] = {}  # pod uid -> its state here
+        self._cut: list[Attachment] = []  # its pods' namespaces a partition cut off
         self._reported = 0.0
         self._loop = Periodic(f"agent-{node.name}", every_s, self.step)
         self._passing = threading.Lock()
@@ -452,14 +454,23 @@ class NodeAgent:
         self._loop.start()
         return self
 
-    def partition(self) -> None:
-        """The node stops reporting; its pods run on."""
+    def partition(self, *, pods_too: bool = False) -> None:
+        """The node stops reporting; its pods run on. `pods_too`: every packet to and from its pods
+        is dropped as well (without a pod network they share the machine's: only the node is cut)."""
         with self._passing:
             self.reporting = False
+            if pods_too and self.network is not None:
+                self._cut = [known.attachment for known in self._pods.values() if known.attachment]
+                for attachment in self._cut:
+                    self.network.bridge.cut(attachment)
 
     def heal(self) -> None:
         with self._passing:
             self.reporting = True
+            for attachment in self._cut:
+                assert self.network is not None
+                self.network.bridge.heal(attachment)
+            self._cut = []
 
     def lose(self) -> None:
         """The node is gone: every process of its pods dies with it, and it reports nothing more."""

@@ -134,3 +134,58 @@ def test_a_pod_reaches_this_machine_at_the_gateway_and_not_at_its_loopback(
         stop.set()
         at_gateway.close()
         at_loopback.close()
+
+
+KNOCK = """
+import socket, sys, time
+while True:  # each second or so, whether the gateway's server answers: one line per try
+    try:
+        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.5).close()
+        seen = "reached"
+    except OSError as error:
+        seen = type(error).__name__
+    with open(sys.argv[3], "a") as out:
+        out.write(seen + "\\n")
+    time.sleep(0.05)
+"""
+
+
+def test_a_node_cut_from_every_network_runs_its_pods_on_reaching_nothing_till_healed(
+    cluster: EmulatedCluster, shared: Path
+) -> None:
+    """Partition (b): the machine and its pods cut from everything (the control plane, the store, the
+    gang's other nodes) while the other node's pods reach what they reached."""
+    server = socket.create_server((cluster.gateway, 0))
+    host, port = server.getsockname()
+    stop = threading.Event()
+    server.settimeout(0.2)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                server.accept()[0].close()
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def seen(node: str) -> list[str]:
+        path = shared / node
+        return path.read_text().split() if path.exists() else []
+
+    try:
+        for node in ("a", "b"):
+            knock = (KNOCK, host, str(port), str(shared / node))
+            python_pod(cluster, f"on-{node}", *knock, nodeName=f"node-{node}")
+            wait_until(lambda node=node: seen(node)[-1:] == ["reached"], timeout_s=60, what=f"on-{node} on")
+        cluster.agents["node-a"].partition(pods_too=True)
+        wait_until(lambda: seen("a")[-1:] == ["TimeoutError"], what="on-a cut off (its packets dropped)")
+        before = len(seen("b"))
+        wait_until(lambda: len(seen("b")) > before + 1, what="on-b trying again")
+        assert seen("b")[before + 1 :] == ["reached"] * len(seen("b")[before + 1 :])
+        assert phase(cluster, "on-a") == "Running"  # it runs on, unreported
+        cluster.agents["node-a"].heal()
+        wait_until(lambda: seen("a")[-1:] == ["reached"], what="on-a reaching again")
+    finally:
+        stop.set()
+        server.close()

@@ -45,6 +45,7 @@ class AttemptRow:
     stop_requested: str | None = None
     progress_lost_s: float | None = None
     reason: str | None = None
+    ended_at: float | None = None  # when the platform recorded its end, on the journal's clock
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class History:
 
 
 def read_store(engine: Engine) -> tuple[dict[str, JobRow], dict[str, AttemptRow], list[EventRow]]:
+    offset = time.time() - time.monotonic()  # the store's times are the database's wall clock, never skewed
     with engine.connect() as conn:
         job_rows = {
             r.id: JobRow(
@@ -134,6 +136,7 @@ def read_store(engine: Engine) -> tuple[dict[str, JobRow], dict[str, AttemptRow]
                 stop_requested=r.stop_requested,
                 progress_lost_s=r.progress_lost_s,
                 reason=r.reason,
+                ended_at=r.ended_at.timestamp() - offset if r.ended_at else None,
             )
             for r in conn.execute(select(attempts))
         }

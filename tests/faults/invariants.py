@@ -305,8 +305,11 @@ def _noticing_s(history: History, end: float) -> float:
 def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
     """The progress a preempted or lost attempt is charged (`progress_lost_s`: from its newest
     recorded checkpoint, or its start, to its end) agrees with the worker's own account: no less
-    than the time from the answer that recorded that checkpoint to the worker's end (the store
-    recorded it before answering; a worker killed first got no answer), no more than the time from
+    than the time from the answer that recorded that checkpoint to the worker's end, or to the
+    platform's verdict where that came first (the store recorded the checkpoint before answering; a
+    worker killed first got no answer; a lease that ran out on a worker still alive ends the attempt
+    there, and what the worker did after is fenced off, not progress of it: seed 1020, a worker hung
+    in a slow checkpoint store until its pod was deleted), no more than the time from
     its save to the end plus how late the platform may notice an end (`_noticing_s`: the charge runs
     until the GPUs were freed, which a paused or cut-off leader delays; seed 600's run)."""
     journal = _records(history)
@@ -335,7 +338,8 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
             answer = next((r.t for r in records if r.e == "beat"), end)
         if save is None:
             continue  # a checkpoint it never completed: recorded_checkpoints_were_durable says so
-        low = max(0.0, end - answer) - MEASURE_SLACK_S
+        stopped = end if attempt.ended_at is None else min(end, attempt.ended_at)
+        low = max(0.0, stopped - answer) - MEASURE_SLACK_S
         high = latest_end - save + _noticing_s(history, latest_end)
         if not low <= attempt.progress_lost_s <= high:
             charged = f"charged {attempt.progress_lost_s:.1f}s lost"

@@ -7,7 +7,8 @@ server through a fault link, and the faults of a cluster itself strike beside th
   link to its API server, and how each pod's container ended (`exits`), read from the API server as
   a kubelet reports it.
 - `CLUSTER_FAULTS`: a node lost (a machine joins in its place), a node partitioned from the API server
-  (its pods run on and heartbeat), a node NotReady past the lifecycle's grace then back, slow and
+  (its pods run on and heartbeat), a node and its pods cut from every network (they run on, unheard),
+  a node NotReady past the lifecycle's grace then back, slow and
   failing image pulls, an eviction, a pod deleted behind the launcher's back, the API server's link
   cut or black-holed.
 
@@ -260,13 +261,22 @@ def node_not_ready(target: Target, rng: random.Random) -> str | None:
     return _unreported(target, rng, (NODE_GRACE_S * 1.2, NODE_GRACE_S * 2.5), "NotReady")
 
 
-def _unreported(target: Target, rng: random.Random, seconds: tuple[float, float], what: str) -> str | None:
+def isolate_node(target: Target, rng: random.Random) -> str | None:
+    """Partition (b): a node and its pods cut from every network (the API server, gpuyard, the object
+    store, its gang's other nodes) for a while, from under a lease to past the lifecycle's grace: its
+    workers run on, unheard, and stop writing once a lease passed without an answered beat."""
+    return _unreported(target, rng, (1.0, NODE_GRACE_S * 2.5), "cut from every network", pods_too=True)
+
+
+def _unreported(
+    target: Target, rng: random.Random, seconds: tuple[float, float], what: str, *, pods_too: bool = False
+) -> str | None:
     pod = _running_pod(target, rng)
     if pod is None or not pod["spec"].get("nodeName"):
         return None
     agent = _pods(target).cluster.agents[pod["spec"]["nodeName"]]
     duration = rng.uniform(*seconds)
-    agent.partition()
+    agent.partition(pods_too=pods_too)
     try:
         time.sleep(duration)
     finally:
@@ -332,6 +342,7 @@ CLUSTER_FAULTS: dict[str, Fault] = {
     "lose-node": lose_node,
     "partition-node": partition_node,
     "node-not-ready": node_not_ready,
+    "isolate-node": isolate_node,
     "evict-pod": evict_pod,
     "delete-pod": delete_pod,
     "slow-pull": slow_pull,

@@ -457,6 +457,28 @@ def test_a_worker_killed_with_its_shim_is_charged_until_its_launchers_verdict_at
     assert violated(overcharged) >= {"lost progress matches the workers"}  # bounded by the verdict
 
 
+def test_a_lease_run_out_on_a_live_worker_is_charged_until_the_platform_s_verdict() -> None:
+    """Seed 1020 on the emulated cluster: a worker hung in a slow checkpoint store's upload 1 s after
+    its checkpoint's answer; its lease ran out and the platform ended the attempt LOST 22 s later,
+    then deleted its pod, whose end the watcher saw 28.3 s after that answer. The checker wanted the
+    charge to reach the pod's end; what a worker does after its attempt ended is not its progress."""
+    story = clean_story()
+    answer = next(r for r in story.journal if r.attempt == "j1-a1" and r.e == "beat" and r.data["checkpoint"])
+    story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
+    story.exits.pop("j1-a1")
+    story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
+    lost = replace(
+        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=22.6
+    )
+    story.attempts["j1-a1"] = lost
+    pod_gone = story.history(lease_s=10.0, ended={"j1-a1": answer.t + 28.3})
+    assert violated(pod_gone) == {"lost progress matches the workers"}  # as if it ran on to the pod's end
+    verdict = {**pod_gone.attempts, "j1-a1": replace(lost, ended_at=answer.t + 22.0)}
+    assert violated(replace(pod_gone, attempts=verdict)) == set()
+    undercharged = {**verdict, "j1-a1": replace(verdict["j1-a1"], progress_lost_s=12.0)}
+    assert violated(replace(pod_gone, attempts=undercharged)) == {"lost progress matches the workers"}
+
+
 def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_started() -> None:
     story = clean_story()
     story.record("saved", "j1-a1", step=6)  # after j1-a2's start
