@@ -17,6 +17,7 @@ from pathlib import Path
 import mlflow_targets
 import pytest
 import redis
+from cpu_profile import CpuProfile
 from gpuyard.store.db import make_engine, migrate
 from local_cluster import services
 from servers import RedisServer, S3Server, open_directory
@@ -228,6 +229,11 @@ class StartsFirst(LoadGroupScheduling):
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> StartsFirst | None:
     return StartsFirst(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "GPUYARD_CPU_PROFILE" in os.environ:  # where the suite's CPU goes (tests/cpu_profile.py)
+        config.pluginmanager.register(CpuProfile(Path(os.environ["GPUYARD_CPU_PROFILE"])), "cpu_profile")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -108,6 +108,16 @@ def launch(
     env: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
 ) -> Workers:
+    args = [sys.executable, "-m", "training.run", "--config", str(config)]
+    for o in overrides:
+        args += ["--set", o]
+    return start_gang(args, nproc, workdir, env)
+
+
+def start_gang(
+    args: Sequence[str], nproc: int, workdir: Path, env: Mapping[str, str] | None = None
+) -> Workers:
+    """`nproc` processes of `args`, each a rank as torchrun starts it; their logs under `workdir/logs`."""
     port = free_port()
     procs, logs = [], []
     log_dir = workdir / "logs"
@@ -127,9 +137,6 @@ def launch(
             **(env or {}),
         }
         log = log_dir / f"{time.monotonic_ns()}-rank{rank}.log"
-        args = [sys.executable, "-m", "training.run", "--config", str(config)]
-        for o in overrides:
-            args += ["--set", o]
         with log.open("wb") as fh:
             proc = subprocess.Popen(args, env=worker_env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
         procs.append(proc)
