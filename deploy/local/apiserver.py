@@ -4,7 +4,10 @@ The synchronous `kubernetes` client (and the launcher's watch threads) talk to i
 they would to an API server. The additions to kmock's emulator are what a real API server does on
 every write and its clients rely on: a `uid` and `creationTimestamp` on creation, a growing
 `resourceVersion`, 404 for an object created in a namespace that does not exist, `watch=True` read as
-`true`, and a watch ended after its `timeoutSeconds`.
+`true`, and watches whose history holds: a list says the version it shows, a watch started from an
+older one than the newest change is answered `410 Expired` (kmock keeps no history to replay, as an
+API server whose watch cache no longer holds that version: the client lists again), and no change
+between a watch's first objects and its stream is lost; a watch ends after its `timeoutSeconds`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the metadata a real API server stamps on writes."""
 
     _versions = itertools.count(1000)
+    _newest = "999"  # the resourceVersion of the newest change (a deletion's included)
     # kmock cannot route /api/v1/namespaces (it reads 'namespaces' as the start of a namespaced path):
     # the namespaces that exist are kept here (Cluster.apply adds them). The launcher never reads them.
     namespaces: dict[str, dict[str, Any]]
@@ -79,13 +83,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesObjectNotFoundError(
                     reason="NotFound", message=f'namespaces "{namespace}" not found'
                 )
-            meta["resourceVersion"] = str(next(self._versions))
+            meta["resourceVersion"] = self._newest = str(next(self._versions))
             if request.action == action.CREATE:
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault(
                     "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 )
         if request.action == action.DELETE and request.resource is not None and request.name is not None:
+            self._newest = str(next(self._versions))
             self._mark_grace(request, data)
 
     def _mark_grace(self, request: Any, options: dict[str, Any] | None) -> None:
@@ -105,20 +110,48 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         )
         stored.patch({"metadata": {"deletionGracePeriodSeconds": int(grace)}})
 
+    async def _serve_list(self, request: Any) -> Any:
+        newest = self._newest  # read first: a change meanwhile makes a watch from it expire, not vanish
+        listed = await super()._serve_list(request)
+        listed["metadata"]["resourceVersion"] = newest
+        return listed
+
     async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
-        """kmock's watch, ended after `timeoutSeconds` as an API server ends it."""
+        """The objects there are now, then every change, from the request's `resourceVersion` when it is
+        the newest (else `410 Expired`); ended after `timeoutSeconds` as an API server ends it. kmock's
+        own watch marks its stream after sending the objects, so a change meanwhile was lost."""
+        yield b""  # the headers: the client is streaming
         timeout = float(request.params.get("timeoutSeconds") or 0)
-        stream = aiter(super()._serve_watch(request))
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if timeout and remaining <= 0:
+        bus = self._buses[request.resource]
+        marker = await bus.mark()  # before the objects are read: a change after them is streamed
+        try:
+            asked = str(request.params.get("resourceVersion") or "")
+            async with self._lock:
+                newest = self._newest
+                present = [
+                    obj.raw
+                    for (resource, namespace, _), obj in self._objects.items()
+                    if resource == request.resource and not obj.deleted and _within(request, namespace)
+                ]
+            if asked not in ("", "0") and asked != newest:
+                yield {"type": "ERROR", "object": _expired(asked, newest)}
                 return
-            try:
-                item = await asyncio.wait_for(anext(stream), remaining if timeout else None)
-            except (TimeoutError, StopAsyncIteration):
-                return
-            yield item
+            for raw in present:
+                yield {"type": "ADDED", "object": raw}
+            changes = aiter(bus.stream(since=marker))
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if timeout and remaining <= 0:
+                    return
+                try:
+                    event = await asyncio.wait_for(anext(changes), remaining if timeout else None)
+                except (TimeoutError, StopAsyncIteration):
+                    return
+                if _within(request, event.get("object", {}).get("metadata", {}).get("namespace")):
+                    yield event
+        finally:
+            await bus.unmark(marker)
 
     def has_namespace(self, name: str) -> bool:
         return name in self.namespaces
@@ -139,8 +172,35 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         for (resource, _, object_name), obj in self.objects.items():
             if resource.plural == plural and object_name == name and not obj.deleted:
                 obj.patch(patch)
+                self._newest = str(next(self._versions))  # a change all the same: a watch from before expires
                 return
         raise KeyError(f"{plural}/{name}")
+
+    def delete_silently(self, plural: str, name: str) -> None:
+        """Delete an object (finalizers or not) without a watch event: a watcher disconnected missed it."""
+        for (resource, _, object_name), obj in self.objects.items():
+            if resource.plural == plural and object_name == name and not obj.deleted:
+                obj.delete()
+                self._newest = str(next(self._versions))
+                return
+        raise KeyError(f"{plural}/{name}")
+
+
+def _within(request: Any, namespace: str | None) -> bool:
+    """Whether an object in `namespace` is one the request covers (a cluster-wide one covers all)."""
+    return request.namespace is None or namespace == request.namespace
+
+
+def _expired(asked: str, newest: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "code": 410,
+        "reason": "Expired",
+        "message": f"too old resource version: {asked} ({newest})",
+    }
 
 
 def write_kubeconfig(url: str, path: Path) -> Path:

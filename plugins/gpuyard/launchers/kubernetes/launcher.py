@@ -236,6 +236,7 @@ class KubernetesLauncher:
                     ):
                         if self._stop.is_set():
                             break
+                        events += 1
                         raw = event["raw_object"]
                         version = _meta(raw).get("resourceVersion") or version
                         if event["type"] in ("ADDED", "MODIFIED", "DELETED") and (
