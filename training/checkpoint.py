@@ -9,7 +9,10 @@ Layout under the checkpoint root (any fsspec URL):
         manifest.json     written LAST, after every other file is durable: sizes and sha256 of every file
 
 A checkpoint without a manifest (or whose checksums do not match) is incomplete and never read. DCP stores
-tensors by their fully qualified names, so a checkpoint saved by N ranks loads on M ranks, DDP or FSDP.
+tensors by their fully qualified names, and (format 2) the optimizer's state and hyperparameters by the
+name of their parameter too, so a checkpoint saved by N ranks loads on M ranks in any layout
+(training/layouts.py: DDP, FSDP, TP, a pipeline's stages, each holding its own parameters' state).
+Format 1, which nested the optimizer's state by parameter group, is still read.
 
 Storage is fenced like the leases: each attempt writes only folders named with its own fencing token, and
 its retention never touches a folder of a newer token. A zombie (an attempt whose lease passed, still
@@ -46,12 +49,13 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the optimizer's state keyed by parameter name (flattened)
+READABLE_VERSIONS = (1, 2)
 _STEP_DIR = re.compile(r"step-(\d+)(?:-t(\d+))?$")
 _OWN: Any = object()  # "this store's own token" as a default argument
 
@@ -95,10 +99,16 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         raw = json.loads(text)
-        if raw.get("format_version") != FORMAT_VERSION:
+        if raw.get("format_version") not in READABLE_VERSIONS:
             got = raw.get("format_version")
-            raise CheckpointError(f"manifest format_version: expected {FORMAT_VERSION}, got {got}")
+            raise CheckpointError(f"manifest format_version: expected one of {READABLE_VERSIONS}, got {got}")
         return cls(**raw)
+
+
+def _state_options(version: int) -> StateDictOptions:
+    """How a checkpoint of `version` lays out the optimizer: flattened by parameter name from 2 on, so
+    ranks holding different parameters (a pipeline's stages) never write one key two ways."""
+    return StateDictOptions(flatten_optimizer_state_dict=version >= 2)
 
 
 def _fsync(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
@@ -470,7 +480,7 @@ class Checkpointer:
             dist.barrier(group=self.group)
         step_url = self.store.step_url(step)
         _write_torch(self.store.fs, f"{self.store.step_path(step)}/rng/rank-{self.rank}.pt", capture_rng())
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=_state_options(FORMAT_VERSION))
         state = {"model": msd, "optim": osd}
         trainer = {**trainer, "step": step, "metrics": dict(metrics)}
         if self.async_save and not force_sync:
@@ -567,10 +577,12 @@ class Checkpointer:
     def restore(self, manifest: Manifest, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored:
         """Load model and optimizer (resharded to this world), this rank's RNG, and the trainer state."""
         step_url = self.store.step_url(manifest.step, manifest.writer_token)
-        msd, osd = get_state_dict(model, optimizer)
+        options = _state_options(manifest.format_version)
+        msd, osd = get_state_dict(model, optimizer, options=options)
         state = {"model": msd, "optim": osd}
         dcp.load(state, storage_reader=FsspecReader(f"{step_url}/state"), process_group=self.group)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        loaded = {"model_state_dict": state["model"], "optim_state_dict": state["optim"]}
+        set_state_dict(model, optimizer, **loaded, options=options)
         base = self.store.step_path(manifest.step, manifest.writer_token)
         trainer = _read_torch(self.store.fs, f"{base}/trainer.pt")
         rng_path = f"{base}/rng/rank-{self.rank}.pt"

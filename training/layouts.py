@@ -2,7 +2,7 @@
 holds and how one training step runs on it. A layout is an entry of `LAYOUTS`; a new one is an
 addition.
 
-- `ddp`: the whole model on every rank, the batch split, gradients averaged;
+- `ddp`: the whole model on every rank, the batch split, gradients averaged (in float64: exactly);
 - `fsdp`: FSDP2 (`fully_shard`): each block's parameters, gradients and optimizer state sharded;
 - `tp`: tensor parallelism with sequence parallelism (`parallelize_module`): attention's and the MLP's
   projections column- then row-parallel, the norms and the residual stream sharded by sequence;
@@ -17,6 +17,7 @@ mean loss on every rank: the same computation as one process, up to the order of
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,10 +105,31 @@ def _data_parallel(model: nn.Module, share: Callable[[torch.Tensor], torch.Tenso
     return Parallel(model, forward_backward, 1.0 / of)
 
 
+def _float64_mean(
+    group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's gradient average, summed in float64: the sum of a few float32 values is then exact (unless
+    their magnitudes lie 2^27 apart), so it no longer depends on where a gradient sits in its bucket.
+    DDP rebuilds its buckets after its first step, and a ring all-reduce sums each chunk of a bucket in
+    another rank order: without this a resumed DDP (default buckets for one step) drifts from the run
+    it resumes in the last bits. The price: twice the bytes on the wire."""
+    buffer = bucket.buffer()
+    wide = buffer.double().div_(dist.get_world_size(group))
+    work = dist.all_reduce(wide, group=group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda done: buffer.copy_(done.value()[0]))
+
+
+# DDP checks a hook's annotations as objects; this module's are strings (postponed evaluation).
+_float64_mean.__annotations__ = typing.get_type_hints(_float64_mean)
+
+
 @layout("ddp")
 def ddp(model: Transformer, spec: LayoutSpec) -> Parallel:
     rank, size = dist.get_rank(), dist.get_world_size()
-    return _data_parallel(DistributedDataParallel(model), lambda t: _share(t, rank, size), size)
+    replicated = DistributedDataParallel(model)
+    replicated.register_comm_hook(None, _float64_mean)
+    return _data_parallel(replicated, lambda t: _share(t, rank, size), size)
 
 
 def _shard_blocks(model: Transformer, mesh: DeviceMesh) -> None:

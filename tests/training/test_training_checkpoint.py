@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import distributed
+from training import checkpoint, distributed
 from training.checkpoint import MANIFEST, Checkpointer, CheckpointError, CheckpointStore, read_model_state
 from training.model import MLPClassifier
 
@@ -111,7 +111,7 @@ def test_manifest_records_run_identity(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path.as_uri())
     fake_checkpoint(store, 5)
     raw = json.loads((tmp_path / f"step-{5:09d}" / MANIFEST).read_text())
-    assert raw["run"] == {"mlflow_run_id": "r"} and raw["format_version"] == 1
+    assert raw["run"] == {"mlflow_run_id": "r"} and raw["format_version"] == checkpoint.FORMAT_VERSION
     assert len(raw["files"]["trainer.pt"]["sha256"]) == 64
 
 
@@ -179,6 +179,36 @@ def test_save_and_restore_round_trip(
     for index, state in saved_opt.items():
         for key in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(restored_opt[index][key], state[key]), (index, key)
+
+
+def test_a_checkpoint_of_format_1_still_resumes_its_optimizer(
+    tmp_path: Path, world: distributed.World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Format 1 nested the optimizer's state by parameter group; a job checkpointed before format 2 (by
+    parameter name) resumes after the upgrade with its optimizer's state."""
+    torch.manual_seed(0)
+    model = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train_a_bit(model, opt, 3)
+    store = CheckpointStore(tmp_path.as_uri())
+    with monkeypatch.context() as old:
+        old.setattr(checkpoint, "FORMAT_VERSION", 1)
+        Checkpointer(store, 0, 1, world.checkpoint_group).save(3, model, opt, {}, {}, {})
+    manifest_path = Path(store.step_path(3)) / MANIFEST
+    manifest_path.write_text(json.dumps(json.loads(manifest_path.read_text()) | {"format_version": 1}))
+    fresh = distributed.wrap(MLPClassifier(4, (8,)), "ddp", world)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    loader = Checkpointer(store, 0, 1, world.checkpoint_group)
+    manifest = loader.find_latest()
+    assert manifest is not None and manifest.format_version == 1
+    loader.restore(manifest, fresh, fresh_opt)
+    saved, restored = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert restored.keys() == saved.keys()
+    for index, state in saved.items():
+        assert torch.equal(restored[index]["exp_avg"], state["exp_avg"]), index
+    manifest_path.write_text(manifest_path.read_text().replace('"format_version": 1', '"format_version": 9'))
+    with pytest.raises(CheckpointError, match="format_version: expected one of"):
+        CheckpointStore(tmp_path.as_uri()).read_manifest(3)
 
 
 def test_retention_keeps_the_checkpoint_the_control_plane_recorded_until_it_records_a_newer_one(
