@@ -2,7 +2,8 @@
 holds and how one training step runs on it. A layout is an entry of `LAYOUTS`; a new one is an
 addition.
 
-- `ddp`: the whole model on every rank, the batch split, gradients averaged (in float64: exactly);
+- `ddp`: the whole model on every rank, the batch split, gradients averaged (in float64 unless
+  `exact` is off: see `_float64_mean`);
 - `fsdp`: FSDP2 (`fully_shard`): each block's parameters, gradients and optimizer state sharded;
 - `tp`: tensor parallelism with sequence parallelism (`parallelize_module`): attention's and the MLP's
   projections column- then row-parallel, the norms and the residual stream sharded by sequence;
@@ -49,6 +50,9 @@ class LayoutSpec:
     pp: int = 1  # pipeline stages (pp_dp)
     micro_batches: int | None = None  # a pipeline's; at least its stages [as many]
     schedule: str = "1f1b"
+    # DDP: gradients averaged in float64, so that a resumed run repeats the uninterrupted one bit for
+    # bit (`_float64_mean`); the price, twice the bytes and a float64 copy of each bucket in flight
+    exact: bool = True
 
 
 @dataclass
@@ -127,8 +131,11 @@ _float64_mean.__annotations__ = typing.get_type_hints(_float64_mean)
 @layout("ddp")
 def ddp(model: Transformer, spec: LayoutSpec) -> Parallel:
     rank, size = dist.get_rank(), dist.get_world_size()
-    replicated = DistributedDataParallel(model)
-    replicated.register_comm_hook(None, _float64_mean)
+    replicated = DistributedDataParallel(
+        model, gradient_as_bucket_view=True
+    )  # no second copy of the gradients
+    if spec.exact:
+        replicated.register_comm_hook(None, _float64_mean)
     return _data_parallel(replicated, lambda t: _share(t, rank, size), size)
 
 
