@@ -242,11 +242,19 @@ def checkpoint_bytes(params: float, optimizer: Optimizer, precision: Precision) 
     return params * (per["parameters"] + per["optimizer_state"])
 
 
+def exposed_exchange_s(exchange_s: float, compute_s: float) -> float:
+    """The part of a data-parallel exchange a step waits for: at most half of it overlaps the backward
+    pass (two thirds of the compute: 4 of the 6 flops per parameter and token), and no more than that
+    pass lasts. On a slow link (another site, `benchmarks/wan_ddp.py`) the backward pass ends long
+    before the exchange does, and nearly all of it shows."""
+    return exchange_s - min(0.5 * exchange_s, 2 / 3 * compute_s)
+
+
 def step_time(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, global_batch: int) -> float:
     """Estimated seconds per optimizer step: compute (x4/3 with recomputation, / (1 - bubble)) plus
     communication that does not overlap (`exchange_bytes`): the TP all-reduces on the links inside a
-    node, and half of the data-parallel exchange (the other half overlaps the backward pass) on the
-    links inside a node, or between nodes when its group spans several (`crosses_nodes`)."""
+    node, and the data-parallel exchange less what overlaps the backward pass (`exposed_exchange_s`)
+    on the links inside a node, or between nodes when its group spans several (`crosses_nodes`)."""
     tokens = global_batch * shape.seq_len
     flops = 6.0 * shape.params * tokens * (4 / 3 if lay.activation_checkpointing else 1.0)
     compute = flops / (fleet.gpus * fleet.gpu_tflops * 1e12 * fleet.mfu)
@@ -255,7 +263,7 @@ def step_time(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, glo
     sent = exchange_bytes(shape, train, lay)
     tp_comm = sent["tp"] / (fleet.intra_node_gbps * GB)
     bw = fleet.inter_node_gbps if crosses_nodes(fleet, lay)["dp"] else fleet.intra_node_gbps
-    dp_comm = 0.5 * sent["dp"] / (bw * GB)
+    dp_comm = exposed_exchange_s(sent["dp"] / (bw * GB), compute)
     return compute + tp_comm + dp_comm
 
 
