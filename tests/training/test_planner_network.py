@@ -13,6 +13,7 @@ from training.planner import (
     checkpoint_bytes,
     crosses_nodes,
     exchange_bytes,
+    exposed_exchange_s,
     step_time,
 )
 
@@ -79,6 +80,14 @@ def test_the_step_time_charges_a_data_parallel_exchange_on_the_link_it_crosses()
     slower = step_time(SHAPE, TRAIN, two_nodes, lay, 16) - step_time(SHAPE, TRAIN, one_node, lay, 16)
     expected = 0.5 * sent / 1e9 * (1 / two_nodes.inter_node_gbps - 1 / one_node.intra_node_gbps)
     assert slower == pytest.approx(expected)
+
+
+def test_at_most_half_an_exchange_and_no_more_than_the_backward_pass_overlaps() -> None:
+    """Inside a node the backward pass outlasts half the exchange; across sites (benchmarks/wan_ddp.py:
+    2.7 s of exchange beside 0.36 s of compute) nearly all of the exchange shows."""
+    assert exposed_exchange_s(0.2, compute_s=1.5) == pytest.approx(0.1)
+    assert exposed_exchange_s(2.7, compute_s=0.36) == pytest.approx(2.7 - 0.24)
+    assert exposed_exchange_s(0.0, compute_s=1.0) == 0.0
 
 
 @pytest.mark.parametrize(
