@@ -176,11 +176,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 return
         raise KeyError(f"{plural}/{name}")
 
-    def delete_silently(self, plural: str, name: str) -> None:
-        """Delete an object (finalizers or not) without a watch event: a watcher disconnected missed it."""
+    def delete_silently(self, plural: str, name: str, *, force: bool = False) -> None:
+        """Delete an object without a watch event (a watcher disconnected missed it): marked for
+        deletion while finalizers hold it, as a delete does, or gone at once with `force` (its
+        finalizers dropped, as a pod garbage collector or an operator does)."""
         for (resource, _, object_name), obj in self.objects.items():
             if resource.plural == plural and object_name == name and not obj.deleted:
-                obj.delete()
+                if obj.get("metadata", {}).get("finalizers") and not force:
+                    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    obj.patch({"metadata": {"deletionTimestamp": now}})
+                else:
+                    obj.delete()
                 self._newest = str(next(self._versions))
                 return
         raise KeyError(f"{plural}/{name}")

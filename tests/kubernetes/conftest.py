@@ -86,11 +86,17 @@ class Cluster:
     def hold_termination(self, name: str) -> None:
         """The pod takes its grace period to stop, as a kubelet's pod does: a delete only marks it
         (deletionTimestamp), until `finish_termination` (a finalizer stands for the kubelet)."""
-        self._patch_pod(name, {"metadata": {"finalizers": [KUBELET_FINALIZER]}})
+        self._patch_pod(name, {"metadata": {"finalizers": [*self._finalizers(name), KUBELET_FINALIZER]}})
 
     def finish_termination(self, name: str) -> None:
-        """The pod's containers have stopped: the object goes."""
-        self._patch_pod(name, {"metadata": {"finalizers": None}})
+        """The pod's containers have stopped: the kubelet lets it go (the launcher's finalizer, if it
+        still holds one, keeps it until the launcher has read its outcome)."""
+        kept = [f for f in self._finalizers(name) if f != KUBELET_FINALIZER]
+        self._patch_pod(name, {"metadata": {"finalizers": kept or None}})
+
+    def _finalizers(self, name: str) -> list[str]:
+        (pod,) = [p for p in self.pods() if p["metadata"]["name"] == name]
+        return list(pod["metadata"].get("finalizers") or [])
 
     def _patch_pod(self, name: str, patch: dict[str, Any]) -> None:
         (namespace,) = [p["metadata"]["namespace"] for p in self.pods() if p["metadata"]["name"] == name]

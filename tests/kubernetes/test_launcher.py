@@ -262,7 +262,10 @@ def test_one_failed_rank_ends_the_gang_and_stops_the_others(
     deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
     assert deletes[0].name == names[0]  # the running rank is stopped first, with its grace period
     assert deletes[0].params["gracePeriodSeconds"] == "30"
-    assert cluster.pods() == []  # then, the store having the ending, the failed pod goes too
+    # then, the store having the ending, the pods go (their outcome read, the launcher lets them go)
+    wait_until(
+        lambda: launcher.observe() is not None and cluster.pods() == [], timeout_s=8, what="the pods to go"
+    )
 
 
 def test_oom_killed_fails_with_reason(cluster: Cluster, launcher: KubernetesLauncher) -> None:
@@ -358,11 +361,16 @@ def test_node_that_disappears_loses_the_attempt(cluster: Cluster, launcher: Kube
     )
 
 
-def test_pod_deleted_behind_our_back_is_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
+def test_pod_deleted_behind_our_back_is_lost_once_its_worker_ended(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
     names = start_gang(cluster, launcher)
-    cluster.api.delete_namespaced_pod(names[0], TEAM_NS)  # e.g. pod GC after its node went away
+    cluster.api.delete_namespaced_pod(names[0], TEAM_NS)  # kubectl delete: SIGTERM, the grace period
+    (pod,) = [p for p in cluster.pods() if p["metadata"]["name"] == names[0]]
+    assert pod["metadata"].get("deletionTimestamp")  # held (the outcome finalizer) for its exit
+    cluster.set_pod_status(names[0], terminated(128 + 15))
     (report,) = collect(launcher, ended("att-7f3a"))
-    assert report.outcome is Outcome.LOST and "deleted before it ended" in (report.reason or "")
+    assert report.outcome is Outcome.LOST and "pod deleted (worker exited 143)" in (report.reason or "")
 
 
 def test_410_gone_relists_and_resumes(cluster: Cluster, launcher: KubernetesLauncher) -> None:
@@ -407,9 +415,10 @@ def test_a_pod_deleted_between_two_watches_is_seen_gone(
     names = start_gang(cluster, launcher)
 
     def deleted_meanwhile() -> Iterator[dict[str, Any]]:
-        # While the launcher is between watches, the pods are deleted: no watch event says so.
+        # While the launcher is between watches, the pods are removed, finalizers and all (a pod
+        # garbage collector, an operator): no watch event says so.
         for name in names:
-            cluster.emulator.delete_silently("pods", name)
+            cluster.emulator.delete_silently("pods", name, force=True)
         yield from ()  # this watch ends; the launcher's next one starts from its version
 
     cluster.emulator["watch pods"] << deleted_meanwhile()
@@ -446,14 +455,57 @@ def test_conflict_with_another_attempts_object_is_refused(
         launcher.launch(request())
 
 
-def test_cancel_deletes_with_grace_and_reports_lost(cluster: Cluster, launcher: KubernetesLauncher) -> None:
-    start_gang(cluster, launcher)
+def test_cancel_deletes_with_grace_reads_the_workers_exits_then_lets_the_pods_go(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """A cancel deletes the pods with its grace period; they stay (Terminating, the launcher's
+    outcome finalizer) until their workers' exits are read and the store has the outcome."""
+    names = start_gang(cluster, launcher)
     launcher.cancel("att-7f3a", grace_s=45)
-    assert not any(ours(cluster, plural) for plural in ATTEMPT_PLURALS)
     deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
     assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())  # marked, held for their exits
+    for name in names:  # the kubelet's SIGTERM: each worker ends
+        cluster.set_pod_status(name, terminated(128 + 15))
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert report.outcome is Outcome.LOST and report.disrupted
+    assert (report.reason or "").startswith("node rank 0: pod deleted (worker exited 143)")
+    gone = lambda: launcher.observe() is not None and not any(ours(cluster, p) for p in ATTEMPT_PLURALS)  # noqa: E731
+    wait_until(gone, timeout_s=8, what="the attempt's objects to go")
+
+
+def test_a_pod_deleted_before_its_worker_started_ends_once_its_node_lets_it_go(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """Bounded campaign seed 724163: an attempt preempted while its image was still pulling; its pods,
+    held by the outcome finalizer, would never report an exit: the attempt stayed LAUNCHING. A
+    deleted pod whose worker never started, and that only the launcher still holds, has ended."""
+    launcher.launch(request())  # its pods are never started: no status at all
+    launcher.cancel("att-7f3a", grace_s=30)
     (report,) = collect(launcher, ended("att-7f3a"))
     assert report.outcome is Outcome.LOST and (report.reason or "").startswith("node rank 0: cancelled")
+    gone = lambda: launcher.observe() is not None and not any(ours(cluster, p) for p in ATTEMPT_PLURALS)  # noqa: E731
+    wait_until(gone, timeout_s=8, what="the attempt's objects to go")
+
+
+def test_a_workers_exit_survives_its_pods_deletion_between_two_watches(
+    cluster: Cluster, launcher: KubernetesLauncher
+) -> None:
+    """Seed 1112 of the fault suite on the emulated cluster: a preemption deleted a pod as its worker
+    exited 0; the launcher's watch missed that last status, and its listing after a 410 no longer
+    showed the pod: LOST, and a finished job ran again. The launcher's outcome finalizer keeps a
+    deleted pod until its exit is read: the listing shows it, ended."""
+    names = start_gang(cluster, launcher)
+
+    def exited_and_deleted_meanwhile() -> Iterator[dict[str, Any]]:
+        for name in names:  # while the launcher is between watches: no event says so
+            cluster.emulator.patch_silently("pods", name, {"status": terminated(exit_codes.SUCCESS)})
+            cluster.emulator.delete_silently("pods", name)
+        yield from ()
+
+    cluster.emulator["watch pods"] << exited_and_deleted_meanwhile()
+    (report,) = collect(launcher, ended("att-7f3a"))
+    assert (report.outcome, report.exit_code) == (Outcome.SUCCEEDED, exit_codes.SUCCESS)
 
 
 def test_a_graceful_stop_keeps_the_attempts_network_until_its_pods_are_gone(
@@ -475,12 +527,14 @@ def test_a_graceful_stop_keeps_the_attempts_network_until_its_pods_are_gone(
     launcher.observe()  # a pass during the grace period deletes nothing more
     assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())  # SIGTERM sent
     assert left() == {"pods": names, "networkpolicies": [key], "services": [key], "secrets": [key]}
-    cluster.finish_termination(names[0])
+    cluster.set_pod_status(names[0], terminated(exit_codes.PREEMPTED, phase="Failed"))
+    cluster.finish_termination(names[0])  # its checkpoint written, it stopped; rank 1 still saves
     launcher.observe()
-    assert left() == {"pods": names[1:], "networkpolicies": [key], "services": [key], "secrets": [key]}
+    assert left() == {"pods": names, "networkpolicies": [key], "services": [key], "secrets": [key]}
+    cluster.set_pod_status(names[1], terminated(exit_codes.PREEMPTED, phase="Failed"))
     cluster.finish_termination(names[1])
     (report,) = collect(launcher, ended("att-7f3a"))
-    assert report.outcome is Outcome.LOST
+    assert report.outcome is Outcome.PREEMPTED  # both saved and exited 75: read before the pods went
     wait_until(lambda: launcher.observe() is not None and not any(left().values()), what="the objects to go")
     deletes = [r for r in list(cluster.emulator) if r.action == action.DELETE and r.resource.plural == "pods"]
     assert [r.params["gracePeriodSeconds"] for r in deletes] == ["45", "45"]  # never shortened
@@ -497,10 +551,10 @@ def test_reconcile_after_restart(
     )
     for req in (live, orphan, vanished, half):
         launcher.launch(req)
-    launcher.close()  # the scheduler dies
+    launcher.close()  # the scheduler dies; meanwhile pods vanish, finalizers and all (a pod GC)
     for name in pod_names("att-vanished"):
-        cluster.api.delete_namespaced_pod(name, TEAM_NS)
-    cluster.api.delete_namespaced_pod(pod_names("att-half")[1], TEAM_NS)
+        cluster.emulator.delete_silently("pods", name, force=True)
+    cluster.emulator.delete_silently("pods", pod_names("att-half")[1], force=True)
 
     with KubernetesLauncher(config, cluster.api, teams=teams, backoff_s=0.05) as restarted:
         launched = (replace(r, launched_before=True) for r in (live, vanished, half))

@@ -126,6 +126,12 @@ def _terminating(pod: Mapping[str, Any] | None) -> bool:
     return pod is not None and bool(_meta(pod).get("deletionTimestamp"))
 
 
+def _held_for_us_alone(pod: Mapping[str, Any]) -> bool:
+    """Deleted, and held only by the launcher's outcome finalizer: no kubelet will do more with it."""
+    meta = _meta(pod)
+    return bool(meta.get("deletionTimestamp")) and list(meta.get("finalizers") or ()) == [m.OUTCOME_FINALIZER]
+
+
 def _ours(obj: Mapping[str, Any]) -> bool:
     """Checked on our side too, so a list that ignored the label selector cannot hand us strangers."""
     return (_meta(obj).get("labels") or {}).get(m.MANAGED_BY) == "gpuyard" and _attempt_id(obj) is not None
@@ -160,7 +166,9 @@ class KubernetesLauncher:
         self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
         # (namespace, key) -> attempt id: attempts being torn down (their ending in the store, or
         # cancelled) whose policy, Service and Secret wait for their pods to be gone
-        self._tearing_down: dict[tuple[str, str], str] = {}
+        # (namespace, attempt key) -> (attempt id, settled: the store has its outcome): torn down again
+        # each `observe` until none of its pods remains
+        self._tearing_down: dict[tuple[str, str], tuple[str, bool]] = {}
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -355,23 +363,42 @@ class KubernetesLauncher:
         for name in names:
             self._delete(self.api.delete_namespaced_pod, name, ns, grace_period_seconds=max(int(grace_s), 0))
 
-    def _tear_down(self, ns: str, key: str, attempt_id: str | None, grace_s: float) -> None:
+    def _tear_down(self, ns: str, key: str, attempt_id: str | None, grace_s: float, *, settled: bool) -> None:
         """Delete the attempt's pods with the grace period (one already terminating keeps its own),
         and its NetworkPolicy, Service and owner Secret once no pod of it remains: a pod in its grace
         period may still write its preemption checkpoint (the policy lets it reach the store) and
-        meet its gang (the Service). Until then the attempt is torn down again each `observe`."""
+        meet its gang (the Service). Until then the attempt is torn down again each `observe`.
+        `settled`: the store has the attempt's outcome (or none will be asked of this launcher), so
+        each pod's outcome finalizer goes once it is the last: its containers have stopped."""
         self._delete_pods(
             ns, [_meta(p)["name"] for p in self._key_pods(ns, key) if not _terminating(p)], grace_s
         )
+        if settled:
+            for pod in self._key_pods(ns, key):
+                self._let_go(ns, pod)
         if self._key_pods(ns, key):
             with self._lock:
-                self._tearing_down[(ns, key)] = attempt_id or ""
+                self._tearing_down[(ns, key)] = (attempt_id or "", settled)
             return
         self._delete(self.networking.delete_namespaced_network_policy, key, ns)
         self._delete(self.api.delete_namespaced_service, key, ns)
         self._delete(self.api.delete_namespaced_secret, key, ns, propagation_policy="Background")
         with self._lock:
             self._tearing_down.pop((ns, key), None)
+
+    def _let_go(self, ns: str, pod: Mapping[str, Any]) -> None:
+        """Remove the pod's outcome finalizer once it is the only one left: a node's kubelet (the
+        emulated cluster's agent holds its own until the containers stopped) is done with the pod, so
+        the list written back cannot drop another's."""
+        meta = _meta(pod)
+        if _held_for_us_alone(pod):
+            try:
+                self.api.patch_namespaced_pod(
+                    meta["name"], ns, {"metadata": {"finalizers": None}}, _request_timeout=self._timeout
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
 
     def _list(self, list_fn: Callable[..., Any], ns: str, selector: str = m.SELECTOR) -> list[dict[str, Any]]:
         """Our objects in `ns`; none when the namespace does not exist."""
@@ -436,7 +463,8 @@ class KubernetesLauncher:
         ns = self._namespace_of(attempt_id)
         if ns is None:
             return  # nothing of it in any team namespace
-        self._tear_down(ns, key, attempt_id, grace_s)
+        # An attempt this launcher follows has its pods' exits read before they go; no one reads another's.
+        self._tear_down(ns, key, attempt_id, grace_s, settled=attempt is None)
 
     # ----------------------------------------------------------------------------- observe
 
@@ -475,6 +503,11 @@ class KubernetesLauncher:
             node = _pod_node(pod) or attempt.nodes.get(rank)
             if not fate.ended and self._nodes is not None and node is not None and node not in self._nodes:
                 return PodFate(Outcome.LOST, f"node {node} was removed from the cluster")
+            if fate.outcome is None and _held_for_us_alone(pod):
+                # deleted before its worker started, and its node is done with it: it never will
+                return gone_fate(
+                    None, cancelled=attempt.cancelled, why="pod deleted before its worker started"
+                )
             return fate
         if rank in attempt.seen:
             last = self._deleted.get(name)
@@ -555,7 +588,7 @@ class KubernetesLauncher:
                 attempt.running_acknowledged = True
                 return
             del self._attempts[report.attempt_id]
-            self._tearing_down[(attempt.namespace, attempt.key)] = attempt.attempt_id
+            self._tearing_down[(attempt.namespace, attempt.key)] = (attempt.attempt_id, True)
         self._clean_up()
 
     def _clean_up(self) -> None:
@@ -564,9 +597,9 @@ class KubernetesLauncher:
         reconcile deletes what is not live."""
         with self._lock:
             tearing_down = dict(self._tearing_down)
-        for (ns, key), attempt_id in tearing_down.items():
+        for (ns, key), (attempt_id, settled) in tearing_down.items():
             try:
-                self._tear_down(ns, key, attempt_id, self.config.termination_grace_s)
+                self._tear_down(ns, key, attempt_id, self.config.termination_grace_s, settled=settled)
             except Exception as error:  # API errors, connection resets: retried next pass
                 log.warning(
                     "cleaning up attempt objects %s/%s: %s; retrying",
@@ -659,7 +692,7 @@ class KubernetesLauncher:
                         len(names),
                         extra={"attempt_id": owner},
                     )
-                    self._tear_down(ns, key, owner, grace)
+                    self._tear_down(ns, key, owner, grace, settled=True)  # the store tracks it no more
                     by_attempt.pop(owner or "", None)
             if pods or ns in wanted.values():
                 self.watch_namespace(ns)
@@ -697,7 +730,7 @@ class KubernetesLauncher:
                 else f"only node ranks {sorted(found)} of {gang} found after a restart: the gang cannot meet"
             )
             if ns:
-                self._tear_down(ns, key, attempt_id, grace)
+                self._tear_down(ns, key, attempt_id, grace, settled=True)  # reported LOST below
             report = WorkerReport(attempt_id, Outcome.LOST, self._clock(), None, reason, disrupted=True)
             with self._lock:
                 self._attempts[attempt_id] = _Attempt(

@@ -58,6 +58,14 @@ _LABEL_KEY = re.compile(
 _RESERVED_PREFIXES = ("gpuyard.io/", "app.kubernetes.io/")
 
 
+# A worker pod stays in the API, whoever deletes it, until the launcher has read how its worker ended
+# and the store has the attempt's outcome (as Kubernetes' Job controller keeps its pods with its
+# job-tracking finalizer): a watch that missed the pod's last status and a listing that no longer
+# shows the pod would otherwise lose its exit (fault campaign seed 1112: a worker that exited 0 was
+# LOST, and its job ran again).
+OUTCOME_FINALIZER = "gpuyard.io/outcome"
+
+
 def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:8]
 
@@ -383,6 +391,7 @@ def build_pod(request: LaunchRequest, config: KubernetesConfig, rank: int, owner
             },
             "annotations": {**attempt_annotations(request), NODE_ANNOTATION: node},
             "ownerReferences": [owner_reference(owner)],
+            "finalizers": [OUTCOME_FINALIZER],
         },
         "spec": spec,
     }
@@ -461,7 +470,12 @@ GPU_QUOTA = "gpuyard-gpus"
 # What the launcher does in a team namespace (and the API: it reads logs), nothing more: no update,
 # no patch, no wildcard; Secrets only of its own making and the team's, never listed elsewhere.
 LAUNCHER_RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # patch: a worker pod's outcome finalizer, removed once the store has its outcome
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "delete", "patch"],
+    },
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["get", "list", "create", "delete"]},
     {
