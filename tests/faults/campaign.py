@@ -295,6 +295,7 @@ def _history(
         cancels=list(client.cancels),
         kills=dict(target.kills),
         disruptions=dict(target.disruptions),
+        unheard={attempt: list(spans) for attempt, spans in target.unheard.items()},
         leftovers=labelled("FAULTS_RUN", target.run.name),
         lease_s=lease_s,
         stalls=list(stalls),

@@ -57,6 +57,8 @@ class Target:
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> when the suite killed its workers
     pods: Pods | None = None  # the emulated cluster, where the Kubernetes launcher runs the workers
     disruptions: dict[str, float] = field(default_factory=dict)  # attempt -> when its pod was taken away
+    # attempt -> (from, to) when its pod's node reported nothing (partitioned, NotReady, cut off)
+    unheard: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 Fault = Callable[[Target, random.Random], str | None]

@@ -98,6 +98,9 @@ class History:
     kills: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time the suite killed it
     # attempt -> monotonic time the suite had the cluster take its pod away (an eviction, a deletion)
     disruptions: dict[str, float] = field(default_factory=dict)
+    # attempt -> (from, to) when the node of a pod of it reported nothing (monotonic): what ended
+    # there meanwhile the platform could not know
+    unheard: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)  # attempt -> monotonic time its shims saw it end
     # attempt -> monotonic time its launcher recorded its verdict (the workers were gone by then)
     verdicts: dict[str, float] = field(default_factory=dict)

@@ -204,12 +204,27 @@ def attempts_match_exits(history: History) -> Iterator[Finding]:
                 all_zero
                 and attempt.state not in ("SUCCEEDED", "CANCELLED")
                 and not _lapsed(journal.get(attempt.id, []), history.lease_s)
+                and not _unheard_at_exit(history, attempt.id, journal.get(attempt.id, []))
             ):
                 said = f"the store says {attempt.reason!r}"
                 yield job_id, f"{where}: every worker exited 0 under a lease that held; {said}"
             asked = attempt.stop_requested is not None or attempt.id in history.disruptions  # an eviction
             if attempt.state == "PREEMPTED" and not asked:
                 yield job_id, f"{where}: PREEMPTED, but neither the platform nor the cluster asked it to stop"
+
+
+REPORT_SLACK_S = 2.0  # a node's agent reports a container's end within a pass or two
+
+
+def _unheard_at_exit(history: History, attempt_id: str, records: list[Record]) -> bool:
+    """Whether the node of a pod of the attempt was cut off (reporting nothing) when its worker
+    exited, before that exit could be reported: the platform could not know it (seed 1114: a worker
+    exited 0 as its node went NotReady; the lease ran out and the attempt was rightly LOST)."""
+    exited = next((r.t for r in records if r.e == "exit"), None)
+    spans = history.unheard.get(attempt_id, [])
+    return exited is not None and any(
+        start <= exited + REPORT_SLACK_S and end >= exited for start, end in spans
+    )
 
 
 def _recorded_before(history: History, job_id: str, seq: int) -> int | None:
@@ -347,11 +362,22 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
             yield attempt.job_id, f"attempt {attempt.number} ({attempt.state}) {charged}; {says}"
 
 
+FENCED = "fenced from committing"  # the store's word for a lost attempt whose workers may run on
+
+
+def _fenced(attempt: AttemptRow) -> bool:
+    """An attempt the platform ended LOST while its workers were out of reach (their pods on a node
+    that stopped reporting): the guarantee there is that at most one attempt *commits*, so its
+    successor may run beside it (docs/concepts.md, "What keeps an attempt alive")."""
+    return attempt.state == "LOST" and FENCED in (attempt.reason or "")
+
+
 @invariant("never two attempts running at once")
 def never_two_attempts_running_at_once(history: History) -> Iterator[Finding]:
     """No two attempts of a job had workers alive at the same moment: an attempt's workers lived at
     least from their first journal record to their last (or to the suite's kill), and the platform
-    starts a successor only once nothing of the attempt before can run."""
+    starts a successor only once nothing of the attempt before can run, or (a fenced attempt) once
+    nothing of it can commit: `fenced_attempts_commit_nothing` checks that one."""
     lives: dict[str, tuple[float, float]] = {}
     for record in history.journal:
         first, last = lives.get(record.attempt, (record.t, record.t))
@@ -359,15 +385,16 @@ def never_two_attempts_running_at_once(history: History) -> Iterator[Finding]:
     for job_id, attempts in _attempts_of(history).items():
         spans = [(a.id, lives[a.id]) for a in attempts if a.id in lives]
         for first, second in _overlaps(spans):
+            if _fenced(history.attempts[first]):
+                continue
             overlap = lives[first][1] - lives[second][0]
             yield job_id, f"the workers of {first} still ran {overlap:.1f}s after those of {second} started"
 
 
-@invariant("no zombie writes")
-def no_zombie_writes(history: History) -> Iterator[Finding]:
-    """No attempt completes a checkpoint after a later attempt of its job has started."""
+def _late_saves(history: History) -> Iterator[tuple[AttemptRow, Record, float]]:
+    """Each checkpoint an attempt completed after a later attempt of its job started, with how late."""
     starts = {r.attempt: r.t for r in sorted(history.journal, key=lambda r: -r.t) if r.e == "start"}
-    for job_id, attempts in _attempts_of(history).items():
+    for attempts in _attempts_of(history).values():
         for attempt in attempts:
             later = [starts[a.id] for a in attempts if a.number > attempt.number and a.id in starts]
             if not later:
@@ -375,14 +402,49 @@ def no_zombie_writes(history: History) -> Iterator[Finding]:
             successor_start = min(later)
             for record in history.journal:
                 if record.attempt == attempt.id and record.e == "saved" and record.t > successor_start:
-                    late = record.t - successor_start
-                    yield (
-                        job_id,
-                        (
-                            f"attempt {attempt.number} completed step {record.data['step']} "
-                            f"{late:.1f}s after a successor started"
-                        ),
-                    )
+                    yield attempt, record, record.t - successor_start
+
+
+@invariant("no zombie writes")
+def no_zombie_writes(history: History) -> Iterator[Finding]:
+    """No attempt completes a checkpoint after a later attempt of its job has started (but a fenced
+    one: `fenced_attempts_commit_nothing`)."""
+    for attempt, record, late in _late_saves(history):
+        if not _fenced(attempt):
+            step = record.data["step"]
+            yield (
+                attempt.job_id,
+                f"attempt {attempt.number} completed step {step} {late:.1f}s after a successor started",
+            )
+
+
+@invariant("fenced attempts commit nothing")
+def fenced_attempts_commit_nothing(history: History) -> Iterator[Finding]:
+    """An attempt that ran on beside its successor, fenced, committed nothing once it was lost: the
+    store recorded no checkpoint of it after its end, and a checkpoint it completed after its
+    successor started lies where no other attempt of the job saved or resumed from."""
+    ended = {e.attempt_id: e.seq for e in history.events if e.type in TERMINAL_ATTEMPT_EVENTS}
+    for event in history.events:
+        attempt = history.attempts.get(event.attempt_id or "")
+        late = attempt is not None and event.seq > ended.get(attempt.id, math.inf)
+        if attempt is not None and late and _fenced(attempt) and event.type == "attempt.checkpointed":
+            yield (
+                attempt.job_id,
+                f"attempt {attempt.number}: step {event.data['step']} recorded after its end",
+            )
+    users: dict[str, set[str]] = defaultdict(
+        set
+    )  # a checkpoint's URL -> the attempts that saved or resumed it
+    for record in history.journal:
+        if record.e in ("saved", "resume") and record.data.get("url"):
+            users[str(record.data["url"])].add(record.attempt)
+    for attempt, record, _ in _late_saves(history):
+        url = str(record.data.get("url"))
+        if _fenced(attempt) and users[url] - {attempt.id}:
+            yield (
+                attempt.job_id,
+                f"attempt {attempt.number}, fenced, completed {url}, which another attempt uses",
+            )
 
 
 @invariant("no cancel lost")

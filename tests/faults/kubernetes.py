@@ -274,13 +274,19 @@ def _unreported(
     pod = _running_pod(target, rng)
     if pod is None or not pod["spec"].get("nodeName"):
         return None
-    agent = _pods(target).cluster.agents[pod["spec"]["nodeName"]]
+    pods, node = _pods(target), pod["spec"]["nodeName"]
+    agent = pods.cluster.agents[node]
     duration = rng.uniform(*seconds)
+    listed = json.loads(pods.cluster.api.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
+    on_node = {str(a) for p in listed if p["spec"].get("nodeName") == node and (a := _attempt_of(p))}
+    began = time.monotonic()
     agent.partition(pods_too=pods_too)
     try:
         time.sleep(duration)
     finally:
         agent.heal()
+        for attempt_id in on_node:
+            target.unheard.setdefault(attempt_id, []).append((began, time.monotonic()))
     return f"{agent.node.name} (running {pod['metadata']['name']}) {what} for {duration:.1f}s"
 
 

@@ -485,6 +485,63 @@ def test_the_checker_catches_a_zombie_that_runs_and_writes_after_its_successor_s
     assert violated(story.history()) >= {"no zombie writes", "never two attempts running at once"}
 
 
+def test_a_fenced_zombie_may_run_beside_its_successor_but_commits_nothing() -> None:
+    """Seed 1112 on the emulated cluster: a worker stuck 50 s in an upload on a node that went NotReady;
+    its lease ran out and the platform, unable to know it stopped, ended it LOST "fenced from
+    committing" and started its successor, which saved step 10; then the zombie completed step 10.
+    That is the guarantee on a node out of reach (at most one attempt commits): the checker allows
+    the overlap when the zombie's late save landed where no other attempt reads or writes."""
+    story = clean_story()
+    fenced = "lease expired: ...; its workers may still run, fenced from committing (their token is stale)"
+    story.attempts["j1-a1"] = replace(
+        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, reason=fenced
+    )
+    story.exits.pop("j1-a1")
+    story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
+    story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
+    story.record("saved", "j1-a1", step=6, url="file:///ck/step-000006-t1")  # after j1-a2's start
+    own_folder = story.history(lease_s=10.0)
+    assert "never two attempts running at once" not in violated(own_folder)
+    assert not violated(own_folder) & {"no zombie writes", "fenced attempts commit nothing"}
+    resumed = next(r for r in story.journal if r.attempt == "j1-a2" and r.e == "resume")
+    story.journal.append(replace(resumed, data={"step": 5, "url": "file:///ck/step-000006-t1"}))
+    assert "fenced attempts commit nothing" in violated(story.history(lease_s=10.0))  # another read it
+    unfenced = replace(story.attempts["j1-a1"], reason="lease expired")
+    story.attempts["j1-a1"] = unfenced
+    assert violated(story.history()) >= {"no zombie writes", "never two attempts running at once"}
+
+
+def test_an_exit_its_node_never_reported_may_end_as_lost() -> None:
+    """Seed 1114 on the emulated cluster: a worker exited 0 just as its node went NotReady; the exit
+    was never reported, the lease ran out and the platform rightly ended the attempt LOST (a second
+    attempt then resumed from its last checkpoint and exited 0 at once). The checker knows the node
+    was cut off when the worker exited."""
+    s = Story()
+    first = s.attempt("j1", 1, "LOST", reason="lease expired: ...; fenced from committing")
+    second = s.attempt("j1", 2, "SUCCEEDED", exit_code=exit_codes.SUCCESS)
+    s.event("job.submitted", "j1")
+    s.event("job.scheduled", "j1", first)
+    s.record("start", first)
+    s.record("resume", first, step=0)
+    s.record("beat", first, checkpoint=None)
+    s.record("exit", first, code=0)
+    exited = s.t
+    s.event("attempt.lost", "j1", first)
+    s.event("job.scheduled", "j1", second)
+    s.record("start", second)
+    s.record("resume", second, step=0)
+    s.record("exit", second, code=0)
+    s.event("attempt.succeeded", "j1", second)
+    s.exits = {first: {0: 0}, second: {0: 0}}
+    s.job("j1")
+    heard = s.history(lease_s=10.0)
+    assert violated(heard) == {"attempts match exits"}  # as far as it knows, the platform lost an exit 0
+    assert violated(replace(heard, unheard={first: [(exited + 0.01, exited + 14.5)]})) == set()
+    assert violated(replace(heard, unheard={first: [(exited + 5.0, exited + 14.5)]})) == {
+        "attempts match exits"
+    }
+
+
 def test_the_checker_fails_on_an_empty_journal_or_a_success_it_has_no_record_of() -> None:
     story = clean_story()
     story.journal = []

@@ -17,6 +17,7 @@ def worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
     for name, value in {
         "GPUYARD_ATTEMPT_ID": "a1",
         "GPUYARD_JOB_ID": "j1",
+        "GPUYARD_FENCING_TOKEN": "7",
         "FAULTS_JOURNAL": str(tmp_path / "nobody.sock"),
         "FAULTS_DIR": str(tmp_path),
     }.items():
@@ -52,3 +53,21 @@ def test_a_step_an_earlier_attempt_completed_is_saved_again_and_journaled(
     worker.journal = lambda event, **data: written.append(event)
     worker.save(root, 6, hold)
     assert written == ["committing", "saved"]
+
+
+def test_a_zombies_late_save_lands_in_a_folder_of_its_own_token(
+    worker: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 1112 on the emulated cluster: a worker stuck 50 s in an upload (its lease lapsed, its node
+    NotReady) completed step 10 after its successor had saved step 10 to the same folder. Each
+    attempt writes only folders named with its own token, as the runtime does: no attempt's save
+    touches another's."""
+    root, hold = tmp_path / "checkpoints", tmp_path / "hold"
+    successor = worker.save(root, 10, hold)
+    before = (worker.step_dir(root, 10) / worker.MANIFEST).stat().st_mtime_ns
+    worker._saved.clear()
+    monkeypatch.setenv("GPUYARD_FENCING_TOKEN", "6")  # the zombie: an older attempt's token
+    zombie = worker.save(root, 10, hold)
+    assert zombie != successor and zombie.endswith("step-000010-t6") and successor.endswith("step-000010-t7")
+    monkeypatch.setenv("GPUYARD_FENCING_TOKEN", "7")
+    assert (worker.step_dir(root, 10) / worker.MANIFEST).stat().st_mtime_ns == before

@@ -4,7 +4,9 @@ and tells the suite everything it does, so the invariant checker can compare the
     worker.py --steps N --step-seconds S --save-every K [--fail-at STEP --exit-code C]
 
 - Checkpoints are files under a file:// GPUYARD_CHECKPOINT_URL, or objects in an object store
-  (s3://, the Kubernetes launcher's: `ObjectStore`).
+  (s3://, the Kubernetes launcher's: `ObjectStore`), each in a folder named with the step and the
+  attempt's fencing token (`step-000010-t57`), as the runtime's: a zombie's late save (its lease
+  lapsed while it wrote) lands in a folder no other attempt writes.
 - Resumes from GPUYARD_RESUME_URL (the checkpoint the store recorded) when it is complete, else from
   the newest complete checkpoint under GPUYARD_CHECKPOINT_URL; a checkpoint is complete once its
   manifest (written last, after the data is fsynced) names the data's size and sha256.
@@ -88,8 +90,13 @@ def leave(code: int, **data: Any) -> None:
 # -- checkpoints -------------------------------------------------------------------------------------
 
 
+def step_name(step: int) -> str:
+    """A checkpoint's folder: its step, and the fencing token of the attempt that writes it."""
+    return f"step-{step:06d}-t{int(env['GPUYARD_FENCING_TOKEN'])}"
+
+
 def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:06d}"
+    return root / step_name(step)
 
 
 def payload(step: int) -> bytes:
@@ -194,7 +201,7 @@ class ObjectStore:
         return 0
 
     def save(self, step: int, hold: Path) -> str:
-        directory = f"{self.root}/step-{step:06d}"
+        directory = f"{self.root}/{step_name(step)}"
         if step in _saved and self.complete(self.url(directory)) == step:
             return self.url(directory)
         data = payload(step)
