@@ -6,7 +6,6 @@ scheduling the job a second time."""
 from __future__ import annotations
 
 from conftest import Cluster, detail, pods_of, step_until, submit
-from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.service import SchedulerService
@@ -58,8 +57,8 @@ def test_recovery_completes_a_launch_a_replica_left_half_done(
         (item,) = [i for i in attempt_store.live(conn) if i.attempt.id == attempt_id]
     with KubernetesLauncher(config, cluster.api, teams=lambda: ["a"]) as stopped:
         stopped.launch(service.launch_request(item.attempt, item.job))
-    for name in pods_of(cluster, attempt_id):
-        cluster.api.delete_namespaced_pod(name, m.team_namespace("a", config))
+    for name in pods_of(cluster, attempt_id):  # never created: gone, finalizers and all
+        cluster.emulator.delete_silently("pods", name, force=True)
     (secret,) = cluster.objects("secrets")
 
     service.recover()

@@ -16,6 +16,7 @@ from gpuyard.sim.elastic.jobs import ElasticJob, Submission, read_workload
 from gpuyard.sim.elastic.policies import POLICIES, TIRESIAS_THRESHOLD_GPU_S, Tiresias
 from gpuyard.sim.elastic.profiles import Application, canonical, load_application, load_applications
 from gpuyard.sim.elastic.replay import jcts, placement_of, replay
+from gpuyard.sim.elastic.sizing import GpuyardSizing, Option, StepModel, _sizes
 from gpuyard.sim.trace import TraceError
 
 POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
@@ -262,3 +263,123 @@ def test_bad_input_is_refused_naming_file_and_line(tmp_path: Path, apps: dict[st
     workload.write_text("name,time,application,num_replicas,batch_size\na,0,cifar10,4,99999\n")
     with pytest.raises(TraceError, match=r"workload\.csv: row 2, column 'batch_size'"):
         read_workload(workload, apps)
+
+
+def held_job(
+    app: Application, replicas: int, batch: int, name: str, placement: tuple[int, ...]
+) -> ElasticJob:
+    j = job(app, replicas, batch, name)
+    j.reallocate(placement, restart_s=0)
+    return j
+
+
+def test_gpuyard_shrinks_a_job_before_preempting_any(apps: dict[str, Application]) -> None:
+    cifar = apps["cifar10"]
+    big = held_job(cifar, 4, 2048, "big", (4,))
+    policy = GpuyardSizing(adaptive_batch=False)
+    assert policy.allocate(600, [big], [4], {"big": (0, 0, 0, 0)}) == {"big": (0, 0, 0, 0)}
+    # A new job on the full node: the big one gives back GPUs, neither waits.
+    new = job(cifar, 4, 2048, "new")
+    new.submitted_s = 600
+    held = policy.allocate(660, [big, new], [4], {"big": (0, 0, 0, 0)})
+    assert len(held["big"]) >= 1 and len(held["new"]) >= 1
+    assert len(held["big"]) + len(held["new"]) <= 4
+    # Jobs outnumber GPUs: the least served run, and a waiting one takes its turn in time.
+    third = job(cifar, 4, 2048, "third")
+    ran: set[str] = set()
+    held = {}
+    for now_s in range(720, 3 * 3600, 60):  # big ran 2400 GPU-seconds before: it waits its turn
+        before, held = held, policy.allocate(now_s, [big, new, third], [2], held)
+        for j in (big, new, third):
+            if held.get(j.name) != before.get(j.name):
+                j.reallocate(placement_of(held.get(j.name, ())), restart_s=30)
+        assert sum(len(a) for a in held.values()) <= 2
+        ran |= set(held)
+    assert ran == {"big", "new", "third"}
+
+
+def test_gpuyard_grows_into_idle_gpus_and_not_for_less_than_a_restart(apps: dict[str, Application]) -> None:
+    cifar = apps["cifar10"]
+    # On 1 GPU at a global batch of 2048 (accumulated), 3 idle GPUs on its node: it takes them.
+    alone = held_job(cifar, 4, 2048, "alone", (1,))
+    policy = GpuyardSizing(adaptive_batch=False)
+    policy.allocate(600, [alone], [4], {"alone": (0,)})
+    held = policy.allocate(1200, [alone], [4], {"alone": (0,)})
+    assert held == {"alone": (0, 0, 0, 0)}
+    # The rule itself: a held size is left only for a speedup that beats the restart's share.
+    one = Option(1, 128, 1.0)
+    small_gain = [one, Option(2, 128, 1.05), Option(3, 128, 1.08)]
+    assert _sizes([("j", small_gain, 2, 0.9)], 4) == {"j": 2}
+    big_gain = [one, Option(2, 128, 1.05), Option(3, 128, 1.5)]
+    assert _sizes([("j", big_gain, 2, 0.9)], 4) == {"j": 3}
+    # A job that starts anyway (holds nothing) pays no extra for its size.
+    assert _sizes([("j", small_gain, 0, 0.9)], 4) == {"j": 3}
+
+
+def test_gpuyard_fixed_batch_keeps_the_global_batch_and_adaptive_stays_within_the_curves(
+    apps: dict[str, Application],
+) -> None:
+    submissions = [
+        s for s in read_workload(POLLUX / "workloads" / "workload-1.csv", apps)[:14] if s.num_replicas <= 16
+    ]
+    tuned = {s.name: s.batch_size for s in submissions}
+
+    def fixed(now_s: int, active: Sequence[ElasticJob]) -> None:
+        for j in active:
+            assert j.batch_size == (32768 if j.app.name == "ncf" else tuned[j.name])
+            if j.placement:
+                assert abs(j.trained_batch - j.batch_size) < sum(j.placement) * (j.accum_steps + 1)
+
+    jobs = replay(submissions, apps, "gpuyard-fixed-batch", nodes=4, on_interval=fixed)
+    assert all(j.completed_s is not None for j in jobs)
+    sizes: set[int] = set()
+
+    def adaptive(now_s: int, active: Sequence[ElasticJob]) -> None:
+        for j in active:
+            assert j.app.init_batch_size <= j.batch_size <= j.app.max_batch_size
+            sizes.add(j.batch_size)
+
+    assert all(
+        j.completed_s is not None for j in replay(submissions, apps, "gpuyard", nodes=4, on_interval=adaptive)
+    )
+    assert len(sizes - set(tuned.values())) > 0  # it did adapt
+
+
+def test_gpuyard_fits_only_what_a_job_ran(
+    apps: dict[str, Application], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cifar = apps["cifar10"]
+    model = StepModel.prior(cifar, 256)
+    assert model.runs == {} and model.most_gpus_run == 0
+    step_s, sync_s = cifar.times((2,), 512)
+    model.observe(1, 2, 512, step_s, step_s - sync_s)
+    # Exact where it ran; across nodes (never run) the prior: a whole 1-GPU step at the tuned batch.
+    assert model.step_s(1, 2, 512, 0) == pytest.approx(step_s)
+    assert model.sync_s(2, 8) == pytest.approx(max(model.reference_compute, sync_s))
+    assert model.most_gpus_run == 2
+    # In a replay, the policy reads a job's step times only on the placement it holds.
+    seen: list[tuple[int, ...]] = []
+    holding: set[tuple[int, ...]] = set()
+    times = Application.times
+
+    def spy(self: Application, placement: tuple[int, ...], local_bsz: int) -> tuple[float, float]:
+        seen.append(tuple(placement))
+        return times(self, placement, local_bsz)
+
+    policy = GpuyardSizing()
+    allocate = policy.allocate
+
+    def watched(now_s: int, jobs: Sequence[ElasticJob], node_gpus: Sequence[int], held: dict) -> dict:
+        holding.clear()
+        holding.update(j.placement for j in jobs if j.placement)
+        seen.clear()
+        monkeypatch.setattr(Application, "times", spy)
+        try:
+            return allocate(now_s, jobs, node_gpus, held)
+        finally:
+            monkeypatch.setattr(Application, "times", times)
+            assert set(seen) <= holding
+
+    policy.allocate = watched  # type: ignore[method-assign]
+    submissions = read_workload(POLLUX / "workloads" / "workload-1.csv", apps)[:6]
+    assert all(j.completed_s is not None for j in replay(submissions, apps, policy, nodes=4))

@@ -8,9 +8,11 @@ new one (or preempted, given none).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Protocol
 
 from gpuyard.sim.elastic.jobs import ElasticJob
+from gpuyard.sim.elastic.sizing import GpuyardSizing
 
 Allocation = tuple[int, ...]  # the node of each GPU a job holds
 TIRESIAS_THRESHOLD_GPU_S = 16 * 3600  # the study's one queue threshold: 16 GPU-hours
@@ -87,4 +89,9 @@ def _fewest_nodes(node_free: list[int], gpus: int) -> Allocation:
     return tuple(allocation)
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {"tiresias": Tiresias}
+# gpuyard: each job sized every interval by its fitted goodput (sizing.py), its batch adaptive or fixed.
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "tiresias": Tiresias,
+    "gpuyard": GpuyardSizing,
+    "gpuyard-fixed-batch": partial(GpuyardSizing, adaptive_batch=False),
+}
