@@ -91,3 +91,17 @@ def test_the_database_clock_counts_on_between_syncs_with_the_monotonic_clock(pos
     assert abs(first.timestamp() - datetime.now(UTC).timestamp()) < 1.0
     assert (clock() - first).total_seconds() == pytest.approx(60.0)  # no resync: counted on
     engine.dispose()
+
+
+def test_a_sync_whose_round_trip_was_slow_is_not_taken(postgres_url: str) -> None:
+    """Fault campaign seed 1122: a resync while the database's link was black-holed took 10 s; its
+    reading, taken as the middle of the round trip, put an API's clock 4.9 s ahead until the next
+    resync, and the checkpoints it recorded were charged 4.9 s too little lost progress. A slow
+    reading is not taken: the clock counts on from the last good one."""
+    ticks = iter([0.0, 0.01, 0.01, 40.0, 40.0, 50.0, 50.0])  # each monotonic reading the clock makes
+    clock = DatabaseClock(
+        make_engine(postgres_url, pool_size=1), resync_s=30.0, monotonic=lambda: next(ticks)
+    )
+    first = clock().timestamp()  # synced in 0.01 s
+    later = clock().timestamp()  # due to resync at 40 s; the reading takes 10 s
+    assert later - first == pytest.approx(50.0 - 0.01, abs=0.01)  # counted on from the first reading
