@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "training"))  # the equivalence and resume gangs
 
 import layouts_gang as gang  # noqa: E402
+from local_cluster.network import ip  # noqa: E402
 
 from training import planner  # noqa: E402
 from training.layouts import LayoutSpec, parallelize  # noqa: E402
@@ -171,9 +172,9 @@ def _in_namespace(name: str, argv: list[str]) -> list[str]:
 def measure(label: str, sizes: Sizes, out: Path) -> list[dict[str, float]]:
     """One gang of `sizes.ranks` ranks of `label` in a network namespace of its own."""
     namespace = f"gy-layouts-{os.getpid()}-{label}"
-    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    ip("netns", "add", namespace)
     try:
-        subprocess.run(_in_namespace(namespace, ["ip", "link", "set", "lo", "up"]), check=True)
+        ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
         argv = [sys.executable, __file__, "--rank-of", label, str(out), "--sizes", json.dumps(asdict(sizes))]
         ranks = []
         for rank in range(sizes.ranks):
@@ -194,7 +195,7 @@ def measure(label: str, sizes: Sizes, out: Path) -> list[dict[str, float]]:
             tail = (out / f"{label}-rank0.log").read_text()[-3000:]
             raise RuntimeError(f"{label}: ranks exited {codes}\n{tail}")
     finally:
-        subprocess.run(["ip", "netns", "del", namespace], check=False)
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
     return [json.loads((out / f"{label}-rank{rank}.json").read_text()) for rank in range(sizes.ranks)]
 
 

@@ -39,6 +39,8 @@ from torch.nn.parallel import DistributedDataParallel
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from local_cluster.network import ip  # noqa: E402
+
 from training import planner  # noqa: E402
 
 LINK = ("10.231.7.1", "10.231.7.2")  # the two ends of the veth pair, one per namespace
@@ -73,10 +75,6 @@ def worker(out: Path, width: int, layers: int, batch: int, warmup: int, steps: i
     dist.destroy_process_group()
 
 
-def _run(argv: list[str], **kwargs: object) -> None:
-    subprocess.run(argv, check=True, capture_output=True, **kwargs)  # type: ignore[call-overload]
-
-
 class Link:
     """Two network namespaces joined by a veth pair, each end's egress limited by tc tbf."""
 
@@ -87,34 +85,17 @@ class Link:
 
     def __enter__(self) -> Link:
         for namespace in self.namespaces:
-            _run(["ip", "netns", "add", namespace])
-        _run(["ip", "link", "add", self.ends[0], "type", "veth", "peer", "name", self.ends[1]])
+            ip("netns", "add", namespace)
+        ip("link", "add", self.ends[0], "type", "veth", "peer", "name", self.ends[1])
         for namespace, end, address in zip(self.namespaces, self.ends, LINK, strict=True):
-            _run(["ip", "link", "set", end, "netns", namespace])
-            inside = ["ip", "netns", "exec", namespace]
-            _run([*inside, "ip", "addr", "add", f"{address}/30", "dev", end])
-            _run([*inside, "ip", "link", "set", end, "up"])
-            _run([*inside, "ip", "link", "set", "lo", "up"])
+            ip("link", "set", end, "netns", namespace)
+            inside = ("netns", "exec", namespace, "ip")
+            ip(*inside, "addr", "add", f"{address}/30", "dev", end)
+            ip(*inside, "link", "set", end, "up")
+            ip(*inside, "link", "set", "lo", "up")
             # burst: a few packets at line rate; latency: how long a packet may queue behind the limit
-            rate = f"{self.mbit}mbit"
-            _run(
-                [
-                    *inside,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    end,
-                    "root",
-                    "tbf",
-                    "rate",
-                    rate,
-                    "burst",
-                    "64kb",
-                    "latency",
-                    "400ms",
-                ]
-            )
+            limit = ("tbf", "rate", f"{self.mbit}mbit", "burst", "64kb", "latency", "400ms")
+            ip("netns", "exec", namespace, "tc", "qdisc", "add", "dev", end, "root", *limit)
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -89,6 +89,8 @@ def parallelize(model: Transformer, spec: LayoutSpec) -> Parallel:
     """`model`: the full model, initialized alike on every rank (the same seed)."""
     if spec.name not in LAYOUTS:
         raise ValueError(f"parallel.layout: expected one of {', '.join(sorted(LAYOUTS))}, got {spec.name!r}")
+    if spec.schedule not in SCHEDULES:
+        raise ValueError(f"parallel.schedule: expected one of {', '.join(SCHEDULES)}, got {spec.schedule!r}")
     return LAYOUTS[spec.name](model, spec)
 
 

@@ -134,7 +134,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     if resource == request.resource and not obj.deleted and _within(request, namespace)
                 ]
             if asked not in ("", "0") and asked != newest:
-                yield {"type": "ERROR", "object": _expired(asked, newest)}
+                yield {"type": "ERROR", "object": expired_status(asked, newest)}
                 return
             for raw in present:
                 yield {"type": "ADDED", "object": raw}
@@ -197,7 +197,8 @@ def _within(request: Any, namespace: str | None) -> bool:
     return request.namespace is None or namespace == request.namespace
 
 
-def _expired(asked: str, newest: str) -> dict[str, Any]:
+def expired_status(asked: str, newest: str) -> dict[str, Any]:
+    """The Status of a watch from a version the server no longer holds (410 Expired)."""
     return {
         "apiVersion": "v1",
         "kind": "Status",

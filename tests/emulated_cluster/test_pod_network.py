@@ -4,6 +4,7 @@ only at the bridge's gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -70,6 +71,29 @@ def shared() -> Iterator[Path]:
         yield directory
 
 
+@contextlib.contextmanager
+def accepting(host: str) -> Iterator[tuple[str, int]]:
+    """A TCP server on `host` that accepts (and closes) every connection until the block ends; its
+    address."""
+    server = socket.create_server((host, 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                server.accept()[0].close()
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[:2]
+    finally:
+        stop.set()
+        server.close()
+
+
 def python_pod(cluster: EmulatedCluster, name: str, code: str, *args: str, **spec: object) -> None:
     container = {"name": "worker", "image": f"{IMAGE}:1", "command": ["python", "-c", code, *args]}
     body = {
@@ -96,22 +120,8 @@ def test_gangs_meet_at_their_service_names_each_on_its_own_port_space(
 def test_a_pod_reaches_this_machine_at_the_gateway_and_not_at_its_loopback(
     cluster: EmulatedCluster, shared: Path
 ) -> None:
-    at_gateway = socket.create_server((cluster.gateway, 0))
-    at_loopback = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-    for server in (at_gateway, at_loopback):
-        server.settimeout(0.2)
-
-        def accept(server: socket.socket = server) -> None:
-            while not stop.is_set():
-                try:
-                    server.accept()[0].close()
-                except OSError:
-                    continue
-
-        threading.Thread(target=accept, daemon=True).start()
-    try:
-        for name, (host, port) in {"gw": at_gateway.getsockname(), "lo": at_loopback.getsockname()}.items():
+    with accepting(cluster.gateway) as at_gateway, accepting("127.0.0.1") as at_loopback:
+        for name, (host, port) in {"gw": at_gateway, "lo": at_loopback}.items():
             python_pod(
                 cluster,
                 name,
@@ -130,10 +140,6 @@ def test_a_pod_reaches_this_machine_at_the_gateway_and_not_at_its_loopback(
         assert (shared / "lo.out").read_text().strip() == "ConnectionRefusedError"  # its own loopback
         failed, seconds = (shared / "dns.out").read_text().split()
         assert failed == "gaierror" and float(seconds) < 2
-    finally:
-        stop.set()
-        at_gateway.close()
-        at_loopback.close()
 
 
 KNOCK = """
@@ -155,25 +161,12 @@ def test_a_node_cut_from_every_network_runs_its_pods_on_reaching_nothing_till_he
 ) -> None:
     """Partition (b): the machine and its pods cut from everything (the control plane, the store, the
     gang's other nodes) while the other node's pods reach what they reached."""
-    server = socket.create_server((cluster.gateway, 0))
-    host, port = server.getsockname()
-    stop = threading.Event()
-    server.settimeout(0.2)
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                server.accept()[0].close()
-            except OSError:
-                continue
-
-    threading.Thread(target=accept, daemon=True).start()
 
     def seen(node: str) -> list[str]:
         path = shared / node
         return path.read_text().split() if path.exists() else []
 
-    try:
+    with accepting(cluster.gateway) as (host, port):
         for node in ("a", "b"):
             knock = (KNOCK, host, str(port), str(shared / node))
             python_pod(cluster, f"on-{node}", *knock, nodeName=f"node-{node}")
@@ -186,6 +179,3 @@ def test_a_node_cut_from_every_network_runs_its_pods_on_reaching_nothing_till_he
         assert phase(cluster, "on-a") == "Running"  # it runs on, unreported
         cluster.agents["node-a"].heal()
         wait_until(lambda: seen("a")[-1:] == ["reached"], what="on-a reaching again")
-    finally:
-        stop.set()
-        server.close()

@@ -172,6 +172,13 @@ class Pods:
         listed = json.loads(self.cluster.api.list_pod_for_all_namespaces(_preload_content=False).data)
         return [p for p in listed["items"] if _attempt_of(p) == attempt_id]
 
+    def attempts_on(self, node: str) -> set[str]:
+        """The attempts with a pod bound to `node`."""
+        listed = json.loads(self.cluster.api.list_pod_for_all_namespaces(_preload_content=False).data)
+        return {
+            str(a) for p in listed["items"] if p["spec"].get("nodeName") == node and (a := _attempt_of(p))
+        }
+
     def live_nodes(self) -> list[str]:
         return sorted(name for name, agent in self.cluster.agents.items() if not agent.lost)
 
@@ -238,9 +245,8 @@ def lose_node(target: Target, rng: random.Random) -> str | None:
     agent = pods.cluster.agents[node]
     if agent.lost:
         return None
-    listed = json.loads(pods.cluster.api.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
-    for attempt_id in {_attempt_of(p) for p in listed if p["spec"].get("nodeName") == node} - {None}:
-        target.kills.setdefault(str(attempt_id), time.monotonic())
+    for attempt_id in pods.attempts_on(node):
+        target.kills.setdefault(attempt_id, time.monotonic())
     agent.lose()
     joined = pods.replace()
     noticed = rng.uniform(NODE_GRACE_S, 3 * NODE_GRACE_S)
@@ -277,8 +283,7 @@ def _unreported(
     pods, node = _pods(target), pod["spec"]["nodeName"]
     agent = pods.cluster.agents[node]
     duration = rng.uniform(*seconds)
-    listed = json.loads(pods.cluster.api.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
-    on_node = {str(a) for p in listed if p["spec"].get("nodeName") == node and (a := _attempt_of(p))}
+    on_node = pods.attempts_on(node)
     began = time.monotonic()
     agent.partition(pods_too=pods_too)
     try:

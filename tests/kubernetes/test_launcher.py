@@ -22,6 +22,7 @@ from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher, LaunchError
 from gpuyard.settings.kubernetes import KubernetesConfig
 from kmock import action
+from local_cluster.apiserver import expired_status
 from servers import wait_until
 
 from training import exit_codes
@@ -376,18 +377,7 @@ def test_pod_deleted_behind_our_back_is_lost_once_its_worker_ended(
 def test_410_gone_relists_and_resumes(cluster: Cluster, launcher: KubernetesLauncher) -> None:
     names = start_gang(cluster, launcher)
     relists_before = launcher.relists
-    expired = {
-        "type": "ERROR",
-        "object": {
-            "apiVersion": "v1",
-            "kind": "Status",
-            "metadata": {},
-            "status": "Failure",
-            "code": 410,
-            "reason": "Expired",
-            "message": "too old resource version: 1003 (2001)",
-        },
-    }
+    expired = {"type": "ERROR", "object": expired_status("1003", "2001")}
 
     def history_lost() -> Iterator[dict[str, Any]]:
         # While the launcher is between watches, both pods finish; no watch event says so.

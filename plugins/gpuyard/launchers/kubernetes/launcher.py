@@ -164,10 +164,9 @@ class KubernetesLauncher:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, pod name) -> last seen object
         self._deleted: dict[tuple[str, str], dict[str, Any]] = {}  # its last object when it was deleted
         self._nodes: dict[str, bool] | None = None  # node name -> Ready; None until the first listing
-        # (namespace, key) -> attempt id: attempts being torn down (their ending in the store, or
-        # cancelled) whose policy, Service and Secret wait for their pods to be gone
-        # (namespace, attempt key) -> (attempt id, settled: the store has its outcome): torn down again
-        # each `observe` until none of its pods remains
+        # (namespace, attempt key) -> (attempt id, settled: the store has its outcome): attempts being
+        # torn down (ended, or cancelled) whose policy, Service and Secret wait for their pods to be
+        # gone; torn down again each `observe` until none remains
         self._tearing_down: dict[tuple[str, str], tuple[str, bool]] = {}
         self.relists = 0  # listings after the first, e.g. after 410 Gone (for metrics and tests)
 
@@ -373,10 +372,10 @@ class KubernetesLauncher:
         self._delete_pods(
             ns, [_meta(p)["name"] for p in self._key_pods(ns, key) if not _terminating(p)], grace_s
         )
-        if settled:
-            for pod in self._key_pods(ns, key):
-                self._let_go(ns, pod)
-        if self._key_pods(ns, key):
+        remaining = self._key_pods(ns, key)
+        if settled:  # a pod let go is gone: deleted, with no finalizer left
+            remaining = [pod for pod in remaining if not self._let_go(ns, pod)]
+        if remaining:
             with self._lock:
                 self._tearing_down[(ns, key)] = (attempt_id or "", settled)
             return
@@ -386,19 +385,20 @@ class KubernetesLauncher:
         with self._lock:
             self._tearing_down.pop((ns, key), None)
 
-    def _let_go(self, ns: str, pod: Mapping[str, Any]) -> None:
+    def _let_go(self, ns: str, pod: Mapping[str, Any]) -> bool:
         """Remove the pod's outcome finalizer once it is the only one left: a node's kubelet (the
         emulated cluster's agent holds its own until the containers stopped) is done with the pod, so
-        the list written back cannot drop another's."""
-        meta = _meta(pod)
-        if _held_for_us_alone(pod):
-            try:
-                self.api.patch_namespaced_pod(
-                    meta["name"], ns, {"metadata": {"finalizers": None}}, _request_timeout=self._timeout
-                )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+        the list written back cannot drop another's. True when the pod is gone."""
+        if not _held_for_us_alone(pod):
+            return False
+        try:
+            self.api.patch_namespaced_pod(
+                _meta(pod)["name"], ns, {"metadata": {"finalizers": None}}, _request_timeout=self._timeout
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        return True
 
     def _list(self, list_fn: Callable[..., Any], ns: str, selector: str = m.SELECTOR) -> list[dict[str, Any]]:
         """Our objects in `ns`; none when the namespace does not exist."""
