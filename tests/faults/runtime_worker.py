@@ -14,8 +14,9 @@ wrapping, not changing, five of its calls:
 - `HeartbeatClient.beat` -> `beat` (an answer), `stale` (401/409: the runtime stops), `beat_failed`;
 - `EventLog.write("step")` -> `step`; the entry point's return -> `exit` with its code;
 - `os.fsync` -> the suite's hold (`$FAULTS_DIR/hold/<attempt>`: the data written, no manifest yet,
-  `half_written`, waits until the file is gone or it is killed) and slow disk
-  (`$FAULTS_DIR/slow-fsync` holds the seconds each fsync takes longer).
+  `half_written`, waits until the file is gone or it is killed; on an object store, which is never
+  fsynced, the same hold as the manifest's commit begins) and slow disk (`$FAULTS_DIR/slow-fsync`
+  holds the seconds each fsync takes longer).
 
 The working directory (rank 0's event log) is per attempt under `$FAULTS_DIR/runtime/`. In a pod (one
 process per node, `training/ranks.py`), each of the node's ranks is this wrapper.
@@ -46,6 +47,8 @@ if (node := ranks.node_ranks(os.environ)) is not None and __name__ == "__main__"
 BEGAN = time.monotonic()
 light.journal("start", runtime=True)
 
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+
 from training import checkpoint as ckpt_module  # noqa: E402  (after the start record: torch is slow)
 from training import heartbeat as heartbeat_module  # noqa: E402
 from training import run as run_module  # noqa: E402
@@ -57,13 +60,18 @@ _saving: list[int] = []  # the step rank 0 is finalizing, while it is
 _real_fsync = os.fsync
 
 
+def _hold_half_written(step: int) -> None:
+    """While the suite's hold file for this attempt exists, stay half way through saving `step`."""
+    hold = Path(light.env["FAULTS_DIR"]) / "hold" / ATTEMPT
+    if hold.exists():
+        light.journal("half_written", step=step)
+        while hold.exists():  # the suite kills us here
+            light.pause(0.02)
+
+
 def _fsync(descriptor: FileDescriptorLike) -> None:
     if _saving:
-        hold = Path(light.env["FAULTS_DIR"]) / "hold" / ATTEMPT
-        if hold.exists():
-            light.journal("half_written", step=_saving[0])
-            while hold.exists():  # the suite kills us here
-                light.pause(0.02)
+        _hold_half_written(_saving[0])
     light.slow_disk()
     _real_fsync(descriptor)
 
@@ -87,6 +95,10 @@ def find_latest(self: Any, verify_checksums: bool = True, recorded: str | None =
 
 def finalize(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
     light.journal("committing", step=step)
+    if not isinstance(self.fs, LocalFileSystem):
+        # An object store is never fsynced: the save is held here, every shard uploaded and the
+        # manifest that commits them not yet written (on the cluster, whose stores are S3).
+        _hold_half_written(step)
     _saving.append(step)
     try:
         manifest = _finalize(self, step, *args, **kwargs)
