@@ -12,8 +12,6 @@ from typing import Any, Literal
 
 import yaml
 
-Strategy = Literal["ddp", "fsdp", "auto"]
-
 
 class ConfigError(ValueError):
     """A configuration value is missing or breaks a rule; the message names the field."""
@@ -21,7 +19,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DataConfig:
-    path: str
+    path: str | None = None
+    """The parquet training set (any fsspec URL): required by the MLP; the transformer reads no data."""
     label_column: str = "is_delayed"
     feature_columns: tuple[str, ...] | None = None
     val_fraction: float = 0.1
@@ -29,8 +28,18 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    kind: str = "mlp"
+    """A model kind of `training.workloads.KINDS`: `mlp` (the flight-delay classifier on the parquet
+    training set) or `transformer` (a decoder-only transformer on synthetic token sequences)."""
     hidden: tuple[int, ...] = (64, 64)
+    """The MLP's hidden widths."""
     dropout: float = 0.0
+    vocab: int = 64
+    """The transformer's vocabulary, width, attention heads, blocks and sequence length."""
+    width: int = 64
+    heads: int = 4
+    layers: int = 4
+    seq_len: int = 16
 
 
 @dataclass(frozen=True)
@@ -47,10 +56,26 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: Strategy = "ddp"
+    strategy: str = "ddp"
+    """`auto`, or a strategy of the model kind: ddp or fsdp for the MLP, a layout of
+    `training.layouts.LAYOUTS` for the transformer (ddp, fsdp, tp, pp, fsdp_tp, pp_dp)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     gpu_memory_gb: float | None = None
     """Memory per device for `strategy: auto`; read from the GPU when unset (CPU runs: 16 GB)."""
+    tp: int | None = None
+    """fsdp_tp: ranks per tensor-parallel group."""
+    pp: int | None = None
+    """pp_dp: pipeline stages."""
+    micro_batches: int | None = None
+    """pp, pp_dp: micro-batches per step (default: one per stage)."""
+    schedule: str = "1f1b"
+    """pp, pp_dp: the pipeline schedule, 1f1b or gpipe."""
+    gpus_per_node: int | None = None
+    """For the planner (`auto`): devices per node; default LOCAL_WORLD_SIZE, else the world size."""
+    intra_node_gbps: float | None = None
+    """For the planner: GB/s per device inside a node, and between nodes; default the planner's
+    (training.planner.Fleet: NVLink 4, 400 Gb/s InfiniBand)."""
+    inter_node_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +117,10 @@ class MlflowConfig:
 
 @dataclass(frozen=True)
 class Config:
-    data: DataConfig
+    """The fields and their own rules (`validate`); the rules of the model kind and its strategy are
+    `training.workloads.check`'s, which knows the kinds and the layouts."""
+
+    data: DataConfig = field(default_factory=DataConfig)
     seed: int = 0
     workdir: str = ".gpuyard/train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -124,9 +152,15 @@ class Config:
             )
         if c.keep_last < 1:
             raise ConfigError(f"checkpoint.keep_last: expected >= 1, got {c.keep_last}")
-        if self.parallel.strategy not in ("ddp", "fsdp", "auto"):
-            strategy = self.parallel.strategy
-            raise ConfigError(f"parallel.strategy: expected ddp, fsdp or auto, got {strategy!r}")
+        p = self.parallel
+        for name in ("tp", "pp", "micro_batches", "gpus_per_node"):
+            value = getattr(p, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"parallel.{name}: expected >= 1 or null, got {value}")
+        for name in ("gpu_memory_gb", "intra_node_gbps", "inter_node_gbps"):
+            value = getattr(p, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"parallel.{name}: expected > 0 or null, got {value}")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:

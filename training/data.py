@@ -56,6 +56,8 @@ def _manifest_features(fs: Any, root: str) -> list[str] | None:
 
 def read_parquet(cfg: DataConfig) -> Dataset:
     """Read every parquet file under `cfg.path`; keep numeric features and a binary label; drop null rows."""
+    if cfg.path is None:
+        raise DataError("data.path: missing required field (the parquet training set)")
     fs, root = fsspec.core.url_to_fs(cfg.path)
     if not fs.exists(root):
         raise DataError(f"data.path: {cfg.path} does not exist")

@@ -60,6 +60,10 @@ def init(backend: str = "auto", env: Mapping[str, str] = os.environ, timeout_s: 
     return World(dist.get_rank(), dist.get_world_size(), local_rank, device, group)
 
 
+STRATEGIES = ("ddp", "fsdp")
+"""What `wrap` does."""
+
+
 def wrap(model: nn.Module, strategy: str, world: World) -> nn.Module:
     """DDP replicates the model on each rank; FSDP shards each block's parameters, gradients and optimizer
     state and gathers weights only for compute."""

@@ -13,7 +13,9 @@ addition.
 - `pp_dp`: stages across `pp` ranks, each stage's replicas sharded by FSDP, on a 2-D mesh (pp, dp).
 
 Every layout takes the same global batch each step, and `Parallel.step` returns the global batch's
-mean loss on every rank: the same computation as one process, up to the order of floating-point sums.
+mean loss on every rank: the same computation as one process, up to the order of floating-point sums
+(`Parallel.evaluate`: the same, forward only). `from_plan` is the layout that runs a plan of the
+planner (training/planner.py), for the runtime's `strategy: auto`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from training import planner
+from training.config import ConfigError
 from training.transformer import Transformer, next_token_loss
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
@@ -63,11 +67,26 @@ class Parallel:
     model: nn.Module
     forward_backward: Callable[[torch.Tensor], torch.Tensor | None]  # the global batch -> its loss here
     weight: float  # this rank's loss counts this much in the global mean (0: it computes none)
+    forward: Callable[[torch.Tensor], torch.Tensor | None]  # the same, without gradients
 
     def step(self, tokens: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:
         optimizer.zero_grad(set_to_none=True)
         loss = self.forward_backward(tokens)
         optimizer.step()
+        return self._global_mean(loss)
+
+    def evaluate(self, tokens: torch.Tensor) -> float:
+        """The global batch's mean loss in eval mode (no dropout), without gradients: a collective."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                loss = self.forward(tokens)
+        finally:
+            self.model.train(was_training)
+        return self._global_mean(loss)
+
+    def _global_mean(self, loss: torch.Tensor | None) -> float:
         mine = torch.tensor(0.0 if loss is None else float(loss.detach()) * self.weight, dtype=torch.float64)
         dist.all_reduce(mine)
         return float(mine)
@@ -88,10 +107,54 @@ def layout(name: str) -> Callable[[Layout], Layout]:
 def parallelize(model: Transformer, spec: LayoutSpec) -> Parallel:
     """`model`: the full model, initialized alike on every rank (the same seed)."""
     if spec.name not in LAYOUTS:
-        raise ValueError(f"parallel.layout: expected one of {', '.join(sorted(LAYOUTS))}, got {spec.name!r}")
+        raise ValueError(
+            f"parallel.strategy: expected one of {', '.join(sorted(LAYOUTS))}, got {spec.name!r}"
+        )
     if spec.schedule not in SCHEDULES:
         raise ValueError(f"parallel.schedule: expected one of {', '.join(SCHEDULES)}, got {spec.schedule!r}")
     return LAYOUTS[spec.name](model, spec)
+
+
+LAYOUT_FIELDS = {"tp": ("fsdp_tp",), "pp": ("pp_dp",), "micro_batches": ("pp", "pp_dp")}
+"""The LayoutSpec fields a config sets (`parallel.*`), and the layouts that read each."""
+
+
+def degrees(spec: LayoutSpec, world_size: int) -> tuple[int, int, int]:
+    """(dp, tp, pp): how the layout splits `world_size` ranks into data-parallel replicas (or shards),
+    tensor-parallel groups and pipeline stages."""
+    tp = {"tp": world_size, "fsdp_tp": spec.tp}.get(spec.name, 1)
+    pp = {"pp": world_size, "pp_dp": spec.pp}.get(spec.name, 1)
+    return world_size // (tp * pp), tp, pp
+
+
+def from_plan(plan: planner.Layout, schedule: str = "1f1b") -> LayoutSpec:
+    """The layout of `LAYOUTS` that runs the planner's `plan` (`strategy: auto`):
+
+    - data parallelism alone: `ddp`, or `fsdp` when the plan shards the replicas;
+    - a tensor-parallel group: `tp` over every rank, or `fsdp_tp` with replicas;
+    - pipeline stages: `pp` over every rank, or `pp_dp` with replicas, on the plan's micro-batches.
+
+    The 2-D layouts shard their replicas (FSDP), so a plan that replicates them runs holding less per
+    rank than planned. Tensor and pipeline parallelism together, and activation checkpointing, are no
+    layout of the runtime's: a ConfigError names the plan."""
+    shape = f"dp={plan.dp}, fsdp={plan.fsdp}, tp={plan.tp}, pp={plan.pp}"
+    if plan.tp > 1 and plan.pp > 1:
+        raise ConfigError(
+            f"parallel.strategy auto: the planner chose {shape} (tensor x pipeline parallel), which no "
+            f"layout of the runtime runs; name one of {', '.join(LAYOUTS)}"
+        )
+    if plan.activation_checkpointing:
+        raise ConfigError(
+            f"parallel.strategy auto: the planner's {shape} needs activation checkpointing to fit, which "
+            "the runtime's layouts do not do; name a layout, or train on more ranks"
+        )
+    if plan.tp > 1:
+        return LayoutSpec("tp") if plan.dp == 1 else LayoutSpec("fsdp_tp", tp=plan.tp)
+    if plan.pp > 1:
+        if plan.dp == 1:
+            return LayoutSpec("pp", micro_batches=plan.microbatches, schedule=schedule)
+        return LayoutSpec("pp_dp", pp=plan.pp, micro_batches=plan.microbatches, schedule=schedule)
+    return LayoutSpec("fsdp" if plan.fsdp else "ddp")
 
 
 def _share(tokens: torch.Tensor, index: int, of: int) -> torch.Tensor:
@@ -102,13 +165,16 @@ def _share(tokens: torch.Tensor, index: int, of: int) -> torch.Tensor:
 
 
 def _data_parallel(model: nn.Module, share: Callable[[torch.Tensor], torch.Tensor], of: int) -> Parallel:
-    def forward_backward(tokens: torch.Tensor) -> torch.Tensor:
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
         mine = share(tokens)
-        loss = next_token_loss(model(mine), mine)
+        return next_token_loss(model(mine), mine)
+
+    def forward_backward(tokens: torch.Tensor) -> torch.Tensor:
+        loss = forward(tokens)
         loss.backward()
         return loss
 
-    return Parallel(model, forward_backward, 1.0 / of)
+    return Parallel(model, forward_backward, 1.0 / of, forward)
 
 
 def _float64_mean(
@@ -236,20 +302,21 @@ def _pipeline(model: Transformer, spec: LayoutSpec, mesh: DeviceMesh, dp: Device
     replicas = 1 if dp is None else dp.size()
     index = 0 if dp is None else dp.get_local_rank()
 
-    def forward_backward(tokens: torch.Tensor) -> torch.Tensor | None:
+    def run(tokens: torch.Tensor, train: bool) -> torch.Tensor | None:
         mine = _share(tokens, index, replicas)
         if mine.shape[0] % micro_batches:
             raise ValueError(f"a batch of {mine.shape[0]} does not split into {micro_batches} micro-batches")
         losses: list[torch.Tensor] = []
+        go = schedule.step if train else schedule.eval  # eval: the same micro-batches, forward only
         if stage == 0:
-            schedule.step(mine)
+            go(mine)
         elif stage == stages - 1:
-            schedule.step(target=mine, losses=losses)
+            go(target=mine, losses=losses)
         else:
-            schedule.step()
+            go()
         return torch.stack(losses).mean() if losses else None
 
-    return Parallel(part, forward_backward, 1.0 / replicas)
+    return Parallel(part, lambda t: run(t, True), 1.0 / replicas, lambda t: run(t, False))
 
 
 @layout("pp")

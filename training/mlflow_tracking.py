@@ -156,13 +156,11 @@ class MlflowTracker(Tracker):
         self.mlflow.set_tags(dict(tags))
 
     def log_model(self, model: torch.nn.Module, example: torch.Tensor) -> None:
-        """Log (and register) the model as served: raw features in, probability of delay out."""
+        """Log (and register) the model as served (the MLP: raw features in, probability of delay out;
+        the transformer: tokens in, next-token logits out), its signature from `example`'s output."""
         import mlflow.pytorch
         from mlflow.models import infer_signature
 
-        from training.model import Probability
-
-        model = Probability(model).eval()
         with torch.no_grad():
             output = model(example).numpy()
         signature = infer_signature(example.numpy(), output)

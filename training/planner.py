@@ -107,6 +107,18 @@ class Plan:
     model: dict[str, float | int | bool]
     reasons: list[str] = field(default_factory=list)
 
+    @property
+    def layout(self) -> Layout:
+        s = self.strategy
+        return Layout(
+            int(s["dp"]),
+            bool(s["fsdp"]),
+            int(s["tp"]),
+            int(s["pp"]),
+            self.activation_checkpointing,
+            self.microbatches,
+        )
+
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 

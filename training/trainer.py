@@ -1,7 +1,8 @@
-"""One rank of a training run (`training/run.py` starts it): trains the configured model on the
-parquet training set with DDP or FSDP, resumes from the newest complete checkpoint, checkpoints on
-schedule, obeys SIGTERM and heartbeat answers, and records one MLflow run per training run. Exit
-codes: see training/exit_codes.py.
+"""One rank of a training run (`training/run.py` starts it): trains the configured model kind
+(training/workloads.py: the MLP on the parquet training set with DDP or FSDP, the transformer in any
+parallel layout), resumes from the newest complete checkpoint, checkpoints on schedule, obeys SIGTERM
+and heartbeat answers, and records one MLflow run per training run. Exit codes: see
+training/exit_codes.py.
 """
 
 from __future__ import annotations
@@ -18,18 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from training import distributed, exit_codes
+from training import distributed, exit_codes, workloads
 from training.checkpoint import Checkpointer, CheckpointStore
 from training.config import Config, load
 from training.control import CheckpointSchedule, Preemption, decide, local_action, votes
-from training.data import Dataset, StepSampler, feature_stats, read_parquet, split
 from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads
 from training.mlflow_tracking import Tracker, make_tracker
-from training.model import MLPClassifier, count_parameters
 
 log = logging.getLogger("training")
 
@@ -56,21 +52,6 @@ def lr_lambda(cfg: Config) -> Any:
     return factor
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset, device: torch.device) -> dict[str, float]:
-    """Loss and accuracy on the validation set; every rank runs it (FSDP forward is collective)."""
-    if len(data) == 0:
-        return {}
-    was_training = model.training
-    model.eval()
-    chunks = torch.split(data.features, 65536)
-    logits = torch.cat([model(chunk.to(device)).float().cpu() for chunk in chunks])
-    model.train(was_training)
-    loss = F.binary_cross_entropy_with_logits(logits, data.labels).item()
-    accuracy = ((logits > 0).float() == data.labels).float().mean().item()
-    return {"val_loss": loss, "val_accuracy": accuracy}
-
-
 class EventLog:
     """Rank 0's JSON-lines record of the run (steps, checkpoints, exits) in the working directory."""
 
@@ -85,31 +66,13 @@ class EventLog:
                 fh.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
 
-def choose_strategy(cfg: Config, n_params: int, world_size: int) -> tuple[str, str]:
-    if cfg.parallel.strategy != "auto":
-        return cfg.parallel.strategy, "set by config"
-    from training.planner import runtime_strategy
-
-    memory = cfg.parallel.gpu_memory_gb
-    if memory is None:
-        cuda = torch.cuda.is_available()
-        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 16.0
-    return runtime_strategy(n_params, memory, world_size)
-
-
 def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: Preemption) -> int:
     leader = world.is_leader
     events = EventLog(Path(cfg.workdir, "events.jsonl") if leader else None)
-    data = split(read_parquet(cfg.data), cfg.data.val_fraction, cfg.seed)
-    sampler = StepSampler(len(data.train), cfg.train.global_batch_size, cfg.seed)
-    sampler.local_batch(0, world.rank, world.world_size)  # fails early on an indivisible batch size
-
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    mean, std = feature_stats(data.train)
-    base = MLPClassifier(data.train.features.shape[1], cfg.model.hidden, cfg.model.dropout, mean, std)
-    n_params = count_parameters(base)
-    strategy, why = choose_strategy(cfg, n_params, world.world_size)
-    model = distributed.wrap(base, strategy, world)
+    workload = workloads.build(cfg, world)  # seeds the initial weights alike on every rank
+    model, strategy, why, n_params = workload.model, workload.strategy, workload.reason, workload.n_parameters
+    if leader:
+        log.info("model %s, %d parameters, strategy %s: %s", cfg.model.kind, n_params, strategy, why)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
@@ -172,10 +135,18 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             overheads=lambda: Overheads(restored_step, restore_s, sum(ckpt.stalls_s)),
         ).start()
     schedule = CheckpointSchedule(cfg.checkpoint, agent)
-    events.write("start", step=step, world_size=world.world_size, strategy=strategy, n_parameters=n_params)
+    events.write(
+        "start",
+        step=step,
+        world_size=world.world_size,
+        model=cfg.model.kind,
+        strategy=strategy,
+        strategy_reason=why,
+        n_parameters=n_params,
+    )
 
     def save(current: int, train_loss: float | None, *, force_sync: bool = False) -> None:
-        metrics = evaluate(model, data.val, world.device)
+        metrics = workload.evaluate()
         if train_loss is not None:
             metrics["train_loss_window"] = train_loss
         ckpt.save(
@@ -197,12 +168,8 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     code = exit_codes.SUCCESS
     try:
         while step < cfg.train.max_steps:
-            idx = sampler.local_batch(step, world.rank, world.world_size)
-            x = data.train.features[idx].to(world.device)
-            y = data.train.labels[idx].to(world.device)
-            loss = F.binary_cross_entropy_with_logits(model(x), y)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_rows, rows = workload.forward_backward(step)
             optimizer.step()
             scheduler.step()
             if cfg.train.step_sleep_s:
@@ -216,9 +183,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
                 due = False
             action = local_action(preemption, agent)
             decision = decide(
-                distributed.all_sum(
-                    [loss.item() * len(idx), float(len(idx)), *votes(action), float(due)], world.device
-                )
+                distributed.all_sum([loss_rows, rows, *votes(action), float(due)], world.device)
             )
             window.append(decision.loss)
             progress["step"] = step
@@ -254,7 +219,9 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             resumed_at_end = ckpt.latest is not None and ckpt.latest.step == step
             if cfg.checkpoint.save_final and not resumed_at_end:
                 save(step, sum(window) / len(window) if window else None, force_sync=True)
-            export_model(model, cfg, data, tracker, world, base)
+            # The same on every rank: the export gathers the full model (a collective).
+            if cfg.mlflow.enabled and cfg.mlflow.log_model:
+                workload.export(tracker)
         ckpt.close()
     except BaseException:
         tracker.end("FAILED")
@@ -266,18 +233,6 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     tracker.end({exit_codes.SUCCESS: "FINISHED", exit_codes.PREEMPTED: "KILLED"}.get(code, "FAILED"))
     events.write("exit", step=step, code=code, reason=exit_codes.DESCRIPTIONS.get(code, "failure"))
     return code
-
-
-def export_model(
-    model: nn.Module, cfg: Config, data: Any, tracker: Tracker, world: distributed.World, template: nn.Module
-) -> None:
-    """Gather the full weights (a collective) and log the final model on rank 0."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not world.is_leader or not cfg.mlflow.enabled or not cfg.mlflow.log_model:
-        return
-    plain = MLPClassifier(data.train.features.shape[1], cfg.model.hidden, cfg.model.dropout)
-    plain.load_state_dict(full)
-    tracker.log_model(plain, data.train.features[:5])
 
 
 def run_rank(config: str, overrides: Sequence[str]) -> int:
@@ -293,6 +248,7 @@ def run_rank(config: str, overrides: Sequence[str]) -> int:
     )
     try:
         cfg = load(config, list(overrides))
+        workloads.check(cfg)
         env = LauncherEnv.read()
         env.check()
     except (OSError, ValueError) as exc:

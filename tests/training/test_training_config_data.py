@@ -11,6 +11,7 @@ import torch
 
 from training.config import ConfigError, DataConfig, from_dict, load
 from training.data import DataError, StepSampler, read_parquet, split
+from training.workloads import check
 
 
 def test_load_with_overrides_and_defaults(tmp_path: Path) -> None:
@@ -36,7 +37,7 @@ def test_load_with_overrides_and_defaults(tmp_path: Path) -> None:
 )
 def test_invalid_configs_name_the_field(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        from_dict(raw)
+        check(from_dict(raw))  # the fields' rules, then the model kind's and its strategy's
 
 
 def test_reads_a_folder_of_parquet_files_and_drops_nulls(tmp_path: Path) -> None:
