@@ -221,7 +221,7 @@ def exchange_bytes(shape: ModelShape, train: Training, lay: Layout) -> dict[str,
       reduce-scatter (2m + 1 passes);
     - `pp`: a stage in the middle of the pipeline sends each micro-batch's activations (s*b*h) to the
       next stage and their gradients back to the previous one, split over its tp ranks.
-    The step-time model charges `tp` and `dp`; `pp` is small beside them (point-to-point, no ring)."""
+    The step-time model charges all three (`step_time`)."""
     width = 4.0 if train.precision == "fp32" else 2.0
     activations = shape.seq_len * train.micro_batch * shape.hidden * width
     tp = 0.0
@@ -266,7 +266,8 @@ def step_time(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, glo
     """Estimated seconds per optimizer step: compute (x4/3 with recomputation, / (1 - bubble)) plus
     communication that does not overlap (`exchange_bytes`): the TP all-reduces on the links inside a
     node, and the data-parallel exchange less what overlaps the backward pass (`exposed_exchange_s`)
-    on the links inside a node, or between nodes when its group spans several (`crosses_nodes`)."""
+    on the links inside a node, or between nodes when its group spans several (`crosses_nodes`), and
+    the pipeline's sends on the link of its stage boundaries."""
     tokens = global_batch * shape.seq_len
     flops = 6.0 * shape.params * tokens * (4 / 3 if lay.activation_checkpointing else 1.0)
     compute = flops / (fleet.gpus * fleet.gpu_tflops * 1e12 * fleet.mfu)
@@ -276,7 +277,11 @@ def step_time(shape: ModelShape, train: Training, fleet: Fleet, lay: Layout, glo
     tp_comm = sent["tp"] / (fleet.intra_node_gbps * GB)
     bw = fleet.inter_node_gbps if crosses_nodes(fleet, lay)["dp"] else fleet.intra_node_gbps
     dp_comm = exposed_exchange_s(sent["dp"] / (bw * GB), compute)
-    return compute + tp_comm + dp_comm
+    # The pipeline's sends wait on the stage boundary's link: small beside the other exchanges on a
+    # large model, but what keeps a small one off a pipeline it gains nothing from.
+    pp_bw = fleet.inter_node_gbps if crosses_nodes(fleet, lay)["pp"] else fleet.intra_node_gbps
+    pp_comm = sent["pp"] / (pp_bw * GB)
+    return compute + tp_comm + dp_comm + pp_comm
 
 
 def candidates(shape: ModelShape, train: Training, fleet: Fleet) -> list[Layout]:
