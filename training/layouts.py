@@ -29,7 +29,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -44,7 +43,7 @@ from training import planner
 from training.config import ConfigError
 from training.transformer import Transformer, next_token_loss
 
-SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}  # of torch.distributed.pipelining
 
 
 @dataclass(frozen=True)
@@ -296,9 +295,13 @@ def _pipeline(model: Transformer, spec: LayoutSpec, mesh: DeviceMesh, dp: Device
     part = stage_of(model, stage, stages)
     if dp is not None:
         _shard_blocks(part, dp)
-    runner = PipelineStage(part, stage, stages, torch.device("cpu"), group=mesh.get_group())
+    # Imported here: 0.3 s of every rank's start otherwise, and most runs have no pipeline (a relaunch
+    # waits for its ranks' imports).
+    from torch.distributed import pipelining
+
+    runner = pipelining.PipelineStage(part, stage, stages, torch.device("cpu"), group=mesh.get_group())
     micro_batches = spec.micro_batches or stages
-    schedule = SCHEDULES[spec.schedule](runner, micro_batches, loss_fn=next_token_loss)
+    schedule = getattr(pipelining, SCHEDULES[spec.schedule])(runner, micro_batches, loss_fn=next_token_loss)
     replicas = 1 if dp is None else dp.size()
     index = 0 if dp is None else dp.get_local_rank()
 
