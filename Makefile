@@ -18,12 +18,17 @@ SYSTEM_PACKAGES := faketime chromium
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS) requirements/drop_feast_mlflow_plugin.py
+# The repository's three distributions, editable: gpuyard (with every extra the suite needs), its HTTP
+# client and its Airflow provider (clients/python, providers/airflow-provider-gpuyard: gpuyard and the
+# pipelines depend on them by name, and no index has them).
+DISTRIBUTIONS := -e ".[training,pipeline,dev,local-cluster]" -e clients/python -e providers/airflow-provider-gpuyard
+
+$(STAMP): pyproject.toml clients/python/pyproject.toml providers/airflow-provider-gpuyard/pyproject.toml $(CONSTRAINTS) requirements/drop_feast_mlflow_plugin.py
 	dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "pip==26.0.1"
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[pipeline,dev,local-cluster]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) $(DISTRIBUTIONS)
 	$(BIN)/python requirements/drop_feast_mlflow_plugin.py
 	touch $(STAMP)
 
@@ -53,7 +58,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo deploy requirements
+	$(BIN)/ruff format --check plugins training pipelines dags tests benchmarks spark_jobs feature_repo deploy requirements clients providers
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from faults.proxy import FaultProxy  # noqa: E402
-from gpuyard.client import Endpoint, GpuyardClient  # noqa: E402
+from gpuyard_client import Endpoint, GpuyardClient  # noqa: E402
 from servers import GpuyardUp, open_directory, wait_until, without_gpuyard_settings  # noqa: E402
 
 LINES = 10

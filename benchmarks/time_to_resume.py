@@ -99,12 +99,12 @@ from faults.backends import Postgres, Redis  # noqa: E402
 from faults.cluster import Cluster, labelled  # noqa: E402
 from faults.history import FINAL_JOB_STATES, JournalCollector, Record  # noqa: E402
 from faults.pausing import Frozen, thaw_all  # noqa: E402
-from gpuyard.client import Endpoint, GpuyardClient  # noqa: E402
 from gpuyard.clock import utcnow  # noqa: E402
 from gpuyard.domain.feasibility import TeamQuota  # noqa: E402
 from gpuyard.store import teams as team_store  # noqa: E402
 from gpuyard.store.db import migrate  # noqa: E402
 from gpuyard.store.tables import attempts, events, jobs, leaders  # noqa: E402
+from gpuyard_client import Endpoint, GpuyardClient  # noqa: E402
 from harness import free_port, log  # noqa: E402
 from local_cluster.agent import H100, NodeSpec  # noqa: E402
 from local_cluster.cluster import EmulatedCluster  # noqa: E402

@@ -64,7 +64,7 @@ DAG_FILE = '''
 """The training task of benchmarks/trigger_followers.py: one DAG run per followed job."""
 import datetime as dt
 from airflow.sdk import DAG
-from gpuyard.airflow.operators.training import GpuTrainingOperator
+from gpuyard_provider.operators.training import GpuTrainingOperator
 
 with DAG("{dag_id}", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False):
     GpuTrainingOperator(
@@ -88,7 +88,7 @@ mode, waits = sys.argv[1], json.loads(open(sys.argv[2]).read())
 
 def trigger_for(ti, wait):
     if mode == "gpuyard":
-        from gpuyard.airflow.triggers.job import GpuJobTrigger
+        from gpuyard_provider.triggers.job import GpuJobTrigger
         return GpuJobTrigger(job_id=wait, cursor=0, dag_id=ti.dag_id, run_id=ti.run_id,
                              task_id=ti.task_id, map_index=ti.map_index)
     if mode == "polling":
@@ -115,7 +115,7 @@ with create_session() as session:
         ti.next_method = "execute_complete"
         ti.next_kwargs = {{}}
         if mode == "gpuyard":
-            from gpuyard.airflow.triggers.job import CURSOR_XCOM
+            from gpuyard_provider.triggers.job import CURSOR_XCOM
             XComModel.set(CURSOR_XCOM, 0, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
                           map_index=ti.map_index, session=session)
     session.commit()

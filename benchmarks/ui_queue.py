@@ -32,8 +32,6 @@ import httpx
 import psycopg
 import uvicorn
 from fastapi.testclient import TestClient
-from gpuyard.airflow.ui.app import COOKIE
-from gpuyard.airflow.ui.app import create_app as create_page
 from gpuyard.api.app import create_app
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet
@@ -49,6 +47,8 @@ from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.jobs import new_job_row
 from gpuyard.store.tables import jobs as jobs_table
+from gpuyard_provider.ui.app import COOKIE
+from gpuyard_provider.ui.app import create_app as create_page
 from sqlalchemy import Engine, insert
 
 

@@ -128,7 +128,7 @@ class Feast(_Section):
 
 
 class Job(_Section):
-    """The GPU training job (gpuyard.airflow.operators.training.GpuTrainingOperator)."""
+    """The GPU training job (gpuyard_provider.operators.training.GpuTrainingOperator)."""
 
     team: str
     image: str = "python:3.11-slim"

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuyard.client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
+from gpuyard_client import SERVER_FILE, ApiError, GpuyardClient, resolve_endpoint
 from rich.console import Console
 
 from pipelines import mlflow_access, storage

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from gpuyard.client import GpuyardClient, resolve_endpoint
+from gpuyard_client import GpuyardClient, resolve_endpoint
 from local_cluster.agent import H100, NodeSpec
 from local_cluster.cluster import EmulatedCluster
 from local_cluster.control_plane import object_store_secret, on_cluster
@@ -163,7 +163,8 @@ def main() -> int:
 
         console.rule("2. the emulated cluster: 4 nodes x 2 GPUs (H100 labels, CPU underneath) in two racks")
         console.print("building the training image: this checkout's wheel, installed at /opt/gpuyard/lib")
-        image = installed_image(REPOSITORY, HOME / "image")  # the definition's relative path resolves there
+        # the definition's relative path resolves there; gpuyard's HTTP client is its wheel beside
+        image = installed_image(REPOSITORY, HOME / "image", beside=[REPOSITORY / "clients" / "python"])
         cluster = stack.enter_context(
             EmulatedCluster(nodes(), {TRAINING_IMAGE.split("@")[0]: image}, HOME / "nodes", node_grace_s=10)
         )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from gpuyard.client import GpuyardClient
+from gpuyard_client import GpuyardClient
 
 log = logging.getLogger(__name__)
 

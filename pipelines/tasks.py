@@ -28,7 +28,7 @@ from airflow.sdk import (
     task,
 )
 from airflow.sdk.exceptions import AirflowSkipException
-from gpuyard.airflow.operators.training import GpuTrainingOperator
+from gpuyard_provider.operators.training import GpuTrainingOperator
 
 from pipelines import mlflow_access, storage
 from pipelines import prepare as prepare_step

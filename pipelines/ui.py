@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpuyard.client import SERVER_FILE
+from gpuyard_client import SERVER_FILE
 
 from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, REPOSITORY, load_definition

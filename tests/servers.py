@@ -74,7 +74,7 @@ def production_settings(
 def job_state(home: Path, job_id: str) -> str:
     """A job's state from the `gpuyard up` of `home`, asked over HTTP as its platform admin: a poll
     costs a request, not a CLI process."""
-    from gpuyard.client import GpuyardClient, resolve_endpoint
+    from gpuyard_client import GpuyardClient, resolve_endpoint
 
     with GpuyardClient(resolve_endpoint(home=home)) as client:
         return str(client.job(job_id)["state"])

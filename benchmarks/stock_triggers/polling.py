@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from gpuyard.airflow.hooks.gpuyard import GpuyardHook
-from gpuyard.client import TERMINAL_STATES
+from gpuyard_client import TERMINAL_STATES
+from gpuyard_provider.hooks.gpuyard import GpuyardHook
 
 
 class PollingJobTrigger(BaseTrigger):

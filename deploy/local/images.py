@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,14 +52,18 @@ def python_image(
     return LocalImage(env={"PATH": path}, files=carried, **overrides)  # type: ignore[arg-type]
 
 
-def installed_image(project: Path, build: Path, *, files: dict[str, str] | None = None) -> LocalImage:
+def installed_image(
+    project: Path, build: Path, *, files: dict[str, str] | None = None, beside: Sequence[Path] = ()
+) -> LocalImage:
     """The Python project at `project` as an image built from its wheel: this machine's environment
     (its third-party packages) at IMAGE_ROOT/venv, with the hooks of its editable installs hidden, and
     the project's wheel installed (not editable) at IMAGE_ROOT/lib, its working directory, where the
-    packages' data files lie beside their modules. Nothing on its interpreter's paths leads into a
-    checkout: a pod runs the code the image was built with. (`python -m` only: the environment's
-    console scripts still name this machine's interpreter in their first lines.)"""
-    lib = build_wheel_install(project, build)
+    packages' data files lie beside their modules; with it the wheels of the projects `beside` (the
+    project's own dependencies that are editable installs here, which the hidden hooks would take
+    away). Nothing on its interpreter's paths leads into a checkout: a pod runs the code the image
+    was built with. (`python -m` only: the environment's console scripts still name this machine's
+    interpreter in their first lines.)"""
+    lib = build_wheel_install([project, *beside], build)
     venv, site = f"{IMAGE_ROOT}/venv", Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)
     empty = build / "empty"
     empty.touch()
@@ -73,24 +78,27 @@ def installed_image(project: Path, build: Path, *, files: dict[str, str] | None 
     )
 
 
-def build_wheel_install(project: Path, build: Path) -> Path:
-    """`project`'s wheel, built from a copy of what it packages (pyproject.toml, its readme, its
+def build_wheel_install(projects: Sequence[Path], build: Path) -> Path:
+    """The projects' wheels, each built from a copy of what it packages (pyproject.toml, its readme, its
     package folders: a build in the checkout would leave files there and pack stale ones), installed
     with no dependencies into `build`/lib; returns that folder."""
-    metadata = tomllib.loads((project / "pyproject.toml").read_text())
-    folders = metadata["tool"]["setuptools"]["package-dir"].values()
-    source = build / "source"
     shutil.rmtree(build, ignore_errors=True)
-    source.mkdir(parents=True)
-    for name in ("pyproject.toml", metadata["project"].get("readme")):
-        if name:
-            shutil.copy2(project / name, source / name)
-    for folder in folders:
-        ignored = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(project / folder, source / folder, ignore=ignored, dirs_exist_ok=True)
+    wheels = build / "wheels"
     pip = [sys.executable, "-m", "pip", "-qq", "--disable-pip-version-check"]
-    wheel = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(build), str(source)]
-    subprocess.run(wheel, check=True)
-    [built] = build.glob("*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(build / "lib"), str(built)], check=True)
+    for number, project in enumerate(projects):
+        metadata = tomllib.loads((project / "pyproject.toml").read_text())
+        options = metadata["tool"]["setuptools"]
+        folders = options["package-dir"].values() if "package-dir" in options else options["packages"]
+        source = build / f"source-{number}"
+        source.mkdir(parents=True)
+        for name in ("pyproject.toml", metadata["project"].get("readme")):
+            if name:
+                shutil.copy2(project / name, source / name)
+        for folder in folders:
+            ignored = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(project / folder, source / folder, ignore=ignored, dirs_exist_ok=True)
+        wheel = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(source)]
+        subprocess.run(wheel, check=True)
+    built = [str(wheel) for wheel in wheels.glob("*.whl")]
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(build / "lib"), *built], check=True)
     return build / "lib"

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from gpuyard_client import ADMIN_TOKEN_FILE, SERVER_FILE
 from sqlalchemy import Engine
 
 from gpuyard import metrics
 from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
-from gpuyard.client import ADMIN_TOKEN_FILE, SERVER_FILE
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers import registry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gpuyard.airflow.triggers.followers import PACE_S, follow_pace_s
+from gpuyard_provider.triggers.followers import PACE_S, follow_pace_s
 
 
 def test_the_pace_is_an_airflow_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuyard.airflow.narration import Story, tell_batch
+from gpuyard_provider.narration import Story, tell_batch
 
 
 def event(seq: int, kind: str, attempt: str | None = "a1", **data: object) -> dict[str, object]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpuyard.airflow.operators.training import GpuTrainingOperator, choice
+from gpuyard_provider.operators.training import GpuTrainingOperator, choice
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ import pandas as pd
 import pytest
 import yaml
 from airflow_harness import ROOT
-from gpuyard.airflow.narration import Story, attempt_of
-from gpuyard.airflow.operators.training import BACKSTOP_S
+from gpuyard_provider.narration import Story, attempt_of
+from gpuyard_provider.operators.training import BACKSTOP_S
 from servers import open_directory, wait_until
 from stack import AirflowStack, Gate, Gpuyard
 

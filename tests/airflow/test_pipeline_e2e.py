@@ -38,8 +38,8 @@ import psutil
 import pytest
 import yaml
 from airflow_harness import PYTHON, ROOT, airflow_environment
-from gpuyard.client import GpuyardClient, resolve_endpoint
 from gpuyard.launchers import worker_env
+from gpuyard_client import GpuyardClient, resolve_endpoint
 from servers import free_port, open_directory, wait_until
 from stack import AIRFLOW, GPUYARD, Gpuyard
 

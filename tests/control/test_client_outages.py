@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from faults.proxy import FaultProxy
-from gpuyard.client import ApiUnreachable, Endpoint, GpuyardClient
+from gpuyard_client import ApiUnreachable, Endpoint, GpuyardClient
 from servers import GpuyardUp, wait_until, without_gpuyard_settings
 
 pytestmark = pytest.mark.slow  # a `gpuyard up`, a proxy and CLI processes
@@ -226,7 +226,7 @@ async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.
 async def test_the_triggers_followers_ride_out_an_outage(
     healed: Site, tmp_path: Path, open_dir: Path
 ) -> None:
-    from gpuyard.airflow.triggers.followers import Followers
+    from gpuyard_provider.triggers.followers import Followers
 
     site, release = healed, open_dir / "release"  # its workers may not enter tmp_path
     job_id = submitted(site, job_spec(tmp_path / "job.json", "rides-out-trigger", release))
@@ -234,7 +234,7 @@ async def test_the_triggers_followers_ride_out_an_outage(
         wait_until, lambda: state(site, job_id) == "RUNNING", timeout_s=60, what="the job to run"
     )
     told = Told()  # Airflow's logging takes over the root logger: listen on the client's own
-    logging.getLogger("gpuyard.client").addHandler(told)
+    logging.getLogger("gpuyard_client").addHandler(told)
     seen: list[dict[str, Any]] = []
     backlog_told = asyncio.Event()
 
@@ -263,7 +263,7 @@ async def test_the_triggers_followers_ride_out_an_outage(
     finally:
         release.touch()
         follower.cancel()
-        logging.getLogger("gpuyard.client").removeHandler(told)
+        logging.getLogger("gpuyard_client").removeHandler(told)
     with site.direct as client:
         in_order = [e["seq"] for e in client.events(job_id=job_id, after=0)["events"]]
     assert [e["seq"] for e in seen] == in_order  # every event once, in order, across the outage
@@ -272,7 +272,7 @@ async def test_the_triggers_followers_ride_out_an_outage(
 async def test_past_the_deadline_the_followers_fail_naming_the_api(
     healed: Site, tmp_path: Path, open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuyard.airflow.triggers.followers import Followers
+    from gpuyard_provider.triggers.followers import Followers
 
     site, release = healed, open_dir / "release"
     release.touch()  # the job runs through: the follower waits on the long poll all the same

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import tenacity
 from gpuyard.api.log_position import after_offset, whole_lines
-from gpuyard.client import (
+from gpuyard_client import (
     Away,
     BackoffOrRetryAfter,
     NotConfigured,

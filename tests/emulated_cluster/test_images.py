@@ -22,13 +22,13 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # pipeline's definition as the training runtime finds it (relative to its working directory).
 WHERE = """
 import json, os, sys
-import gpuyard, pipelines, training
+import gpuyard, gpuyard.cli, gpuyard_client, pipelines, training
 from pipelines.definition import load_definition
 definition = load_definition("flights_delay")
 json.dump({
     "prefix": sys.prefix,
     "path": sys.path,
-    "modules": [gpuyard.__file__, pipelines.__file__, training.__file__],
+    "modules": [gpuyard.__file__, gpuyard_client.__file__, pipelines.__file__, training.__file__],
     "definition": str(definition.path),
     "relative": os.path.realpath("pipelines/flights_delay/pipeline.yaml"),
 }, open(sys.argv[1], "w"))
@@ -37,7 +37,7 @@ json.dump({
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
-    image = installed_image(CHECKOUT, tmp_path / "build")
+    image = installed_image(CHECKOUT, tmp_path / "build", beside=[CHECKOUT / "clients" / "python"])
     with EmulatedCluster([NodeSpec("node-a")], {IMAGE: image}, tmp_path / "nodes") as made:
         made.add_namespace("team-a")
         yield made

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,9 +30,7 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def build_wheel(project: Path, out: Path) -> Path:
     subprocess.run(
         [
             sys.executable,
@@ -43,27 +42,56 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             "-w",
             str(out),
-            str(ROOT),
+            str(project),
         ],
         check=True,
         capture_output=True,
     )
-    (built,) = out.glob("gpuyard-*.whl")
+    name = tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"]
+    (built,) = out.glob(f"{name.replace('-', '_')}-*.whl")
     return built
 
 
 @pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv with the wheel (no -e); its dependencies are read from this environment's site-packages
-    (a plain path: the editable install's finder there is not loaded)."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(ROOT, tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def client_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gpuyard's HTTP client (clients/python), a dependency of gpuyard's that no index has: the image
+    installs its wheel beside gpuyard's. Built from a copy (a build leaves its egg-info in the folder)."""
+    source = tmp_path_factory.mktemp("client") / "python"
+    shutil.copytree(
+        ROOT / "clients/python", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    return build_wheel(source, tmp_path_factory.mktemp("client-wheel"))
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, client_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh venv with the wheels (no -e); their dependencies are read from this environment's
+    site-packages (a plain path: the editable installs' finders there are not loaded)."""
     venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+            str(client_wheel),
+        ],
         check=True,
         capture_output=True,
+        env={"PATH": f"{venv}/bin"},  # nothing of the caller's: a PYTHONPATH into a checkout holding an
+        # egg-info would make pip take gpuyard for installed already
     )
     yield venv
 
@@ -139,6 +167,7 @@ def test_the_dockerfile_builds_from_a_pinned_base_as_a_non_root_user() -> None:
     steps = " ".join(build)
     assert "torch==2.13.0" in steps and "download.pytorch.org/whl/${TORCH_VARIANT}" in steps
     assert "ARG TORCH_VARIANT=cpu" in build
+    assert "ARG EXTRAS=pipeline,training" in build  # the workers' torch is the training extra
     assert re.search(r"pip wheel --no-deps .* --wheel-dir /wheels \.", steps)
     assert (
         "-c requirements/constraints.txt" in steps and " -e " not in steps

@@ -47,7 +47,7 @@ def gpuyard(tmp_path: Path) -> Iterator[Gpuyard]:
 
 @pytest.fixture
 def page_url(gpuyard: Gpuyard) -> Iterator[str]:
-    from gpuyard.airflow.ui.app import create_app
+    from gpuyard_provider.ui.app import create_app
 
     root = FastAPI()
     root.mount(PREFIX, create_app(lambda: gpuyard.url, airflow_url="http://airflow.test"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpuyard.airflow.ui import mlflow_links
-from gpuyard.airflow.ui.app import job_links
+from gpuyard_provider.ui import mlflow_links
+from gpuyard_provider.ui.app import job_links
 
 
 def _job(labels: dict[str, str], env: dict[str, str] | None = None) -> dict[str, object]:

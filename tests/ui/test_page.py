@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuyard.client import Endpoint, GpuyardClient
+from gpuyard_client import Endpoint, GpuyardClient
 from servers import wait_until
 from stack import GPUYARD, Gpuyard
 

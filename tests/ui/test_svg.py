@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuyard.airflow.ui import pages, svg
+from gpuyard_provider.ui import pages, svg
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
 """Where a resumed log read starts: the lines a client already read, skipped per rank.
 
 A client whose log stream broke (an API restart) asks again with `offset=RANK:LINES,...`, which it
-counted as it read (gpuyard.client.log_offset). A gang's ranks interleave differently on each read,
+counted as it read (gpuyard_client.log_offset). A gang's ranks interleave differently on each read,
 but each rank's lines keep their order, so skipping each rank's first LINES lines skips exactly what
 was read, whatever the interleaving. Lines end where the client's reader ends them (str.splitlines).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from gpuyard.client import log_line_rank
+from gpuyard_client import log_line_rank
 
 LINE_ENDS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines', as httpx's line reader
 

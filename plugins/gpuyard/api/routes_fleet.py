@@ -12,13 +12,13 @@ from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import StreamingResponse
+from gpuyard_client import LOG_ATTEMPT_HEADER, parse_log_offset
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection
 
 from gpuyard.api.auth import ApiContext, context, principal
 from gpuyard.api.log_position import after_offset
 from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
-from gpuyard.client import LOG_ATTEMPT_HEADER, parse_log_offset
 from gpuyard.platform_metrics import Summary, summarize
 from gpuyard.platform_series import Point, series
 from gpuyard.store import attempts as attempt_store

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from gpuyard.client import GpuyardClient
+from gpuyard_client import GpuyardClient
 
 
 class AdminClient(GpuyardClient):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
+from gpuyard_client import OUTAGE_ENV, ApiError, ApiUnreachable, NotConfigured, outage_s, resolve_endpoint
 from rich.console import Console, RenderableType
 
 from gpuyard.cli.admin_client import AdminClient
-from gpuyard.client import OUTAGE_ENV, ApiError, ApiUnreachable, NotConfigured, outage_s, resolve_endpoint
 from gpuyard.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from gpuyard_client import ApiError
 from rich.table import Table
 
 from gpuyard.cli.common import Api, api_command, call, fail
-from gpuyard.client import ApiError
 
 app = typer.Typer(help="Teams: quotas and admission policies.", no_args_is_help=True)
 

@@ -11,7 +11,7 @@ import datetime as dt
 import os
 
 from airflow.sdk import DAG
-from gpuyard.airflow.operators.training import GpuTrainingOperator
+from gpuyard_provider.operators.training import GpuTrainingOperator
 
 CASES = {
     # name: (deferrable, max_steps, seconds per step)

@@ -13,10 +13,10 @@ class PageApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
-            from gpuyard.airflow.ui.app import plugin_app
+            from gpuyard_provider.ui.app import plugin_app
 
             self._app = plugin_app()
         await self._app(scope, receive, send)
 
     def __repr__(self) -> str:
-        return "gpuyard.airflow.ui.app:plugin_app (built on its first request)"
+        return "gpuyard_provider.ui.app:plugin_app (built on its first request)"

@@ -1,4 +1,5 @@
-"""gpuyard's HTTP client: what the CLI, the Airflow operator and scripts use. Never the internals.
+"""gpuyard's HTTP client: what the CLI, the Airflow provider (airflow-provider-gpuyard) and scripts use.
+Never the internals: it stands alone (httpx and tenacity), so the provider installs without gpuyard.
 
 It finds the server through an explicit URL and token, `GPUYARD_URL`/`GPUYARD_TOKEN`, or the
 files an embedded instance (`gpuyard up`) writes into its home.
@@ -293,7 +294,7 @@ class _Connection(Generic[HttpT]):
     """An endpoint, its HTTP client (`_transport`: sync or asyncio) and its retry policy.
     `retry_for_s` (default $GPUYARD_CLIENT_OUTAGE_S, else 300 s) bounds how long an outage is ridden
     out; `notify` hears, once per request that meets one, that it is (default: a warning of the
-    `gpuyard.client` logger)."""
+    `gpuyard_client` logger)."""
 
     _transport: type[HttpT]
 

@@ -1,7 +1,7 @@
 """The gpuyard page's FastAPI app: the plugin mounts it in Airflow's API server at /gpuyard, and Airflow's
 navigation shows it (an external view). It can also run on its own (`create_app(api_url=...)`).
 
-It talks to the control plane only through `gpuyard.client`, as the caller: a person signs in with
+It talks to the control plane only through `gpuyard_client`, as the caller: a person signs in with
 their gpuyard token, kept in an HttpOnly cookie scoped to the page, and every read is made with it,
 so a member sees only their team's jobs and figures. A token the API refuses signs the caller out.
 """
@@ -19,10 +19,10 @@ import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from gpuyard_client import ApiError, Endpoint, GpuyardClient
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.airflow.ui import mlflow_links, pages
-from gpuyard.client import ApiError, Endpoint, GpuyardClient
+from gpuyard_provider.ui import mlflow_links, pages
 
 COOKIE = "gpuyard_token"
 FRAGMENT_HEADER = "x-gpuyard-fragment"  # the page's script refreshes <main> alone
@@ -193,7 +193,7 @@ def _logs(c: GpuyardClient, job_id: str, attempt: int | None) -> list[str] | Non
 def plugin_app() -> FastAPI:
     """The app the Airflow plugin mounts: the API's URL and MLflow's UI from the `gpuyard_default`
     connection (its `mlflow_ui_url` extra), task links relative to this Airflow."""
-    from gpuyard.airflow.hooks.gpuyard import GpuyardHook
+    from gpuyard_provider.hooks.gpuyard import GpuyardHook
 
     return create_app(
         lambda: GpuyardHook().api_url(), mlflow_ui_url=lambda: GpuyardHook().extra("mlflow_ui_url")

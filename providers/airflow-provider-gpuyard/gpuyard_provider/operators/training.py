@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
+from gpuyard_client import TERMINAL_STATES, ApiError, GpuyardClient
 
-from gpuyard.airflow.hooks.gpuyard import GpuyardHook
-from gpuyard.airflow.links import JOB_ID_XCOM, GpuyardJobLink
-from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, lost_steps, tell_batch
-from gpuyard.airflow.triggers.job import CURSOR_XCOM, TIMED_OUT, GpuJobTrigger
-from gpuyard.client import TERMINAL_STATES, ApiError, GpuyardClient
+from gpuyard_provider.hooks.gpuyard import GpuyardHook
+from gpuyard_provider.links import JOB_ID_XCOM, GpuyardJobLink
+from gpuyard_provider.narration import TERMINAL_JOB_EVENTS, Story, lost_steps, tell_batch
+from gpuyard_provider.triggers.job import CURSOR_XCOM, TIMED_OUT, GpuJobTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -4,18 +4,21 @@
 `scheme` extra (default `http`). The optional `ui_url` extra is where the job link points
 (default: the API's own job resource; the gpuyard page in Airflow is `/gpuyard`), `mlflow_ui_url`
 where the gpuyard page links a job's MLflow run. The token is the connection's password, which Airflow masks
-in every log; the hook hands it to `gpuyard.client` and nowhere else. As an environment variable:
+in every log; the hook hands it to `gpuyard_client` and nowhere else. As an environment variable:
 
     AIRFLOW_CONN_GPUYARD_DEFAULT='{"conn_type": "gpuyard", "host": "http://127.0.0.1:8080", "password": "T"}'
+
+The connection form (its labels, hidden fields and extra fields) is declared in the provider's info
+(`gpuyard_provider.get_provider_info`), as Airflow 3.2+ reads it without importing the hook.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+import httpx
 from airflow.sdk import BaseHook, Connection
+from gpuyard_client import ApiError, ApiUnreachable, AsyncGpuyardClient, Endpoint, GpuyardClient
 
-from gpuyard.client import AsyncGpuyardClient, Endpoint, GpuyardClient
+TEST_TIMEOUT_S = 10.0  # the UI's Test button waits this long for the API at most: no outage is ridden out
 
 
 class GpuyardConnectionError(ValueError):
@@ -30,7 +33,7 @@ def api_url_of(conn: Connection) -> str:
             f"connection {conn.conn_id!r}: host must be the gpuyard API URL, e.g. http://127.0.0.1:8080"
         )
     if "://" not in host:
-        scheme = conn.extra_dejson.get("scheme", "http")
+        scheme = conn.extra_dejson.get("scheme") or "http"
         host = f"{scheme}://{host}" + (f":{conn.port}" if conn.port else "")
     return host
 
@@ -86,14 +89,21 @@ class GpuyardHook(BaseHook):
         value = self.get_connection(self.gpuyard_conn_id).extra_dejson.get(key)
         return None if value is None else str(value)
 
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["schema", "login"],
-            "relabeling": {"host": "API URL", "password": "Token"},
-            "placeholders": {
-                "host": "http://127.0.0.1:8080",
-                "password": "a team token (gpuyard token create --team TEAM)",
-                "extra": '{"ui_url": "http://127.0.0.1:8080/ui"}',
-            },
-        }
+    def test_connection(self) -> tuple[bool, str]:
+        """What the UI's Test button says (`[core] test_connection = Enabled`): whether the API at the
+        connection's URL takes its token, asked once (`GET /v1/whoami`), without riding out an outage."""
+        try:
+            endpoint = endpoint_of(self.get_connection(self.gpuyard_conn_id))
+            with GpuyardClient(endpoint, timeout_s=TEST_TIMEOUT_S, retry_for_s=0.0) as client:
+                caller = client.whoami()
+        except GpuyardConnectionError as error:
+            return False, str(error)
+        except ApiError as error:
+            return False, f"the gpuyard API at {endpoint.url} refused the token: {error}"
+        except httpx.HTTPError as error:
+            said = error.__cause__ if isinstance(error, ApiUnreachable) and error.__cause__ else error
+            return False, f"the gpuyard API at {endpoint.url} did not answer: {type(said).__name__}: {said}"
+        return True, (
+            f"the gpuyard API at {endpoint.url} takes the token: team {caller['team']}, "
+            f"role {caller['role']}, expires {caller['expires_at']}"
+        )

@@ -13,8 +13,8 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from gpuyard.airflow.narration import Story, attempt_of
-from gpuyard.airflow.ui import svg
+from gpuyard_provider.narration import Story, attempt_of
+from gpuyard_provider.ui import svg
 
 FIGURES = (  # (field of a series point, chart title, shown as a share)
     ("utilization", "GPU utilization", True),

@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
-from gpuyard.client import AsyncGpuyardClient, Endpoint
+from gpuyard_client import AsyncGpuyardClient, Endpoint
 
 log = logging.getLogger(__name__)
 

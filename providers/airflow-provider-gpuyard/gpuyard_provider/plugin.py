@@ -1,17 +1,18 @@
-"""The gpuyard Airflow plugin: the one file Airflow imports from this plugins folder.
+"""The gpuyard Airflow plugin, registered by the provider's `airflow.plugins` entry point: installing
+the provider is all a deployment does to have it.
 
 It registers the job link of GpuTrainingOperator and the gpuyard page: a FastAPI app mounted in
-Airflow's API server at /gpuyard (`gpuyard.airflow.ui`), shown in Airflow's navigation as an external
-view. The operator, hook and trigger need no registration: DAGs import them from the installed package
-(`gpuyard.airflow`), and `plugins/.airflowignore` keeps Airflow from importing that package's modules
-as plugins.
+Airflow's API server at /gpuyard (`gpuyard_provider.ui`), shown in Airflow's navigation as an external
+view. The operator, hook and trigger need no plugin: DAGs import them from the provider, and Airflow
+finds the connection type through the provider's info (`get_provider_info`).
 """
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
-from gpuyard.airflow.links import GpuyardJobLink
-from gpuyard.airflow.ui.mount import PageApp
+
+from gpuyard_provider.links import GpuyardJobLink
+from gpuyard_provider.ui.mount import PageApp
 
 PAGE_PREFIX = "/gpuyard"
 

@@ -30,10 +30,11 @@ _lock = threading.Lock()
 
 
 def find_run(tracking_uri: str, job_id: str) -> Run | None:
-    """The tagged run, or None: none yet, or MLflow did not answer (an error costs the link only)."""
-    from mlflow.tracking import MlflowClient
-
+    """The tagged run, or None: none yet, or MLflow did not answer (an error costs the link only, as does
+    a deployment without mlflow: the provider's `mlflow` extra)."""
     try:
+        from mlflow.tracking import MlflowClient
+
         mlflow = MlflowClient(tracking_uri=tracking_uri)
         experiments = [x.experiment_id for x in mlflow.search_experiments()]
         runs = mlflow.search_runs(

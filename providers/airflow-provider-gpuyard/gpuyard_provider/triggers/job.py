@@ -31,11 +31,11 @@ from typing import Any
 
 from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from gpuyard_client import TERMINAL_STATES, ApiError, AsyncGpuyardClient, Endpoint
 
-from gpuyard.airflow.hooks.gpuyard import GpuyardHook
-from gpuyard.airflow.narration import TERMINAL_JOB_EVENTS, Story, tell_batch
-from gpuyard.airflow.triggers.followers import Followers
-from gpuyard.client import TERMINAL_STATES, ApiError, AsyncGpuyardClient, Endpoint
+from gpuyard_provider.hooks.gpuyard import GpuyardHook
+from gpuyard_provider.narration import TERMINAL_JOB_EVENTS, Story, tell_batch
+from gpuyard_provider.triggers.followers import Followers
 
 CURSOR_XCOM = "gpuyard_cursor"
 TIMED_OUT = "TIMED_OUT"  # the event's state when the deadline passed before the job ended

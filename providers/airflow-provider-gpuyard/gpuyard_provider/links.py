@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from airflow.sdk import BaseOperatorLink
 from airflow.sdk.execution_time.xcom import XCom
 
-from gpuyard.airflow.hooks.gpuyard import GpuyardHook
+from gpuyard_provider.hooks.gpuyard import GpuyardHook
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
