@@ -325,7 +325,14 @@ def test_a_policy_names_its_plugins_and_rules_and_an_unknown_name_is_refused_as_
     with pytest.raises(ValueError, match="'starvation' needs a starvation guard"):
         Policy("x", las_order, preemption=("starvation",))
     # Whether a policy preempts is whether it names a rule; rules apply in the table's order.
-    assert [name for name, policy in POLICIES.items() if policy.preempts] == ["kueue", "tiresias", "gpuyard"]
+    assert [name for name, policy in POLICIES.items() if policy.preempts] == [
+        "kueue",
+        "tiresias",
+        "gpuyard",
+        "stay",
+    ]
+    with pytest.raises(ValueError, match="policy 'x': unknown site rule 'nearest'"):
+        Policy("x", fifo_order, sites="nearest")
     assert Policy("y", las_order, preemption=("reclaim", "priority")).rules == (
         RULES["priority"],
         RULES["reclaim"],

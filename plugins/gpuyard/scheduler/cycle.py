@@ -16,6 +16,7 @@ from gpuyard.scheduler.placements import Choose
 from gpuyard.scheduler.plugins import room_now
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.preemption import Preemption
+from gpuyard.scheduler.sites import ANYWHERE, Where
 from gpuyard.scheduler.snapshot import (
     ClusterState,
     Cohorts,
@@ -33,6 +34,9 @@ CANDIDATE_DOMAINS = 32
 # Why a job waits, when it neither starts nor finds victims.
 OVER_QUOTA = "over quota, and the cohort has no idle quota to lend"
 NO_ROOM = "no domain has room for the whole gang now"
+NO_ROOM_AT_SITE = (
+    "no domain of the site holding its checkpoint or data has room now, and it does not move yet"
+)
 STOPPING = "waiting for preempted attempts to stop"
 
 
@@ -114,6 +118,16 @@ class _Eligibility:
             self._cache[key] = found
         return found
 
+    def at_site(self, job: PendingJob, site: str, inside: bool) -> dict[DomainKey, list[Node]]:
+        """The job's eligible domains inside `site` (`inside`), or at every other site; kept across
+        cycles with the fleet's other answers."""
+        key = (self.key(job), site, inside)
+        found = self._cache.get(key)
+        if found is None:
+            found = {d: nodes for d, nodes in self.domains(job).items() if (d[0] == site) == inside}
+            self._cache[key] = found
+        return found
+
     def with_room(self, gpus: int) -> list[DomainKey]:
         """Domains with at least `gpus` free GPUs, fewest free first (best fit)."""
         return [d for count in sorted(self.buckets) if count >= gpus for d in self.buckets[count]]
@@ -153,13 +167,23 @@ def _placement(job: PendingJob, nodes: list[Node], state: ClusterState) -> Place
 
 
 def place(
-    job: PendingJob, state: ClusterState, eligibility: _Eligibility, held: set[str], policy: Policy
+    job: PendingJob,
+    state: ClusterState,
+    eligibility: _Eligibility,
+    held: set[str],
+    policy: Policy,
+    domains: dict[DomainKey, list[Node]] | None = None,
+    shape: tuple[object, ...] | None = None,
 ) -> Placement | None:
-    """Filter -> score: the best placement of the whole gang inside ONE domain, or None."""
-    domains = eligibility.domains(job)
+    """Filter -> score: the best placement of the whole gang inside ONE domain, or None. Among
+    `domains` (default: all the job's eligible ones), whose answers the cycle remembers by `shape`
+    (default: the job's)."""
+    if domains is None:
+        domains = eligibility.domains(job)
     if job.gpus == 0:
         return None if not domains else _placement(job, next(iter(domains.values()))[: job.nodes], state)
-    shape = eligibility.key(job)
+    if shape is None:
+        shape = eligibility.key(job)
     if shape in eligibility.no_room:
         return None
     candidates: list[list[Node]] = []
@@ -183,16 +207,61 @@ def place(
 
 
 def _chosen(
-    job: PendingJob, state: ClusterState, eligibility: _Eligibility, held: set[str], choose: Choose
+    job: PendingJob,
+    state: ClusterState,
+    eligibility: _Eligibility,
+    held: set[str],
+    choose: Choose,
+    domains: dict[DomainKey, list[Node]] | None = None,
+    shape: tuple[object, ...] | None = None,
 ) -> Placement | None:
-    """A placement by a rule of its own (`placements.PLACEMENTS`), with the cycle's no-room memo."""
-    shape = eligibility.key(job)
+    """A placement by a rule of its own (`placements.PLACEMENTS`), with the cycle's no-room memo;
+    `domains` and `shape` as `place` has them."""
+    if shape is None:
+        shape = eligibility.key(job)
     if shape in eligibility.no_room:
         return None
-    found = choose(job, state, eligibility.domains(job), held)
+    found = choose(job, state, eligibility.domains(job) if domains is None else domains, held)
     if found is None:
         eligibility.no_room.add(shape)
     return found
+
+
+# Domains searched for a job, and the key the cycle remembers the answer by.
+Search = tuple[dict[DomainKey, list[Node]], tuple[object, ...]]
+
+
+def _searches(job: PendingJob, where: Where, eligibility: _Eligibility) -> list[Search]:
+    """The domains searched for the job, in turn, each with the key the cycle remembers its answer
+    by: all of them, or its own site's and then (when it may move) the other sites'."""
+    if where.site is None:
+        return [(eligibility.domains(job), eligibility.key(job))]
+    key = eligibility.key(job)
+    found: list[Search] = [(eligibility.at_site(job, where.site, True), (key, where.site, True))]
+    if where.may_move:
+        found.append((eligibility.at_site(job, where.site, False), (key, where.site, False)))
+    return found
+
+
+def _find(
+    job: PendingJob,
+    searches: list[Search],
+    state: ClusterState,
+    eligibility: _Eligibility,
+    held: set[str],
+    policy: Policy,
+) -> Placement | None:
+    """The first placement found by the policy's placement rule, search after search."""
+    choose = policy.placement_rule.choose
+    for domains, shape in searches:
+        found = (
+            place(job, state, eligibility, held, policy, domains, shape)
+            if choose is None
+            else _chosen(job, state, eligibility, held, choose, domains, shape)
+        )
+        if found is not None:
+            return found
+    return None
 
 
 def reservation(job: PendingJob, nodes: list[Node], state: ClusterState) -> set[str]:
@@ -234,8 +303,13 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
     # Kinds that failed since the last placement, and why: their later jobs would fail alike, and
     # wait without a look (a backlog of thousands then costs a lookup per job and a search per kind).
     parked: dict[tuple[object, ...], str] = {}
+    sited = len(state.index.sites) > 1  # site rules apply between sites (scheduler/sites.py)
     for job in policy.order(pending, state, now, starving):
-        kind = (job.kind, job.id in starving)  # a starving job has rights its kind's others lack
+        where = policy.site_rule.where(job, state, now) if sited else ANYWHERE
+        # A starving job has rights its kind's others lack; where it may go decides where it finds room.
+        kind: tuple[object, ...] = (job.kind, job.id in starving)
+        if where.site is not None:
+            kind = (*kind, where)
         if (why := parked.get(kind)) is not None:
             result.waiting[job.id] = why
             continue
@@ -252,13 +326,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                 break
             continue
         placement = None
+        searches = _searches(job, where, eligibility)
         if admitted is not None:
-            choose = policy.placement_rule.choose
-            placement = (
-                place(job, state, eligibility, held, policy)
-                if choose is None
-                else _chosen(job, state, eligibility, held, choose)
-            )
+            placement = _find(job, searches, state, eligibility, held, policy)
         if placement is not None:
             state.take(
                 job.team, placement, borrowed=admitted == "borrow", cpu=job.cpu, memory_gb=job.memory_gb
@@ -271,10 +341,9 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             result.placed.append(Placed(job, placement, borrowed=admitted == "borrow"))
             continue
         found = None
+        own, own_shape = searches[0]  # victims and reservations only at its own site
         if preempting:
-            found = preemption.victims(
-                job, admitted, eligibility.key(job), eligibility.domains(job), held, cohorts
-            )
+            found = preemption.victims(job, admitted, own_shape, own, held, cohorts)
         if found is not None:
             nodes, victims = found
             for victim in victims:
@@ -288,9 +357,10 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         if admitted is None:
             result.waiting[job.id] = failed[alike] = parked[kind] = OVER_QUOTA
             continue
-        result.waiting[job.id] = failed[alike] = parked[kind] = NO_ROOM
+        why = NO_ROOM_AT_SITE if where.site is not None and not where.may_move else NO_ROOM
+        result.waiting[job.id] = failed[alike] = parked[kind] = why
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
-            domains = eligibility.domains(job)
+            domains = own
             if domains:
                 domain = max(domains, key=lambda d: (state.free_in(domains[d]), d))
                 held |= reservation(job, domains[domain], state)

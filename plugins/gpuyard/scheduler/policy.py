@@ -11,13 +11,14 @@ true duration: scheduling is non-clairvoyant.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from operator import attrgetter
 
 from gpuyard.scheduler.placements import PLACEMENTS, PlacementRule
 from gpuyard.scheduler.plugins import FILTERS, SCORES, Filter, Score
 from gpuyard.scheduler.preemption import MIN_RUN_S, RULES, Rule
+from gpuyard.scheduler.sites import SITE_RULES, SiteRule
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 from gpuyard.scheduler.starvation import StarvationGuard
 
@@ -129,16 +130,19 @@ class Policy:
     quota: bool = False  # admit within team quota, borrowing idle cohort quota (Kueue semantics)
     starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
     placement: str = "best_fit"  # `placements.PLACEMENTS`: the gang's shape and the nodes it takes
+    sites: str = "any"  # `sites.SITE_RULES`: at which site a job may start or resume
     # A settled attempt (one fair-share rules may take) ran this long (`preemption.MIN_RUN_S`).
     min_run_s: float = MIN_RUN_S
     filter_plugins: tuple[Filter, ...] = field(init=False, repr=False, compare=False)
     score_plugins: tuple[tuple[float, Score], ...] = field(init=False, repr=False, compare=False)
     rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
     placement_rule: PlacementRule = field(init=False, repr=False, compare=False)
+    site_rule: SiteRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _known(self.name, "filter", self.filters, FILTERS)
         _known(self.name, "placement", (self.placement,), PLACEMENTS)
+        _known(self.name, "site rule", (self.sites,), SITE_RULES)
         if self.min_run_s < 0:
             raise ValueError(f"policy {self.name!r}: min_run_s must be >= 0, got {self.min_run_s}")
         _known(self.name, "score", tuple(name for name, _ in self.scores), SCORES)
@@ -160,6 +164,7 @@ class Policy:
             self, "rules", tuple(rule for rule in RULES.values() if rule.name in self.preemption)
         )
         object.__setattr__(self, "placement_rule", PLACEMENTS[self.placement])
+        object.__setattr__(self, "site_rule", SITE_RULES[self.sites])
 
     @property
     def preempts(self) -> bool:
@@ -196,6 +201,12 @@ POLICIES: dict[str, Policy] = {
             # No head reservation: the guard bounds a gang's wait; a head reservation also idled GPUs
             # for the first gang that did not fit, however little it had waited (docs/scheduler.md,
             # "Why gpuyard lost").
+            # Across sites: its own site first, another once the wait so far beats the checkpoint's
+            # copy (scheduler/sites.py; a fleet of one site, or no WAN in the snapshot: any site).
+            sites="move",
         ),
     )
 }
+# gpuyard whose jobs wait for the site holding their checkpoint (else their home): the baseline of
+# the site benchmark (benchmarks/sim_sites.py). Anything but the site rule is gpuyard's.
+POLICIES["stay"] = replace(POLICIES["gpuyard"], name="stay", sites="home")

@@ -14,6 +14,7 @@ from datetime import datetime
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node, holds_host_resources
 from gpuyard.domain.placement import Placement
+from gpuyard.domain.sites import Wan
 
 # Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
 LAS_THRESHOLDS = (3250.0, 7200.0)
@@ -44,6 +45,12 @@ class PendingJob:
     data_uris: tuple[str, ...] = ()
     checkpoint_site: str | None = None  # where its newest checkpoint is, if any
     attained_gpu_s: float = 0.0  # service received so far (for least-attained-service policies)
+    # The site its team submits it at, where its data and image are; None: no site is its own.
+    home_site: str | None = None
+    # What starting at another site than `state_site` copies: its newest checkpoint, or (not started)
+    # whatever it must stage there; 0: nothing.
+    move_bytes: float = 0.0
+    queued_at: datetime | None = None  # when it last joined the queue; None: at its submission
     # What the filters read of the job, derived once: jobs of one shape fit (or not) on the same nodes.
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
     las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
@@ -74,6 +81,16 @@ class PendingJob:
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    @property
+    def state_site(self) -> str | None:
+        """Where what it resumes from lies: its checkpoint's site, else (not started, or nothing
+        saved) its home site; None: nowhere in particular."""
+        return self.checkpoint_site if self.checkpoint_site is not None else self.home_site
+
+    def waited_s(self, now: datetime) -> float:
+        """How long it has been queued this time (since it joined the queue, or was requeued)."""
+        return max(0.0, (now - (self.queued_at or self.submitted_at)).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,7 @@ class FleetIndex:
         self.domains: dict[DomainKey, list[Node]] = fleet.domains()
         self.highest_price = max((n.price_per_gpu_hour for n in fleet.nodes), default=0.0)
         self.gpus = sum(n.gpus for n in fleet.nodes)
+        self.sites: tuple[str, ...] = tuple(sorted(fleet.site_names))
         self._eligible: dict[tuple[str, ...], Eligible] = {}
 
     def eligible(self, filters: tuple[str, ...]) -> Eligible:
@@ -154,6 +172,8 @@ class ClusterState:
     usage: dict[str, int] = field(default_factory=dict)  # GPUs held per team
     borrowed: dict[str, int] = field(default_factory=dict)  # of which borrowed from the cohort
     host_used: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (CPU, memory GB)
+    wan: Wan | None = None  # the link between its sites, where its owner models one (site rules read it)
+    copies: dict[tuple[str, str], int] = field(default_factory=dict)  # (from, to) site -> copies under way
 
     def __post_init__(self) -> None:
         self.nodes = self.index.nodes

@@ -1,10 +1,11 @@
 """Why each pending job waits, as the pass decides it, recorded for the API (store/waits.py).
 
 A reason is a short code the queue is filtered by and the cycle's own words: `quota` (over quota, no
-idle quota in the cohort to borrow), `no-room` (no domain has room for the whole gang), `reservation`
-(GPUs are held for it while preempted attempts stop), `starting` (placed by this pass: its attempt
-starts), `behind` (a policy without backfill stops at the first job that does not fit). The codes a
-job's row gives (backoff, cancelling, unseen) are domain/waiting.py's.
+idle quota in the cohort to borrow), `no-room` (no domain has room for the whole gang, or none of
+its own site while its policy keeps it there), `reservation` (GPUs are held for it while preempted
+attempts stop), `starting` (placed by this pass: its attempt starts), `behind` (a policy without
+backfill stops at the first job that does not fit). The codes a job's row gives (backoff,
+cancelling, unseen) are domain/waiting.py's.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from sqlalchemy import Engine
 
 from gpuyard.domain.model import Job
 from gpuyard.domain.waiting import Reason, RecordedReason
-from gpuyard.scheduler.cycle import NO_ROOM, OVER_QUOTA, STOPPING, CycleResult
+from gpuyard.scheduler.cycle import NO_ROOM, NO_ROOM_AT_SITE, OVER_QUOTA, STOPPING, CycleResult
 from gpuyard.store import waits as wait_store
 from gpuyard.store.leadership import Lead
 
-_CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", STOPPING: "reservation"}
-CYCLE_CODES = (*_CODE_OF.values(), "other")  # the codes of the reasons a cycle gives (reason_code)
+_CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", NO_ROOM_AT_SITE: "no-room", STOPPING: "reservation"}
+# the codes of the reasons a cycle gives (reason_code)
+CYCLE_CODES = (*dict.fromkeys(_CODE_OF.values()), "other")
 STARTING = "placed: its attempt starts"
 BEHIND = "not looked at: a job ahead of it does not fit, and the policy does not backfill"
 

@@ -12,6 +12,11 @@ progress), then computes, pausing every checkpoint interval to write a checkpoin
 A preemption asks for one more checkpoint and releases the GPUs once it is written, so nothing is lost;
 a node interruption kills every attempt on the node at once, which loses the progress made since its
 last complete checkpoint, and the node comes back after `node_down_s`.
+
+With a site model (`SimConfig.sites`, sim/sites.py) each job has a home site; an attempt started at
+another site than the one holding the job's state first copies its checkpoint there over the WAN,
+GPUs held, each direction's link shared equally by the copies under way; and site events take part
+of a site down for a while, its attempts lost as at an interruption.
 """
 
 from __future__ import annotations
@@ -27,16 +32,22 @@ from datetime import datetime, timedelta
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
+from gpuyard.domain.sites import egress_usd, transfer_s
 from gpuyard.domain.states import AttemptState
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import Policy
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.scheduler.starvation import Standing, StarvationGuard
+from gpuyard.sim.sites import SiteModel
 from gpuyard.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: capacity comes back before it is taken.
-# _DEMOTE only asks for a cycle: a running attempt reaches a 2D-LAS threshold (`SimConfig.las_wakes`).
-_FINISH, _STOPPED, _NODE_UP, _INTERRUPT, _ARRIVAL, _DEMOTE = range(6)
+# _DEMOTE only asks for a cycle: a running attempt reaches a 2D-LAS threshold (`SimConfig.las_wakes`);
+# so does _MOVE_PAYS: a queued job's move to another site starts to pay (`sim/sites.py`). _COPIED: a
+# checkpoint copy between sites has sent its bytes, and the link's other copies speed up.
+_FINISH, _COPIED, _STOPPED, _NODE_UP, _SITE_UP, _INTERRUPT, _SITE_DOWN, _ARRIVAL, _DEMOTE, _MOVE_PAYS = range(
+    10
+)
 
 
 class SimulationError(RuntimeError):
@@ -65,6 +76,9 @@ class SimConfig:
     # Run a cycle when a running attempt reaches a 2D-LAS threshold (Tiresias' queue jump events), not
     # only at the next arrival or completion: the public simulator's timing (sim/reference.py).
     las_wakes: bool = False
+    # Sites (sim/sites.py): the WAN, each team's home site, checkpoint sizes, site events. None: the
+    # fleet's sites are not modelled (no home, no copies charged).
+    sites: SiteModel | None = None
 
 
 @dataclass
@@ -81,6 +95,8 @@ class _Job:
     pending_since_s: float = 0.0
     pending_s: float = 0.0
     attempts: int = 0
+    home: str | None = None  # its team's site (with a site model)
+    checkpoint_site: str | None = None  # where its newest checkpoint lies (when saved_s > 0)
 
 
 @dataclass
@@ -99,6 +115,11 @@ class _Attempt:
     stop_s: float | None = None  # when it was asked to checkpoint and stop
     ended: bool = False
     started_at: datetime | None = None
+    # Moved from another site: its copy (`_Copy`), whose end sets `restore_s` (the copy, then the
+    # restore proper, `after_copy_s`) and `finish_s` (then `work_s`: work and checkpoint writes).
+    copy: _Copy | None = None
+    after_copy_s: float = 0.0
+    work_s: float = 0.0
 
     def checkpoints_done(self, t: float) -> float:
         """How many periodic checkpoints are complete at t (t itself when every instant is saved)."""
@@ -148,6 +169,21 @@ class _Attempt:
         return self.start_s + self.restore_s + k * (self.interval_s + self.checkpoint_s)
 
 
+@dataclass(eq=False)
+class _Copy:
+    """A checkpoint copy under way from one site to another: it shares the link of its direction
+    equally with the other copies under way (`Simulator.links`)."""
+
+    attempt: _Attempt
+    link: tuple[str, str]  # (from site, to site)
+    size: float  # bytes
+    left: float  # bytes not sent as of `since`
+    since: float
+    started: float
+    version: int = 0  # of its _COPIED event: an earlier one is stale
+    sent: bool = False  # its bytes are all sent (its round trips may still run)
+
+
 @dataclass
 class Totals:
     """What only the simulator counts; the attempts' own figures come from `SimResult.attempts`."""
@@ -160,6 +196,17 @@ class Totals:
     cycles: int = 0
     # Free GPUs that no queued job can use (fragments), integrated between the first and last submit.
     stranded_in_window_gpu_s: float = 0.0
+    # Sites (SimConfig.sites): attempts started at another site than the one holding the job's state
+    # (its checkpoint's, else its home), those of them that copied a checkpoint, what they all copied
+    # (checkpoints and staging).
+    moves: int = 0
+    checkpoint_moves: int = 0
+    bytes_moved: float = 0.0
+    egress_usd: float = 0.0
+    transfer_s: float = 0.0  # seconds of copies (GPUs held at the destination meanwhile)
+    # (start, end) of each copy, cut short or landed: how many ran at once (sites.peak_overlap).
+    copies: list[tuple[float, float]] = field(default_factory=list)
+    site_events: int = 0
 
 
 @dataclass
@@ -245,7 +292,12 @@ class Simulator:
         self.index = FleetIndex(self.fleet)
         self.nodes: dict[str, Node] = self.index.nodes
         self.free: dict[str, set[int]] = {n.name: set(range(n.gpus)) for n in self.fleet.nodes}
-        self.down: set[str] = set()
+        self.down: set[str] = set()  # interrupted or in a site event
+        self.interrupted: set[str] = set()
+        self.outage: Counter[str] = Counter()  # node -> site events holding it down
+        self.links: dict[tuple[str, str], list[_Copy]] = {}  # (from, to) site -> copies sending bytes
+        if self.config.sites is not None:
+            self.config.sites.check(self.fleet)
         self.owner: dict[tuple[str, int], str] = {}  # (node, gpu) -> attempt id: the lease table
         self.pending: dict[str, _Job] = {}
         # What cycles see of the queue, kept as it changes: a backlog of thousands costs no rebuild.
@@ -324,7 +376,13 @@ class Simulator:
                 )
                 continue
             job = _Job(tj, nodes, leased, (tj.submitted_at - start).total_seconds(), tj.duration_s)
+            if self.config.sites is not None:
+                job.home = self.config.sites.home_of(tj.team)
             self._push(job.submitted_s, _ARRIVAL, job)
+        for event in self.config.sites.events if self.config.sites is not None else ():
+            names = event.nodes(self.fleet)
+            self._push(max(0.0, (event.start - start).total_seconds()), _SITE_DOWN, names)
+            self._push(max(0.0, (event.end - start).total_seconds()), _SITE_UP, names)
         for node in self.fleet.nodes:
             self._schedule_interruption(node, 0.0)
         for at_s, name in self.config.interruptions:
@@ -385,6 +443,10 @@ class Simulator:
             assert isinstance(payload, _Attempt)
             if not payload.ended and payload.finish_s <= t + 1e-9:
                 self._finish(payload, t)
+        elif kind == _COPIED:
+            assert isinstance(payload, tuple)
+            copy, version = payload
+            self._copied(copy, version, t)
         elif kind == _STOPPED:
             assert isinstance(payload, _Attempt)
             if not payload.ended:
@@ -395,12 +457,30 @@ class Simulator:
             if name not in self.down:
                 self._interrupt(name, t)
                 self._push(t + self.config.node_down_s, _NODE_UP, (name, injected))
+            elif injected is None and self.outage[name]:
+                self._schedule_interruption(self.nodes[name], t)  # down for a site event: the next draw
         elif kind == _NODE_UP:
             assert isinstance(payload, tuple)
             name, injected = payload
-            self.down.discard(name)
+            self.interrupted.discard(name)
+            if not self.outage[name]:
+                self.down.discard(name)
             if injected is None:
                 self._schedule_interruption(self.nodes[name], t)
+        elif kind == _SITE_DOWN:
+            assert isinstance(payload, list)
+            self.totals.site_events += 1
+            for name in payload:
+                self.outage[name] += 1
+                if name not in self.down:
+                    self.down.add(name)
+                    self._lose_attempts_on(name, t)
+        elif kind == _SITE_UP:
+            assert isinstance(payload, list)
+            for name in payload:
+                self.outage[name] -= 1
+                if not self.outage[name] and name not in self.interrupted:
+                    self.down.discard(name)
 
     # -- fragmentation ----------------------------------------------------------------------------
 
@@ -487,12 +567,31 @@ class Simulator:
             priority=self.config.priority,
             preemptible=True,
             submitted_at=job.trace.submitted_at,
-            checkpoint_site="sim" if job.saved_s > 0 else None,
+            checkpoint_site=job.checkpoint_site if job.saved_s > 0 else None,
             attained_gpu_s=job.attained_gpu_s,
+            home_site=job.home,
+            move_bytes=self._move_bytes(job),
+            queued_at=self._now(t),
         )
         self.queued_sizes[job.gpus] += 1
         self.queued_needs[(job.trace.gpu_types, job.gpus // job.nodes)] += 1
         self._wake_when_starving(job, t)
+        copy = self._copy_s(job)
+        if copy > 0 and self.policy.site_rule.waits:
+            self._push(t + copy + 1e-6, _MOVE_PAYS, None)  # a cycle when its wait reaches its copy
+
+    def _move_bytes(self, job: _Job) -> float:
+        """What moving the job copies, with a site model: its checkpoint, or (nothing saved yet) what
+        it stages (`SiteModel.staging_bytes`). Without one nothing is counted."""
+        model = self.config.sites
+        if model is None:
+            return 0.0
+        return model.checkpoint_bytes(job.trace.gpus) if job.saved_s > 0 else model.staging_bytes
+
+    def _copy_s(self, job: _Job) -> float:
+        """Its copy time alone on the link (others under way only delay it: a cycle then comes later)."""
+        model = self.config.sites
+        return 0.0 if model is None else transfer_s(self._move_bytes(job), model.wan)
 
     def _dequeue(self, job_id: str) -> _Job:
         job = self.pending.pop(job_id)
@@ -583,6 +682,8 @@ class Simulator:
             running=self._running_list(t) if self.preempting else [],
             usage=dict(self.usage),
             borrowed=dict(self.borrowed),
+            wan=None if self.config.sites is None else self.config.sites.wan,
+            copies={link: len(copies) for link, copies in self.links.items() if copies},
         )
         result = run_cycle(list(self.queue.values()), state, self._now(t), self.policy)
         self.totals.cycles += 1
@@ -634,6 +735,7 @@ class Simulator:
         if borrowed:
             self.borrowed[team] = self.borrowed.get(team, 0) + job.gpus
         restore = self.config.restore_s if job.saved_s > 0 else 0.0
+        size = self._moved(job, placement)
         interval = self._interval(placement)
         remaining = job.work_s - job.saved_s
         checkpoints = (
@@ -652,11 +754,17 @@ class Simulator:
             checkpoint_s=cost,
             base_saved_s=job.saved_s,
             finish_s=t + restore + remaining + checkpoints * cost,
+            after_copy_s=restore,
+            work_s=remaining + checkpoints * cost,
         )
         if job.first_start_s is None:
             job.first_start_s = t
         job.pending_s += t - job.pending_since_s
         self.running[attempt_id] = attempt
+        if size > 0:
+            source = job.checkpoint_site if job.saved_s > 0 else job.home
+            assert source is not None
+            self._begin_copy(attempt, (source, placement.site), size, t)
         if self.preempting:
             self._refresh(attempt, t)
         self._push(attempt.finish_s, _FINISH, attempt)
@@ -668,6 +776,101 @@ class Simulator:
                         self._push(at, _DEMOTE, attempt)
         if self.observer is not None:
             self.observer(LeaseRecord(t, "start", job.trace.id, attempt_id, placement))
+
+    def _moved(self, job: _Job, placement: Placement) -> float:
+        """With a site model, count an attempt placed at another site than the one holding the job's
+        state (its checkpoint's, else its home) as a move, and return the bytes it copies: its
+        checkpoint, or with nothing saved what it stages (`SiteModel.staging_bytes`; by default
+        nothing: its data and image are at every site). No site model: 0."""
+        model = self.config.sites
+        if model is None:
+            return 0.0
+        source = job.checkpoint_site if job.saved_s > 0 else job.home
+        if source is None or placement.site == source:
+            return 0.0
+        self.totals.moves += 1
+        size = self._move_bytes(job)
+        if size > 0 and job.saved_s > 0:
+            self.totals.checkpoint_moves += 1
+        return size
+
+    # -- copies between sites: each direction's link shared equally by its copies ----------------
+
+    def _begin_copy(self, attempt: _Attempt, link: tuple[str, str], size: float, t: float) -> None:
+        """The attempt's GPUs are leased at the destination from `t`; it restores once the copy has
+        sent its bytes (its share of the link, as the copies under way change) and made its round
+        trips."""
+        copy = _Copy(attempt, link, size, size, t, t)
+        attempt.copy = copy
+        copies = self.links.setdefault(link, [])
+        self._settle(copies, t)
+        copies.append(copy)
+        self._reschedule(copies, t)
+
+    def _settle(self, copies: list[_Copy], t: float) -> None:
+        """Bring the bytes left of each copy on a link up to `t`, at the share each had."""
+        if copies:
+            assert self.config.sites is not None
+            rate = self.config.sites.wan.bytes_per_s / len(copies)
+            for copy in copies:
+                copy.left = max(0.0, copy.left - rate * (t - copy.since))
+                copy.since = t
+
+    def _reschedule(self, copies: list[_Copy], t: float) -> None:
+        """Each copy's end at the link's new share, and so its attempt's restore and finish."""
+        if not copies:
+            return
+        assert self.config.sites is not None
+        wan = self.config.sites.wan
+        rate = wan.bytes_per_s / len(copies)
+        for copy in copies:
+            sent_at = t + copy.left / rate
+            copy.version += 1
+            self._push(sent_at, _COPIED, (copy, copy.version))
+            self._copy_ends(copy, sent_at + wan.overhead_s, t)
+
+    def _copy_ends(self, copy: _Copy, at: float, t: float) -> None:
+        attempt = copy.attempt
+        attempt.restore_s = at - attempt.start_s + attempt.after_copy_s
+        attempt.finish_s = attempt.start_s + attempt.restore_s + attempt.work_s
+        self._push(attempt.finish_s, _FINISH, attempt)  # an earlier one finds it changed: ignored
+        if self.preempting:
+            self._refresh(attempt, t)
+
+    def _copied(self, copy: _Copy, version: int, t: float) -> None:
+        """The copy has sent its bytes (unless the event is stale): the others share its part."""
+        if version != copy.version or copy.sent or copy.attempt.ended:
+            return
+        copies = self.links[copy.link]
+        self._settle(copies, t)
+        copies.remove(copy)
+        copy.sent = True
+        self._count_copy(copy, copy.size, t)
+        self._reschedule(copies, t)
+
+    def _count_copy(self, copy: _Copy, sent: float, t: float) -> None:
+        model = self.config.sites
+        assert model is not None
+        self.totals.bytes_moved += sent
+        self.totals.egress_usd += egress_usd(sent, model.wan)
+        end = t + (model.wan.overhead_s if copy.sent else 0.0)
+        self.totals.transfer_s += end - copy.started
+        self.totals.copies.append((copy.started, end))
+
+    def _copy_cut(self, attempt: _Attempt, t: float) -> bool:
+        """The attempt ends at `t`: its copy, if still sending, stops (what it sent is counted). True
+        when its copy had landed (or there was none): the job's checkpoint is then at its site."""
+        copy = attempt.copy
+        if copy is None:
+            return True
+        if copy.sent:
+            return t >= attempt.start_s + attempt.restore_s - attempt.after_copy_s
+        copies = self.links[copy.link]
+        self._settle(copies, t)
+        copies.remove(copy)
+        self._count_copy(copy, copy.size - copy.left, t)
+        self._reschedule(copies, t)
+        return False
 
     def _release(
         self, attempt: _Attempt, t: float, outcome: AttemptState, steps_s: float, lost_s: float
@@ -688,6 +891,8 @@ class Simulator:
         job = attempt.job
         gpus = attempt.placement.gpus
         held = t - attempt.start_s
+        if self._copy_cut(attempt, t):  # a copy cut short leaves the checkpoint where it was
+            job.checkpoint_site = attempt.placement.site
         self.usage[job.trace.team] -= gpus
         if attempt.borrowed:
             self.borrowed[job.trace.team] -= gpus
@@ -756,7 +961,12 @@ class Simulator:
 
     def _interrupt(self, name: str, t: float) -> None:
         self.totals.interruptions += 1
+        self.interrupted.add(name)
         self.down.add(name)
+        self._lose_attempts_on(name, t)
+
+    def _lose_attempts_on(self, name: str, t: float) -> None:
+        """The node is lost: every attempt on it ends LOST, keeping its newest complete checkpoint."""
         for attempt_id in sorted(self.on_node[name]):
             attempt = self.running[attempt_id]
             job = attempt.job

@@ -28,6 +28,7 @@ from itertools import pairwise
 
 from gpuyard.domain.accounting import AttemptUse, JobUse, figures, percentile
 from gpuyard.sim.engine import AttemptResult, JobResult, SimResult
+from gpuyard.sim.sites import peak_overlap
 
 SLOWDOWN_FLOOR_S = 10.0
 # Job size classes by the GPUs asked: (name, fewest, most).
@@ -90,6 +91,13 @@ class Summary:
     cycles: int
     slowdown_by_size: dict[str, Tail]  # per SIZE_CLASSES name
     slowdown_by_team: dict[str, Tail]
+    # Sites (engine.SimConfig.sites; 0 without): attempts started away from the site holding the job's
+    # state, those that copied a checkpoint, the bytes copied (TB: 10^12) and their egress.
+    moves: int = 0
+    checkpoint_moves: int = 0
+    tb_moved: float = 0.0
+    egress_usd: float = 0.0
+    peak_copies: int = 0  # copies under way at once, at most (each is charged the whole WAN)
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         return asdict(self)
@@ -185,6 +193,11 @@ def summarize(result: SimResult) -> Summary:
         slowdown_by_team={
             team: Tail.of(slowdown(j) for j in jobs if j.team == team) for team in sorted(per_team)
         },
+        moves=totals.moves,
+        checkpoint_moves=totals.checkpoint_moves,
+        tb_moved=totals.bytes_moved / 1e12,
+        egress_usd=totals.egress_usd,
+        peak_copies=peak_overlap(totals.copies),
     )
 
 
