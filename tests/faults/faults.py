@@ -128,11 +128,17 @@ def kill_worker(target: Target, rng: random.Random) -> str | None:
 
 
 def kill_mid_checkpoint(target: Target, rng: random.Random) -> str | None:
-    """Hold a running attempt's next save half-written (tests/faults/worker.py), then SIGKILL it."""
+    """Hold a running attempt's next save half-written (tests/faults/worker.py), then SIGKILL it. Up
+    to three running attempts are tried in turn: one may save nothing meanwhile (it ends, or it is a
+    plain command that never checkpoints)."""
     running = running_attempts(target)
-    if not running:
-        return None
-    attempt_id = rng.choice(running)
+    for attempt_id in rng.sample(running, min(3, len(running))):
+        if (done := _kill_half_written(target, attempt_id)) is not None:
+            return done
+    return None
+
+
+def _kill_half_written(target: Target, attempt_id: str) -> str | None:
     hold = target.run / "hold" / attempt_id
     hold.parent.mkdir(exist_ok=True)
     hold.touch()
