@@ -3,6 +3,10 @@
 A dated table is laid out by day (``<table>/date=YYYY-MM-DD/``, the raw landing tables) or by month
 (``<table>/date_month=YYYY-MM/``, rows carrying ``date``: the prepared tables), as spark_jobs/layout.py
 says; readers take either, writers say which they write.
+
+pandas and pyarrow are imported by the functions that read or write tables: the DAG files import
+this module for its URLs, and every parse of them and every task process would otherwise pay about
+half a CPU-second for them.
 """
 
 from __future__ import annotations
@@ -11,18 +15,18 @@ import datetime as dt
 import os
 import uuid
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import fsspec
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
 from pipelines.errors import ConfigError, MissingDataError
 from spark_jobs import layout
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow.dataset as ds
 
 PARTITION_KEY = "date"
 
@@ -124,6 +128,9 @@ def partition_key(table_url: str) -> str | None:
 
 
 def _dataset(table_url: str, key: str) -> ds.Dataset:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
     fs, path = filesystem(table_url)
     scheme = ds.partitioning(pa.schema([(key, pa.string())]), flavor="hive")
     return ds.dataset(path, filesystem=fs, format="parquet", partitioning=scheme)
@@ -132,6 +139,8 @@ def _dataset(table_url: str, key: str) -> ds.Dataset:
 def list_partitions(table_url: str) -> list[dt.date]:
     """The dates a table holds (empty when it does not exist). By day: its partition folders; by
     month: the distinct ``date`` values of its files (that column only)."""
+    import pyarrow.compute as pc
+
     key = partition_key(table_url)
     if key == layout.MONTH_KEY:
         dates = pc.unique(_dataset(table_url, key).to_table(columns=[PARTITION_KEY])[PARTITION_KEY])
@@ -148,6 +157,8 @@ def list_partitions(table_url: str) -> list[dt.date]:
 
 def count_rows(table_url: str, start: dt.date, end: dt.date) -> int:
     """Rows of a table laid out by day for the dates ``start..end`` it holds, from the parquet footers."""
+    import pyarrow.parquet as pq
+
     fs, _ = filesystem(table_url)
     rows = 0
     for day in list_partitions(table_url):
@@ -179,6 +190,9 @@ def write_partition(df: pd.DataFrame, table_url: str, day: dt.date) -> str:
     The new data is written beside the partition first, then swapped in, so a failed write leaves the old
     partition in place.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     fs, _ = filesystem(table_url)
     target = partition_url(table_url, day)
     staging = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
@@ -196,6 +210,9 @@ def write_partition(df: pd.DataFrame, table_url: str, day: dt.date) -> str:
 
 def write_table(df: pd.DataFrame, table_url: str) -> str:
     """Write an unpartitioned table as ``<table_url>/data.parquet``, replacing it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     fs, path = filesystem(table_url)
     fs.makedirs(path, exist_ok=True)
     tmp = f"{path}/.data.parquet.tmp-{uuid.uuid4().hex[:8]}"
@@ -207,6 +224,8 @@ def write_table(df: pd.DataFrame, table_url: str) -> str:
 
 def read_table(table_url: str, table: str) -> pd.DataFrame:
     """Read an unpartitioned table (:func:`write_table`'s, or a Spark job's part files)."""
+    import pyarrow.parquet as pq
+
     fs, path = filesystem(table_url)
     if not fs.exists(path) or not [f for f in fs.ls(path, detail=False) if str(f).endswith(".parquet")]:
         raise MissingDataError(f"table {table!r} does not exist at {table_url}; run the ingest step first")
@@ -216,6 +235,9 @@ def read_table(table_url: str, table: str) -> pd.DataFrame:
 
 def read_partitions(table_url: str, days: Iterable[dt.date], table: str) -> pd.DataFrame:
     """Read the rows of ``days`` into one DataFrame with a ``date`` column (all must exist)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     days = sorted(set(days))
     require_partitions(table_url, days, table)
     key = partition_key(table_url) or PARTITION_KEY
@@ -241,6 +263,10 @@ def write_months(
     their other dates' rows; each month is one file sorted by ``date`` (then ``sort``), staged
     beside the month and swapped in. Returns the months written.
     """
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if partition_key(table_url) == PARTITION_KEY:
         raise ConfigError(f"table {table_url} is laid out by day; a prepared table is laid out by month")
     fs, _ = filesystem(table_url)
