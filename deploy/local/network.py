@@ -58,6 +58,7 @@ class Bridge:
     def __init__(self) -> None:
         self.tag = secrets.token_hex(3)  # interface names have room for 15 characters
         self.name = f"gyb{self.tag}"
+        self.mac = "02:" + ":".join(secrets.token_hex(5)[i : i + 2] for i in range(0, 10, 2))  # local
         subnet = free_subnet()
         self._free = [str(host) for host in subnet.hosts()]
         self.gateway = self._free.pop(0)
@@ -71,7 +72,11 @@ class Bridge:
 
     def create(self) -> Bridge:
         # Frames between the members are bridged, not routed: the host's firewall has no say in them.
-        ip("link", "add", self.name, "type", "bridge", "nf_call_iptables", "0")
+        # Its own address, set once: a bridge otherwise takes the lowest of its ports' addresses, so a
+        # pod's namespace detached took the gateway's address with it, and every other pod's cached
+        # neighbour entry for the gateway led nowhere until it expired (connections to this machine
+        # stalled for 30 to 50 s: a fault campaign's checkpoint uploads waited that long).
+        ip("link", "add", self.name, "address", self.mac, "type", "bridge", "nf_call_iptables", "0")
         ip("addr", "add", f"{self.gateway}/{self.prefix}", "dev", self.name)
         ip("link", "set", self.name, "up")
         return self
