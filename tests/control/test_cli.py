@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gpuyard.cli.jobs import jobs_table
 from servers import GpuyardUp, job_state, wait_until
 
 pytestmark = pytest.mark.slow  # a `gpuyard up` and a CLI process per command
@@ -218,3 +219,13 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(home: Path, tmp_path: Pa
     huge.write_text("name: " + "x" * (1 << 20) + "\n")
     too_big = gpuyard(home, "submit", str(huge), check=False)
     assert too_big.returncode == 2 and "over the limit" in too_big.stderr
+
+
+def test_the_jobs_table_shows_an_elastic_jobs_range_of_gpus() -> None:
+    job = {"id": "j", "name": "n", "team": "a", "state": "PENDING", "attempt_count": 0}
+    job["created_at"] = "2026-12-06T10:00:00+00:00"
+    shown = [
+        {**job, "spec": {"resources": {"gpus": gpus, "gpu_types": types}}}
+        for gpus, types in (({"min": 1, "max": 8}, []), (2, ["a100"]))
+    ]
+    assert list(jobs_table(shown).columns[4].cells) == ["1-8 x any", "2 x a100"]

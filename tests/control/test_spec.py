@@ -87,6 +87,13 @@ def test_spec_is_immutable() -> None:
         (with_(resources={"gpus": "1"}), "resources.gpus", "integer"),
         (with_(resources={"gpus": -1}), "resources.gpus", "greater than or equal"),
         (with_(resources={"gpus": 9, "nodes": 2}), "resources", "split evenly"),
+        (with_(resources={"gpus": {"min": 0, "max": 4}}), "resources.gpus", "1 <= min <= max"),
+        (with_(resources={"gpus": {"min": 4, "max": 2}}), "resources.gpus", "got min 4 and max 2"),
+        (with_(resources={"gpus": {"min": 1}}), "resources.gpus", "{min: N, max: M}, got the keys ['min']"),
+        (with_(resources={"gpus": {"min": 1, "max": "8"}}), "resources.gpus", "max: expected an integer"),
+        (with_(resources={"gpus": {"min": 1, "max": 5000}}), "resources.gpus", "<= 4096"),
+        (with_(resources={"gpus": True}), "resources.gpus", "integer"),
+        (with_(resources={"gpus": {"min": 2, "max": 9}, "nodes": 2}), "resources", "(max 9) must split"),
         (with_(checkpoint={"url": "/tmp/x"}), "checkpoint.url", "scheme"),
         (with_(checkpoint={"url": "file:///x", "interval": "10 minutes"}), "checkpoint.interval", "duration"),
         (with_(priority="urgent"), "priority", "'low', 'normal' or 'high'"),
@@ -100,6 +107,38 @@ def test_bad_input_names_field_and_rule(data: dict[str, Any], path: str, fragmen
     found = violations(data)
     assert path in found, found
     assert fragment in found[path]
+
+
+def test_an_elastic_range_is_launched_at_its_min_and_round_trips() -> None:
+    """`gpus: {min, max}`: `gpus` stays the int the job is launched with (its min), every consumer of
+    it reading the size placed; `gpus_max` is the most it may hold; its sizes split over its nodes."""
+    spec = parse_spec(with_(resources={"gpus": {"min": 2, "max": 8}, "nodes": 2}))
+    res = spec.resources
+    assert (res.gpus, res.gpus_max, res.gpus_per_node) == (2, 8, 1)
+    assert res.sizes == (2, 4, 6, 8) and res.elastic
+    dumped = json.loads(spec.canonical_json())
+    assert dumped["resources"]["gpus"] == {"min": 2, "max": 8}  # as written
+    assert parse_spec(dumped) == spec and parse_spec(dumped).fingerprint() == spec.fingerprint()
+    fixed = parse_spec(with_(resources={"gpus": 4})).resources
+    assert (fixed.gpus, fixed.gpus_max, fixed.sizes, fixed.elastic) == (4, 4, (4,), False)
+    one_size = parse_spec(with_(resources={"gpus": {"min": 4, "max": 4}})).resources
+    assert not one_size.elastic and one_size.sizes == (4,)
+    schema = JobSpec.model_json_schema()
+    assert {"$ref": "#/$defs/GpuRange"} in schema["$defs"]["Resources"]["properties"]["gpus"]["anyOf"]
+
+
+def test_an_elastic_job_is_admitted_on_its_max() -> None:
+    """The quota's max_gpus_per_job and the fleet are checked against the most the job may hold."""
+    elastic = parse_spec(with_(resources={"gpus": {"min": 1, "max": 4}, "gpu_types": ["a100"]}))
+    found = {v.path: v.rule for v in check_quota(elastic, TeamQuota(max_gpus_per_job=2))}
+    assert found["resources.gpus"].endswith("at most 2 GPUs per job, asked for a range up to 4")
+    assert check_quota(elastic, TeamQuota(max_gpus_per_job=4)) == []
+    assert check_feasible(elastic, FLEET) == []
+    too_big = parse_spec(with_(resources={"gpus": {"min": 1, "max": 16}, "gpu_types": ["a100"]}))
+    rule = {v.path: v.rule for v in check_feasible(too_big, FLEET)}["resources.gpus"]
+    assert rule.startswith("16 GPUs over 1 node(s) needs 16 GPUs per node")
+    across = parse_spec(with_(resources={"gpus": {"min": 3, "max": 24}, "gpu_types": ["a100"], "nodes": 3}))
+    assert [v.path for v in check_feasible(across, FLEET)] == ["resources.nodes"]
 
 
 def test_several_violations_are_reported_together() -> None:

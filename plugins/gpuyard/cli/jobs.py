@@ -16,6 +16,11 @@ from gpuyard.cli.yaml_input import DocumentError, load_document
 app = typer.Typer()
 
 
+def gpus_shown(asked: Any) -> str:
+    """A spec's `gpus` as the table shows it: `4`, or an elastic job's range `1-8`."""
+    return f"{asked['min']}-{asked['max']}" if isinstance(asked, dict) else str(asked)
+
+
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table("ID", "NAME", "TEAM", "STATE", "GPUS", "ATTEMPTS", "CREATED")
     for job in jobs:
@@ -25,7 +30,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             job["name"],
             job["team"],
             job["state"],
-            f"{resources['gpus']} x {','.join(resources['gpu_types']) or 'any'}",
+            f"{gpus_shown(resources['gpus'])} x {','.join(resources['gpu_types']) or 'any'}",
             str(job["attempt_count"]),
             job["created_at"][:19].replace("T", " "),
         )

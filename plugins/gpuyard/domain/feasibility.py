@@ -26,13 +26,16 @@ class TeamQuota(BaseModel):
 
 
 def check_quota(spec: JobSpec, quota: TeamQuota) -> list[SpecViolation]:
+    """An elastic job is admitted on the most it may hold (`gpus_max`); its quota use is what it holds
+    (the placement's GPUs, scheduler/cycle.py `admit`)."""
     violations = []
-    if spec.resources.gpus > quota.max_gpus_per_job:
+    if spec.resources.gpus_max > quota.max_gpus_per_job:
+        asked = "a range up to " if spec.resources.elastic else ""
         violations.append(
             SpecViolation(
                 path="resources.gpus",
                 rule=f"team {spec.team} may use at most {quota.max_gpus_per_job} GPUs per job, "
-                f"asked for {spec.resources.gpus}",
+                f"asked for {asked}{spec.resources.gpus_max}",
             )
         )
     if quota.allowed_gpu_types:
@@ -49,10 +52,11 @@ def check_quota(spec: JobSpec, quota: TeamQuota) -> list[SpecViolation]:
 
 
 def _fits_node(spec: JobSpec, node: Node) -> bool:
+    """At the job's largest size (an elastic job's `max`; every smaller size fits where it does)."""
     res = spec.resources
     return (
         (not res.gpu_types or node.gpu_type in res.gpu_types)
-        and node.gpus >= res.gpus_per_node
+        and node.gpus >= res.gpus_max // res.nodes
         and (res.gpu_memory_bytes is None or node.gpu_memory_gb * 2**30 >= res.gpu_memory_bytes)
         and holds_host_resources(node, res.cpu_cores, res.memory_gib)
         and (not spec.sites or node.site in spec.sites)
@@ -60,8 +64,12 @@ def _fits_node(spec: JobSpec, node: Node) -> bool:
 
 
 def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
-    """Could the whole gang ever fit inside ONE fast domain of this fleet, on an empty fleet?"""
+    """Could the whole gang ever fit inside ONE fast domain of this fleet, on an empty fleet? An
+    elastic job is checked at its largest size (`gpus_max`): a range it could never grow to the top
+    of is refused rather than kept as a promise the fleet cannot keep, and its smaller sizes fit
+    wherever the largest does (the same nodes, fewer GPUs on each)."""
     res = spec.resources
+    largest, per_node = res.gpus_max, res.gpus_max // res.nodes
     typed = [n for n in fleet.nodes if not res.gpu_types or n.gpu_type in res.gpu_types]
     if not typed:
         return [
@@ -80,11 +88,11 @@ def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
             )
         ]
     largest_node = max(n.gpus for n in typed)
-    if res.gpus_per_node > largest_node:
+    if per_node > largest_node:
         return [
             SpecViolation(
                 path="resources.gpus",
-                rule=f"{res.gpus} GPUs over {res.nodes} node(s) needs {res.gpus_per_node} GPUs per node, "
+                rule=f"{largest} GPUs over {res.nodes} node(s) needs {per_node} GPUs per node, "
                 f"but the largest node of the accepted types has {largest_node}",
             )
         ]
@@ -119,7 +127,7 @@ def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
     return [
         SpecViolation(
             path="resources.nodes",
-            rule=f"a gang of {res.nodes} nodes x {res.gpus_per_node} GPUs must fit in ONE fast domain, "
+            rule=f"a gang of {res.nodes} nodes x {per_node} GPUs must fit in ONE fast domain, "
             f"but the largest domain offers {best_domain} such node(s)",
         )
     ]

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -165,10 +166,60 @@ class DataAccess(_Value):
     access: Literal["read", "write"] = "read"
 
 
-class Resources(_Value):
-    """What one run needs. `gpus` is the total over all nodes and is split evenly across them."""
+MAX_GPUS = 4096  # per job: far below what the store's integers hold
 
-    gpus: StrictInt = Field(1, ge=0, le=4096)
+
+class GpuRange(_Value):
+    """An elastic job's sizes: at least `min` GPUs, at most `max` (each a multiple of `nodes`)."""
+
+    min: StrictInt = Field(ge=1, le=MAX_GPUS, description="The size it is launched at.")
+    max: StrictInt = Field(ge=1, le=MAX_GPUS, description="The most it may grow to.")
+
+
+def _gpu_request(value: Any) -> int | GpuRange:
+    """`gpus`: a number (0: CPU only), or `{min, max}` with 1 <= min <= max (an elastic job)."""
+    if isinstance(value, GpuRange):
+        return value
+    if isinstance(value, dict):
+        if set(value) != {"min", "max"}:
+            raise ValueError(f"a range of GPUs is {{min: N, max: M}}, got the keys {sorted(map(str, value))}")
+        low, high = value["min"], value["max"]
+        for key, amount in (("min", low), ("max", high)):
+            if not isinstance(amount, int) or isinstance(amount, bool):
+                raise ValueError(f"{key}: expected an integer, got {amount!r}")
+        if not 1 <= low <= high <= MAX_GPUS:
+            raise ValueError(f"expected 1 <= min <= max <= {MAX_GPUS}, got min {low} and max {high}")
+        return GpuRange(min=low, max=high)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(
+            f"expected an integer, or {{min: N, max: M}} for an elastic job, got {type(value).__name__}"
+        )
+    if not 0 <= value <= MAX_GPUS:
+        raise ValueError(f"expected a number greater than or equal to 0 and at most {MAX_GPUS}, got {value}")
+    return value
+
+
+# Checked by `_gpu_request` first (clear errors naming the field); the union then only types it.
+GpuRequest = Annotated[Annotated[int, Field(ge=0, le=MAX_GPUS)] | GpuRange, BeforeValidator(_gpu_request)]
+
+
+class Resources(_Value):
+    """What one run needs. `gpus` is the total over all nodes and is split evenly across them.
+
+    `gpus` may be a range, `{min, max}`: an elastic job, which runs at any size of the range that
+    splits evenly over `nodes` (`sizes`). The model's `gpus` is then the size it is launched at,
+    `min`, and `gpus_max` the most it may grow to: whatever reads `gpus` (placement, quota use, the
+    store's `jobs.gpus`) reads the size the job starts at; admission reads `gpus_max`
+    (docs/jobspec.md, "Elastic jobs").
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True)
+
+    asked: GpuRequest = Field(
+        1,
+        alias="gpus",
+        description="GPUs of the run over all its nodes (0: CPU only), or {min, max}: an elastic job.",
+    )
     gpu_types: tuple[Text, ...] = Field(
         (), description="Accepted GPU types (e.g. a100, h100, cpu); empty accepts any type."
     )
@@ -179,7 +230,15 @@ class Resources(_Value):
 
     @model_validator(mode="after")
     def _split_evenly(self) -> Resources:
-        if self.gpus % self.nodes:
+        if isinstance(self.asked, GpuRange):
+            ends = (("min", self.asked.min), ("max", self.asked.max))
+            uneven = [f"{key} {gpus}" for key, gpus in ends if gpus % self.nodes]
+            if uneven:
+                raise ValueError(
+                    f"gpus ({' and '.join(uneven)}) must split evenly over nodes ({self.nodes}): every node "
+                    "of a gang runs the same number of workers, at every size of an elastic job"
+                )
+        elif self.gpus % self.nodes:
             raise ValueError(
                 f"gpus ({self.gpus}) must split evenly over nodes ({self.nodes}): "
                 "every node of a gang runs the same number of workers"
@@ -189,7 +248,28 @@ class Resources(_Value):
         return self
 
     @property
+    def gpus(self) -> int:
+        """The GPUs the job is launched with: `gpus`, or an elastic job's `min`."""
+        return self.asked.min if isinstance(self.asked, GpuRange) else self.asked
+
+    @property
+    def gpus_max(self) -> int:
+        """The most GPUs the job may hold: `gpus`, or an elastic job's `max`."""
+        return self.asked.max if isinstance(self.asked, GpuRange) else self.asked
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Every size the job may run at, smallest first: one, or an elastic range's multiples of `nodes`."""
+        return tuple(range(self.gpus, self.gpus_max + 1, self.nodes))
+
+    @property
+    def elastic(self) -> bool:
+        """More than one size (`{min: 4, max: 4}` is one, as `gpus: 4`)."""
+        return self.gpus_max > self.gpus
+
+    @property
     def gpus_per_node(self) -> int:
+        """At the launch size (`gpus`)."""
         return self.gpus // self.nodes
 
     @property

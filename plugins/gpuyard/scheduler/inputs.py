@@ -40,6 +40,9 @@ def read(
 
 
 def pending_job(job: Job) -> PendingJob:
+    """An elastic job (`resources.gpus: {min, max}`) waits for, and is placed at, its `min`: the
+    service does not size jobs yet (the simulator's `sim/elastic/sizing.py` does), and the size a
+    job starts at is the one it is sure to be able to run at."""
     spec = job.spec
     return PendingJob(
         id=job.id,
