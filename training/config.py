@@ -46,6 +46,12 @@ class ModelConfig:
 class TrainConfig:
     max_steps: int = 100
     global_batch_size: int = 64
+    """Examples per optimizer step over all workers: the same at every size of the gang, which splits
+    it (training/batching.py)."""
+    micro_batch_size: int | None = None
+    """The most examples a worker takes in one forward and backward: a worker whose share of the
+    global batch is larger accumulates gradients over micro-batches (the largest divisor of its share
+    within this bound). Null: its whole share at once."""
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_steps: int = 0
@@ -141,6 +147,8 @@ class Config:
             raise ConfigError(f"train.max_steps: expected >= 1, got {t.max_steps}")
         if t.global_batch_size < 1:
             raise ConfigError(f"train.global_batch_size: expected >= 1, got {t.global_batch_size}")
+        if t.micro_batch_size is not None and t.micro_batch_size < 1:
+            raise ConfigError(f"train.micro_batch_size: expected >= 1 or null, got {t.micro_batch_size}")
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction: expected in [0, 1), got {self.data.val_fraction}")
         c = self.checkpoint

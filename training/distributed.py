@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -78,6 +79,27 @@ def wrap(model: nn.Module, strategy: str, world: World) -> nn.Module:
         fully_shard(model)
         return model
     raise ValueError(f"parallel.strategy: expected ddp or fsdp, got {strategy!r}")
+
+
+@contextlib.contextmanager
+def micro_batch(model: nn.Module, last: bool) -> Iterator[None]:
+    """One micro-batch's forward and backward of a step that accumulates several (training/batching.py):
+    DDP all-reduces the gradients of the step's last only (`no_sync` before it, the sum is the
+    same); FSDP reduce-scatters each one's, so a rank keeps only its shard of the gradients (the
+    memory FSDP is for)."""
+    if not last and isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+@torch.no_grad()
+def scale_gradients(model: nn.Module, factor: float) -> None:
+    """Multiply every gradient by `factor`: the sum over a step's micro-batches becomes their mean."""
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            parameter.grad.mul_(factor)
 
 
 def all_sum(values: list[float], device: torch.device) -> list[float]:

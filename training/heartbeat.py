@@ -5,7 +5,8 @@ Contract with the control plane:
     POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
     Authorization: Bearer {GPUYARD_ATTEMPT_SECRET}
     {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...},
-     "restore": {step, seconds} (once it restored a checkpoint), "checkpoint_stall_s": float (all told)}
+     "restore": {step, seconds} (once it restored a checkpoint), "checkpoint_stall_s": float (all told),
+     "throughput": {step_s, local_batch, accum_steps, global_batch} (once a step was measured)}
     200 -> {"lease_expires_at": iso8601, "lease_seconds": float, "action": "continue" | "checkpoint_and_stop"
             | "stop", "checkpoint_interval_s": float | null}
     401 -> the secret proves no live attempt (the attempt has ended, or it is not this attempt's secret),
@@ -113,6 +114,27 @@ class Overheads:
         return body
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """How fast the attempt's steps run, at what batch: what an elastic job's sizing reads (the
+    simulator's `sim/elastic/sizing.py` fits its step-time model from such reports)."""
+
+    step_s: float  # one optimizer step (its micro-batches' forward, backward and sync; the update)
+    local_batch: int  # each worker's micro-batch
+    accum_steps: int  # micro-batches per worker per step
+    global_batch: int  # examples per step over all workers
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "throughput": {
+                "step_s": round(float(self.step_s), 6),
+                "local_batch": self.local_batch,
+                "accum_steps": self.accum_steps,
+                "global_batch": self.global_batch,
+            }
+        }
+
+
 class HeartbeatError(RuntimeError):
     """The control plane answered something outside the contract."""
 
@@ -152,6 +174,7 @@ class HeartbeatClient:
         checkpoint: CheckpointRecord | None,
         metrics: Mapping[str, float] | None = None,
         overheads: Overheads | None = None,
+        throughput: Throughput | None = None,
     ) -> HeartbeatAnswer | None:
         """Send one heartbeat. None when the control plane could not be reached after the retries."""
         body: dict[str, Any] = {
@@ -160,6 +183,7 @@ class HeartbeatClient:
             "checkpoint": checkpoint.to_json() if checkpoint else None,
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
             **(overheads.to_json() if overheads is not None else {}),
+            **(throughput.to_json() if throughput is not None else {}),
         }
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
@@ -220,12 +244,15 @@ class HeartbeatAgent:
         monotonic: Callable[[], float] = time.monotonic,
         recorded: Callable[[str], None] = lambda url: None,
         overheads: Callable[[], Overheads] | None = None,
+        throughput: Callable[[], Throughput | None] | None = None,
     ) -> None:
         """`recorded`: told the URL of each checkpoint a beat carried that the control plane answered,
         which it has recorded as the job's newest. `overheads`: what each beat reports of the restore
-        and the checkpoint stalls."""
+        and the checkpoint stalls. `throughput`: what it reports of its steps' speed and batch (None:
+        nothing measured yet)."""
         self.client = client
         self.overheads = overheads
+        self.throughput = throughput
         self.recorded = recorded
         self.monotonic = monotonic
         self._lease_until: float | None = None  # monotonic time the last answered beat's lease lasts to
@@ -253,7 +280,13 @@ class HeartbeatAgent:
         step, checkpoint, metrics = self.progress()
         sent = self.monotonic()
         try:
-            answer = self.client.beat(step, checkpoint, metrics, self.overheads() if self.overheads else None)
+            answer = self.client.beat(
+                step,
+                checkpoint,
+                metrics,
+                self.overheads() if self.overheads else None,
+                self.throughput() if self.throughput else None,
+            )
         except HeartbeatError as exc:
             log.error("%s", exc)
             return None

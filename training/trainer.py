@@ -12,7 +12,9 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -24,10 +26,12 @@ from training import distributed, exit_codes, workloads
 from training.checkpoint import Checkpointer, CheckpointStore
 from training.config import Config, load
 from training.control import CheckpointSchedule, Preemption, decide, local_action, votes
-from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads
+from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads, Throughput
 from training.mlflow_tracking import Tracker, make_tracker
 
 log = logging.getLogger("training")
+
+MEASURED_STEPS = 20  # the step time a heartbeat reports: the median of the newest this many
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +75,16 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     events = EventLog(Path(cfg.workdir, "events.jsonl") if leader else None)
     workload = workloads.build(cfg, world)  # seeds the initial weights alike on every rank
     model, strategy, why, n_params = workload.model, workload.strategy, workload.reason, workload.n_parameters
+    split = workload.split
     if leader:
         log.info("model %s, %d parameters, strategy %s: %s", cfg.model.kind, n_params, strategy, why)
+        log.info(
+            "global batch %d over %d data-parallel workers: %d micro-batch(es) of %d each per step",
+            split.global_batch,
+            split.replicas,
+            split.accum_steps,
+            split.local_batch,
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
@@ -117,7 +129,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     tracker.set_tags({"gpuyard.strategy": strategy, "gpuyard.strategy_reason": why})
     tracker.log_metrics({"world_size": world.world_size}, step)
 
-    progress: dict[str, Any] = {"step": step, "metrics": {}}
+    progress: dict[str, Any] = {"step": step, "metrics": {}, "throughput": None}
     agent = None
     if leader and env.managed:
         client = HeartbeatClient(
@@ -133,6 +145,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             lambda: (progress["step"], ckpt.latest, progress["metrics"]),
             recorded=ckpt.recorded_by_control_plane,
             overheads=lambda: Overheads(restored_step, restore_s, sum(ckpt.stalls_s)),
+            throughput=lambda: progress["throughput"],
         ).start()
     schedule = CheckpointSchedule(cfg.checkpoint, agent)
     events.write(
@@ -143,6 +156,9 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         strategy=strategy,
         strategy_reason=why,
         n_parameters=n_params,
+        global_batch=split.global_batch,
+        local_batch=split.local_batch,
+        accum_steps=split.accum_steps,
     )
 
     def save(current: int, train_loss: float | None, *, force_sync: bool = False) -> None:
@@ -164,14 +180,21 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
 
     model.train()
     window: list[float] = []
+    step_times: deque[float] = deque(maxlen=MEASURED_STEPS)
     t_last = time.perf_counter()
     code = exit_codes.SUCCESS
     try:
         while step < cfg.train.max_steps:
+            began = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss_rows, rows = workload.forward_backward(step)
             optimizer.step()
             scheduler.step()
+            step_times.append(time.perf_counter() - began)
+            # Replaced whole, never changed in place: the heartbeat thread reads it.
+            progress["throughput"] = Throughput(
+                statistics.median(step_times), split.local_batch, split.accum_steps, split.global_batch
+            )
             if cfg.train.step_sleep_s:
                 time.sleep(cfg.train.step_sleep_s)
             step += 1

@@ -10,7 +10,10 @@ and its export at the end. A kind is an entry of `KINDS`; a new one is an additi
 
 The heartbeats, preemption votes, checkpoint schedule, fencing, MLflow run and events are the loop's,
 the same for every kind; the checkpoints hold the model and optimizer by parameter name whatever the
-layout, so a run saved in one layout resumes in another.
+layout, so a run saved in one layout resumes in another. Every kind keeps the global batch of a step
+fixed whatever the gang's size, each worker accumulating micro-batches where its share is larger
+than `train.micro_batch_size` (training/batching.py): a run resized between checkpoints computes the
+same steps.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from training import distributed, planner
+from training import batching, distributed, planner
+from training.batching import BatchSplit
 from training.config import Config, ConfigError, ModelConfig
 from training.data import Dataset, StepSampler, feature_stats, read_parquet, split
 from training.layouts import LAYOUT_FIELDS, LAYOUTS, SCHEDULES, LayoutSpec, degrees, from_plan, parallelize
@@ -49,6 +53,8 @@ class Workload(ABC):
     strategy: str
     reason: str
     """Why this strategy: the config named it, or the planner's reasons."""
+    split: BatchSplit
+    """How each step's global batch splits over the gang's data-parallel workers."""
 
     def __init__(self, cfg: Config, world: distributed.World) -> None:
         self.cfg = cfg
@@ -61,9 +67,10 @@ class Workload(ABC):
 
     @abstractmethod
     def forward_backward(self, step: int) -> tuple[float, float]:
-        """Step `step` (0-based) on this rank: forward and backward (gradients accumulated), returning
-        (loss x rows, rows), rows being the samples its loss stands for; the step's loss is the sum of
-        the first over the ranks divided by the sum of the second."""
+        """Step `step` (0-based) on this rank: forward and backward of each micro-batch of `split`,
+        leaving the gradient of the step's mean loss, returning (loss x rows, rows), rows being the
+        samples its loss stands for; the step's loss is the sum of the first over the ranks divided by
+        the sum of the second."""
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
@@ -151,7 +158,7 @@ class Classifier(Workload):
         super().__init__(cfg, world)
         self.data = split(read_parquet(cfg.data), cfg.data.val_fraction, cfg.seed)
         self.sampler = StepSampler(len(self.data.train), cfg.train.global_batch_size, cfg.seed)
-        self.sampler.local_batch(0, world.rank, world.world_size)  # fails early on an indivisible batch size
+        self.split = batching.split(cfg.train.global_batch_size, world.world_size, cfg.train.micro_batch_size)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         mean, std = feature_stats(self.data.train)
         base = MLPClassifier(self.n_features, cfg.model.hidden, cfg.model.dropout, mean, std)
@@ -168,12 +175,20 @@ class Classifier(Workload):
         return int(self.data.train.features.shape[1])
 
     def forward_backward(self, step: int) -> tuple[float, float]:
-        idx = self.sampler.local_batch(step, self.world.rank, self.world.world_size)
-        x = self.data.train.features[idx].to(self.world.device)
-        y = self.data.train.labels[idx].to(self.world.device)
-        loss = F.binary_cross_entropy_with_logits(self.model(x), y)
-        loss.backward()
-        return loss.item() * len(idx), float(len(idx))
+        """This rank's share of the step's global batch, in micro-batches of `split.local_batch`."""
+        share = self.sampler.local_batch(step, self.world.rank, self.world.world_size)
+        pieces = share.split(self.split.local_batch)
+        total = 0.0
+        for i, idx in enumerate(pieces):
+            x = self.data.train.features[idx].to(self.world.device)
+            y = self.data.train.labels[idx].to(self.world.device)
+            with distributed.micro_batch(self.model, last=i == len(pieces) - 1):
+                loss = F.binary_cross_entropy_with_logits(self.model(x), y)
+                loss.backward()
+            total += loss.item() * len(idx)
+        if len(pieces) > 1:
+            distributed.scale_gradients(self.model, 1.0 / len(pieces))
+        return total, float(len(share))
 
     def evaluate(self) -> dict[str, float]:
         return evaluate_classifier(self.model, self.data.val, self.world.device)
@@ -224,18 +239,31 @@ def _check_split(model: ModelConfig, tp: int, pp: int, where: str) -> None:
         )
 
 
-def check_layout(spec: LayoutSpec, model: ModelConfig, world_size: int, global_batch: int) -> None:
-    """What a layout's split of the gang's ranks must keep (a ConfigError names the field)."""
+def check_layout(
+    spec: LayoutSpec,
+    model: ModelConfig,
+    world_size: int,
+    global_batch: int,
+    micro_batch_size: int | None = None,
+) -> BatchSplit:
+    """What a layout's split of the gang's ranks must keep (a ConfigError names the field); returns
+    how each step's global batch splits over its data-parallel ranks. A pipeline accumulates over its
+    own micro-batches (`parallel.micro_batches`) and takes no `train.micro_batch_size`."""
     where = f"parallel.strategy {spec.name} on {world_size} ranks"
     dp, tp, pp = degrees(spec, world_size)
     if dp * tp * pp != world_size:
         field = "parallel.tp" if tp > 1 else "parallel.pp"
         raise ConfigError(f"{field}: {tp * pp} does not divide the {world_size} ranks ({where})")
     _check_split(model, tp, pp, where)
-    if global_batch % dp:
+    if pp > 1 and micro_batch_size is not None:
         raise ConfigError(
-            f"train.global_batch_size: {global_batch} does not split over {dp} data-parallel ranks ({where})"
+            "train.micro_batch_size: a pipeline accumulates over its own micro-batches "
+            f"(parallel.micro_batches); leave it null ({where})"
         )
+    try:
+        split = batching.split(global_batch, dp, micro_batch_size)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} ({where})") from None
     if pp > 1:
         micro = spec.micro_batches or pp
         if micro < pp or (global_batch // dp) % micro:
@@ -243,6 +271,7 @@ def check_layout(spec: LayoutSpec, model: ModelConfig, world_size: int, global_b
                 f"parallel.micro_batches: {micro} micro-batches must be at least the {pp} stages and divide "
                 f"each replica's {global_batch // dp} sequences ({where})"
             )
+    return split
 
 
 def plan_layout(
@@ -333,17 +362,27 @@ class LanguageModel(Workload):
             self.layout = LayoutSpec(p.strategy, tp, pp, p.micro_batches, p.schedule)
             self.reason = "set by config"
         self.strategy = self.layout.name
-        check_layout(self.layout, m, world.world_size, self.batch)
+        self.split = check_layout(self.layout, m, world.world_size, self.batch, cfg.train.micro_batch_size)
         self.parallel = parallelize(full, self.layout)
         self.model = self.parallel.model
 
     def forward_backward(self, step: int) -> tuple[float, float]:
+        """The step's global batch in `split.accum_steps` global micro-batches, each split by the
+        layout over its data-parallel ranks."""
         tokens = step_tokens(self.spec, self.batch, self.cfg.seed, step)
-        loss = self.parallel.forward_backward(tokens)
-        if loss is None:  # a pipeline stage before the last computes none
+        pieces = tokens.chunk(self.split.accum_steps)
+        losses = []
+        for i, chunk in enumerate(pieces):
+            with distributed.micro_batch(self.model, last=i == len(pieces) - 1):
+                loss = self.parallel.forward_backward(chunk)
+            if loss is not None:  # a pipeline stage before the last computes none
+                losses.append(float(loss.detach()))
+        if len(pieces) > 1:
+            distributed.scale_gradients(self.model, 1.0 / len(pieces))
+        if not losses:
             return 0.0, 0.0
         rows = self.parallel.weight * self.batch
-        return float(loss.detach()) * rows, rows
+        return sum(losses) / len(losses) * rows, rows
 
     def evaluate(self) -> dict[str, float]:
         return {"val_loss": self.parallel.evaluate(self.held_out)}

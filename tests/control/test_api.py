@@ -7,7 +7,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from gpuyard.api.schemas import JobOut
+from gpuyard.clock import utcnow
+from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.store import jobs as job_store
+from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import events, jobs
 from sqlalchemy import Engine, func, select
 
@@ -205,3 +208,40 @@ def test_health_readiness_metrics_and_openapi(api: TestClient, make_token: Calla
         spec["paths"]
     )
     assert "JobSpec" in spec["components"]["schemas"]
+
+
+def test_an_elastic_job_is_stored_at_its_launch_size_and_its_workers_report_their_throughput(
+    api: TestClient, make_token: Callable[..., str], engine: Engine
+) -> None:
+    """`gpus: {min, max}` is kept as written; the job is stored (and placed) at its min and admitted on
+    its max; its workers' heartbeats report step time and batch, kept on the attempt and shown."""
+    token = make_token("a")
+    elastic = {**EXAMPLE_SPEC, "resources": {"gpus": {"min": 1, "max": 2}, "gpu_types": ["cpu"]}}
+    response = api.post("/v1/jobs", json=elastic, headers=bearer(token))
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["spec"]["resources"]["gpus"] == {"min": 1, "max": 2}
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.gpus).where(jobs.c.id == job["id"])).scalar_one() == 1
+    beyond = {**EXAMPLE_SPEC, "resources": {"gpus": {"min": 1, "max": 3}, "gpu_types": ["cpu"]}}
+    refused = api.post("/v1/jobs", json=beyond, headers=bearer(token))  # the local node has 2 slots
+    assert refused.status_code == 422 and refused.json()["errors"][0]["path"] == "resources.gpus"
+
+    placement = Placement("local", "local", "local", (NodeSlice("local", (0,)),))
+    reservation = Reservation(job["id"], placement, False)
+    (attempt,) = reserve_batch(engine, [reservation], at=utcnow(), lease_ttl_s=60)
+    assert attempt is not None
+
+    def beat(**fields: Any) -> int:
+        body = {"fencing_token": attempt.fencing_token, "step": 5, **fields}
+        headers = bearer(attempt.attempt_secret or "")
+        return api.post(f"/v1/attempts/{attempt.id}/heartbeat", json=body, headers=headers).status_code
+
+    throughput = {"step_s": 0.25, "local_batch": 8, "accum_steps": 4, "global_batch": 32}
+    assert beat(throughput=throughput) == 200
+    assert beat() == 200  # a beat without it (an older worker, a plain command) keeps the last one
+    assert beat(throughput={**throughput, "local_batch": 0}) == 422
+    assert beat(throughput={**throughput, "step_s": 0}) == 422
+    assert beat(throughput={k: v for k, v in throughput.items() if k != "global_batch"}) == 422
+    shown = api.get(f"/v1/jobs/{job['id']}", headers=bearer(token)).json()["attempts"][0]
+    assert {k: shown[k] for k in throughput} == throughput

@@ -17,6 +17,7 @@ from training.heartbeat import (
     HeartbeatError,
     LauncherEnv,
     Overheads,
+    Throughput,
 )
 
 
@@ -76,6 +77,22 @@ def test_the_agent_reports_the_restore_and_the_checkpoint_stalls() -> None:
     assert first["restore"] == {"step": 40, "seconds": 2.5} and first["checkpoint_stall_s"] == 0.0
     assert second["restore"] == first["restore"] and second["checkpoint_stall_s"] == 1.25
     assert "restore" not in third and third["checkpoint_stall_s"] == 0  # it started afresh
+
+
+def test_the_agent_reports_the_measured_step_time_and_batch_once_a_step_was_measured() -> None:
+    """What an elastic job's sizing reads: seconds per step at the batch the workers run; a beat sent
+    before the first step was measured carries none (the API takes it as optional)."""
+    measured: list[Throughput | None] = [None]
+    with ControlPlane(lambda n, body: lease("continue")) as plane:
+        agent = HeartbeatAgent(client(plane), 3600, lambda: (0, None, {}), throughput=lambda: measured[0])
+        agent.beat_now()
+        measured[0] = Throughput(0.123456789, 8, 2, 32)
+        agent.beat_now()
+        agent.client.close()
+    first, second = plane.beats
+    assert "throughput" not in first
+    expected = {"step_s": 0.123457, "local_batch": 8, "accum_steps": 2, "global_batch": 32}
+    assert second["throughput"] == expected
 
 
 def test_checkpoint_and_stop_is_passed_on() -> None:

@@ -33,7 +33,7 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
     cfg, work = write_config(
         tmp_path,
         flights_parquet,
-        train={"max_steps": 500, "step_sleep_s": 0.1},
+        train={"max_steps": 500, "step_sleep_s": 0.1, "micro_batch_size": 8},
         checkpoint={"interval_steps": None, "interval_s": "auto", "auto_fallback_s": 1e6},
         heartbeat={"interval_s": 0.2},
     )
@@ -55,6 +55,12 @@ def test_checkpoint_and_stop_answer_stops_every_rank_with_a_reported_checkpoint(
     stalls = [b["checkpoint_stall_s"] for b in plane.beats]
     assert stalls == sorted(stalls) and last["checkpoint_stall_s"] > stalls[0] >= 0
     assert not any("restore" in b for b in plane.beats)
+    # What an elastic sizing reads: the measured step (the test's sleep is no part of it) at the batch
+    # of 2 workers of 16 examples a step each, in micro-batches of 8.
+    measured = [b["throughput"] for b in plane.beats if "throughput" in b]
+    assert measured and "throughput" in last
+    assert all(0 < m["step_s"] < 60 for m in measured)
+    assert {(m["local_batch"], m["accum_steps"], m["global_batch"]) for m in measured} == {(8, 2, 32)}
     manifest = CheckpointStore(ckpt_dir.as_uri()).latest()
     assert manifest is not None and manifest.step == exit_event["step"]
     assert manifest.run["job_id"] == "job-1" and manifest.run["attempt_id"] == "att-1"

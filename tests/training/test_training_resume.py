@@ -1,4 +1,5 @@
-"""Exact resume: a run preempted by SIGTERM and resumed ends where an uninterrupted run ends."""
+"""Exact resume: a run preempted by SIGTERM and resumed ends where an uninterrupted run ends; a run
+resized 2 -> 4 -> 1 (an elastic job's resizes) computes what an unresized run computes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
     store = CheckpointStore((workdir / "checkpoints").as_uri())
     latest = store.latest()
     assert latest is not None and latest.step == MAX_STEPS
-    return read_model_state(store.step_url(latest.step))
+    return read_model_state(store.step_url(latest.step, latest.writer_token))
 
 
 def baseline(tmp_path: Path, data: Path, strategy: str, nproc: int, dropout: float = 0.1) -> Path:
@@ -121,3 +122,56 @@ def test_fsdp_checkpoint_from_one_worker_resumes_on_two(
     reference = references["fsdp", 0.0]
     resumed = preempt_then_resume(tmp_path, flights_parquet, "fsdp", 1, 2, dropout=0.0)
     assert_same_run(reference, resumed, atol=1e-6)
+
+
+# Float32 sums in another order: the gradient of 32 examples summed over 1, 2 or 4 workers and 1, 2 or
+# 4 micro-batches (the reference: 2 workers of 16 each) differs from the reference's in the last bits,
+# and each step carries the difference on. Measured: at most 6e-8 on a step's loss, 3e-8 on a weight
+# (2026-12-06). The tolerance leaves a margin of 16; a step on other examples, or a lost optimizer
+# state, moves a loss by far more (the losses of successive steps here differ by 1e-3 to 2e-2). AdamW
+# normalizes the gradient's scale away: the mean over the micro-batches is checked on the gradients
+# themselves (test_training_batching.py).
+RESIZE_TOLERANCE = 1e-6
+
+
+def test_a_run_resized_2_4_1_computes_what_an_unresized_run_computes(
+    tmp_path: Path, flights_parquet: Path, references: References
+) -> None:
+    """An elastic job's resize is a checkpoint, a stop and a restart on the new size, resuming from that
+    checkpoint resharded by DCP (as the 1 -> 2 resume above). The global batch stays 32 at every size
+    (micro-batches of at most 8: 2 workers accumulate 2 each, 4 workers 1, 1 worker 4) and the data
+    of a step is the step's, so with dropout 0 each step's loss and the final weights are the
+    unresized FSDP run's within RESIZE_TOLERANCE.
+
+    Each gang is a new attempt (a higher fencing token, so its checkpoints are its own) handed the
+    checkpoint to resume from as the control plane hands a retry its job's newest
+    (GPUYARD_RESUME_URL): steps 1-4 on 2 workers, 5-8 on 4 (resumed from 2's step 4), 9-10 on 1
+    (resumed from 4's step 8). A gang trains on past the step the next one resumes from (stopping it
+    there would wait on a signal); what the next computes depends only on that checkpoint, and each
+    step's loss kept is the last written, the one of the gang that resumed before it."""
+    reference = references["fsdp", 0.0]
+    cfg, work = write_config(
+        tmp_path,
+        flights_parquet,
+        "resized",
+        parallel={"strategy": "fsdp"},
+        model={"dropout": 0.0},
+        train={"micro_batch_size": 8},
+        checkpoint={"keep_last": 10},
+    )
+    root = (work / "checkpoints").as_uri()
+    # (workers, fencing token, step resumed from, checkpoint every: only the steps the next resumes from)
+    phases = [(2, 1, None, 4), (4, 2, 4, 8), (1, 3, 8, None)]
+    for workers, token, resumed, every in phases:
+        env = {"GPUYARD_FENCING_TOKEN": str(token)}
+        if resumed is not None:
+            env["GPUYARD_RESUME_URL"] = f"{root}/step-{resumed:09d}-t{token - 1}"
+        last = token == len(phases)  # only the last gang saves its final step
+        overrides = [f"checkpoint.save_final={last}", f"checkpoint.interval_steps={every or 'null'}"]
+        assert run_workers(cfg, workers, work, env=env, overrides=overrides) == [exit_codes.SUCCESS] * workers
+    events = read_events(work)
+    starts = [(e["world_size"], e["local_batch"], e["accum_steps"]) for e in events if e["event"] == "start"]
+    assert starts == [(2, 8, 2), (4, 8, 1), (1, 8, 4)]
+    resumes = [(e["step"], e["saved_world_size"], e["world_size"]) for e in events if e["event"] == "resume"]
+    assert resumes == [(4, 2, 4), (8, 4, 1)]
+    assert_same_run(reference, work, atol=RESIZE_TOLERANCE)

@@ -55,6 +55,20 @@ class RestoreIn(BaseModel):
     seconds: float = Field(ge=0, le=MAX_SPAN_S, description="How long finding and loading it took")
 
 
+MAX_BATCH = 2**31 - 1  # the store's integers
+
+
+class ThroughputIn(BaseModel):
+    """The workers' newest measure of their steps: what an elastic job's sizing reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_s: float = Field(gt=0, le=MAX_SPAN_S, description="Seconds of one optimizer step, measured")
+    local_batch: int = Field(ge=1, le=MAX_BATCH, description="Each worker's micro-batch")
+    accum_steps: int = Field(ge=1, le=MAX_BATCH, description="Micro-batches accumulated per step")
+    global_batch: int = Field(ge=1, le=MAX_BATCH, description="Examples per optimizer step, all workers")
+
+
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +82,8 @@ class HeartbeatIn(BaseModel):
     checkpoint_stall_s: float | None = Field(
         None, ge=0, le=MAX_SPAN_S, description="Seconds the steps paused for checkpoint writes, all told"
     )
+    # Optional: workers from before it, and plain commands, send none.
+    throughput: ThroughputIn | None = None
 
 
 class HeartbeatOut(BaseModel):
@@ -98,6 +114,7 @@ def _beat(ctx: ApiContext, attempt_id: str, secret: str, body: HeartbeatIn) -> H
             stores=ctx.checkpoint_stores,
             restore=body.restore.model_dump() if body.restore is not None else None,
             checkpoint_stall_s=body.checkpoint_stall_s,
+            throughput=body.throughput.model_dump() if body.throughput is not None else None,
         )
     except attempt_store.Unproven:
         raise unauthorized(

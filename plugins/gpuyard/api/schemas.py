@@ -59,6 +59,10 @@ class AttemptOut(_Mirror):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     progress_lost_s: float | None = Field(None, description="Work since the last checkpoint, lost at its end")
+    step_s: float | None = Field(None, description="Seconds of one optimizer step, as its workers measured")
+    local_batch: int | None = Field(None, description="Each worker's micro-batch, as they last reported")
+    accum_steps: int | None = Field(None, description="Micro-batches each worker accumulates per step")
+    global_batch: int | None = Field(None, description="Examples per optimizer step over all its workers")
 
 
 class EventOut(_Mirror):

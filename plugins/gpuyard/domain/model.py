@@ -73,6 +73,12 @@ class Attempt:
     restore_s: float | None = None  # its workers' reports (docs/metrics.md)
     checkpoint_stall_s: float | None = None
     new_step_at: datetime | None = None  # first step past `resume_step` reported
+    # Its workers' newest measure (the heartbeat's `throughput`): seconds per optimizer step, each
+    # worker's micro-batch, micro-batches accumulated per step, the global batch.
+    step_s: float | None = None
+    local_batch: int | None = None
+    accum_steps: int | None = None
+    global_batch: int | None = None
     # The worker's proof of this attempt (domain/attempt_secret.py); None once it has ended. Out of
     # repr, so no log line of an attempt shows it.
     attempt_secret: str | None = field(default=None, repr=False)

@@ -270,6 +270,7 @@ def heartbeat(
     stores: CheckpointStores = CheckpointStores(),
     restore: dict[str, Any] | None = None,
     checkpoint_stall_s: float | None = None,
+    throughput: dict[str, Any] | None = None,
 ) -> Beat:
     """Renew the attempt's leases and record progress, only for a worker that proves the live attempt
     with its `secret` (Unproven) and holds its fencing token (StaleToken).
@@ -277,6 +278,8 @@ def heartbeat(
     What the accounting reads (docs/metrics.md): `restore` ({step, seconds}: the checkpoint its
     workers restored and how long that took), `checkpoint_stall_s` (all the seconds its steps paused
     for checkpoint writes so far), and the first beat with a step past the one it resumed from.
+    What an elastic sizing reads: `throughput` ({step_s, local_batch, accum_steps, global_batch}: its
+    workers' newest measure of their steps), kept as the newest beat carried it.
 
     Locks the job, then the attempt (the store's lock order), so a concurrent transition of either
     waits for this beat or is seen by it: a live attempt's own worker is never refused, and an ending
@@ -305,6 +308,8 @@ def heartbeat(
         if restore is not None:
             resume_step = restore["step"]
             changes |= {"resume_step": resume_step, "restore_s": float(restore["seconds"])}
+        if throughput is not None:
+            changes |= {k: throughput[k] for k in ("step_s", "local_batch", "accum_steps", "global_batch")}
         if checkpoint_stall_s is not None:
             # Beats may be answered out of order (retries): the worker's total only grows.
             changes["checkpoint_stall_s"] = max(checkpoint_stall_s, found.checkpoint_stall_s or 0.0)

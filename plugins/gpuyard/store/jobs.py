@@ -69,7 +69,7 @@ def new_job_row(
         "idempotency_key": idempotency_key,
         "state": JobState.PENDING.value,
         "priority": spec.priority_value,
-        "gpus": spec.resources.gpus,
+        "gpus": spec.resources.gpus,  # the size it is launched at (an elastic job's min)
         "created_by": created_by,
         "created_at": at,
         "updated_at": at,
@@ -267,5 +267,9 @@ def attempt_from_row(row: Any) -> Attempt:
         restore_s=row.restore_s,
         checkpoint_stall_s=row.checkpoint_stall_s,
         new_step_at=row.new_step_at,
+        step_s=row.step_s,
+        local_batch=row.local_batch,
+        accum_steps=row.accum_steps,
+        global_batch=row.global_batch,
         attempt_secret=row.attempt_secret,
     )

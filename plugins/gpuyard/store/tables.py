@@ -148,6 +148,13 @@ attempts = Table(
     Column("restore_s", Float),
     Column("checkpoint_stall_s", Float),
     Column("new_step_at", UtcDateTime()),
+    # Its workers' newest measure of their speed (training/heartbeat.py `Throughput`), what an elastic
+    # sizing reads: the seconds of one optimizer step at its size, and the batch it ran at: each
+    # worker's micro-batch, the micro-batches it accumulates per step, the global batch of a step.
+    Column("step_s", Float),
+    Column("local_batch", Integer),
+    Column("accum_steps", Integer),
+    Column("global_batch", Integer),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     # (job, number) is the idempotency key of a launch: a duplicate message cannot make a second one.
