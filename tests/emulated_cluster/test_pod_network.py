@@ -21,7 +21,7 @@ from servers import open_directory, wait_until
 
 from .test_agent import IMAGE, phase, pod
 
-pytestmark = pytest.mark.skipif(not Bridge.possible(), reason="network namespaces need root and iproute2")
+pytestmark = pytest.mark.requires(Bridge.possible(), "network namespaces need root and iproute2")
 
 SERVE = """
 import socket, sys

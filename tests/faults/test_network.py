@@ -14,7 +14,7 @@ import pytest
 
 from .network import Network
 
-pytestmark = pytest.mark.skipif(not Network.possible(), reason="network namespaces need root and iproute2")
+pytestmark = pytest.mark.requires(Network.possible(), "network namespaces need root and iproute2")
 
 PROBE = """
 import socket, sys

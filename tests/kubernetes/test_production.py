@@ -55,7 +55,7 @@ pytestmark = [
     pytest.mark.starts_first,
     pytest.mark.postgres,
     pytest.mark.redis,
-    pytest.mark.skipif(not Bridge.possible(), reason="the pods' network namespaces need root and iproute2"),
+    pytest.mark.requires(Bridge.possible(), "the pods' network namespaces need root and iproute2"),
 ]
 
 IMAGE = "registry.example/train@sha256:" + "a" * 64  # production admits images pinned by digest only

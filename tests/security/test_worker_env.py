@@ -24,7 +24,7 @@ from gpuyard.launchers.local import LocalLauncher
 from gpuyard.secrets.files import FileSecretStore, SecretNotFound
 from servers import open_directory, wait_until
 
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="workers change user only where the launcher is root")
+as_root = pytest.mark.requires(os.geteuid() == 0, "workers change user only where the launcher is root")
 LAUNCHERS_USER, TEAM_USERS = worker_env.UserRule(team_users=False), worker_env.UserRule(team_users=True)
 SERVER_ENV = {
     "GPUYARD_HOME": "/srv/gpuyard",
