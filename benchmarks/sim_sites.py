@@ -12,7 +12,9 @@ x its parameters, the parameters from its GPU count (`sim.sites.PARAMS_BY_GPUS`,
 
 Policies: `stay` (a job waits for the site holding its checkpoint, else its home) and `gpuyard` (the
 same, but a job waiting there starts or resumes at another site with room once its wait so far
-reaches its checkpoint's copy time; a job not started yet copies nothing). docs/simulator.md, "Sites".
+reaches its checkpoint's copy time; a job not started yet copies nothing, its data being at both
+sites unless `--staging-gb` puts that much at its home site, which an attempt elsewhere then stages
+first). docs/simulator.md, "Sites".
 
     .venv/bin/python benchmarks/sim_sites.py [--trace FILE] [--start T] [--end T] [--split gpu_time]
 """
@@ -93,7 +95,7 @@ def main() -> None:
         "--staging-gb",
         type=float,
         default=0.0,
-        help="GB a job not started yet copies to start away from home (its data, image); 0: none",
+        help="GB of data each job reads, at its home site: an attempt elsewhere stages it; 0: none",
     )
     args = parser.parse_args()
 
@@ -145,8 +147,9 @@ def main() -> None:
     if not events:
         print("site event: none (--event-fraction 0)")
     print(
-        f"a job not started yet stages {args.staging_gb:g} GB to start away from its home site"
-        + (" (its data and image are at both sites)" if not args.staging_gb else "")
+        f"each job reads {args.staging_gb:g} GB of data held at its home site: an attempt elsewhere stages it"
+        if args.staging_gb
+        else "a job's data and image are at both sites: nothing is staged"
     )
     print(
         f"WAN: RTT {args.rtt_ms:g} ms, egress ${args.egress:g}/GB; "

@@ -315,7 +315,7 @@ def test_gpuyard_takes_borrowed_gpus_back_only_from_more_served_work() -> None:
 
 
 def test_a_policy_names_its_plugins_and_rules_and_an_unknown_name_is_refused_as_it_is_built() -> None:
-    known = "expected one of ['checkpoint_locality', 'pack', 'price', 'spot_fit']"
+    known = "expected one of ['checkpoint_locality', 'data_locality', 'pack', 'price', 'spot_fit']"
     with pytest.raises(ValueError, match=re.escape(f"policy 'x': unknown score 'packing'; {known}")):
         Policy("x", fifo_order, scores=(("packing", 1.0),))
     with pytest.raises(ValueError, match="policy 'x': unknown filter 'gpu'"):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpuyard.domain.feasibility import TeamQuota, check_feasible, check_quota
+from gpuyard.domain.feasibility import TeamQuota, check_data_sites, check_feasible, check_quota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.spec import JobSpec, SpecRejected, parse_spec
 from hypothesis import given, settings
@@ -197,6 +197,51 @@ def test_a_gang_that_fits_one_domain_is_feasible() -> None:
     assert check_feasible(unknown, FLEET) == []  # nodes that do not say are not held to it
     pinned = parse_spec(with_(resources={"gpus": 4, "gpu_types": ["a100"]}, sites=["west"]))
     assert [v.path for v in check_feasible(pinned, FLEET)] == ["sites"]
+
+
+def test_a_data_input_may_carry_its_size_and_the_sites_holding_it() -> None:
+    spec = parse_spec(
+        with_(
+            data=[
+                {"uri": "s3://lake-east/flights/", "size": "40G", "sites": ["east"]},
+                {"uri": "s3://lake/ref/", "size": "1.5Ti", "sites": ["east", "west"]},
+                {"uri": "s3://lake/out/", "access": "write", "size": 1024},
+                {"uri": "s3://lake/old/"},  # as before: no size, no site
+            ]
+        )
+    )
+    assert [(d.size_bytes, d.sites) for d in spec.data] == [
+        (40 * 10**9, ("east",)),
+        (int(1.5 * 2**40), ("east", "west")),
+        (1024, ()),
+        (None, ()),
+    ]
+    assert parse_spec(json.loads(spec.canonical_json())) == spec
+    assert check_data_sites(spec, FLEET) == []
+    bad = violations(
+        with_(
+            data=[
+                {"uri": "s3://a/", "size": "40 GB"},
+                {"uri": "s3://b/", "size": -1},
+                {"uri": "s3://c/", "size": True},
+                {"uri": "s3://d/", "sites": ["east", "east"]},
+                {"uri": "s3://e/", "sites": ["East"]},
+                {"uri": "s3://f/", "size": 1.5},  # a float crashed the byte parser (a 500 at the API)
+            ]
+        )
+    )
+    assert bad == {
+        "data.0.size": "expected a byte quantity such as '16Gi' or '512Mi', got '40 GB'",
+        "data.1.size": "expected a non-negative byte count, got -1",
+        "data.2.size": "expected a string or a number, got bool",
+        "data.3.sites": "a site is named twice: ['east', 'east']",
+        "data.4.sites.0": "expected a lowercase DNS label (a-z, 0-9, '-', at most 63 characters), got 'East'",
+        "data.5.size": "expected a byte quantity such as '16Gi' or '512Mi', got 1.5",
+    }
+    misspelt = parse_spec(with_(data=[{"uri": "s3://a/", "sites": ["west", "eest"]}]))
+    assert {v.path: v.rule for v in check_data_sites(misspelt, FLEET)} == {
+        "data.0.sites": "the fleet has no site 'eest'; its sites: ['east', 'west']"
+    }
 
 
 def test_quota_limits_gpus_per_job_and_types() -> None:

@@ -109,7 +109,7 @@ def pending_at_a(waited_s: float, now: datetime) -> PendingJob:
         submitted_at=now - timedelta(hours=5),
         checkpoint_site="a",
         home_site="a",
-        move_bytes=SEVEN_B,
+        checkpoint_bytes=SEVEN_B,
         queued_at=now - timedelta(seconds=waited_s),
     )
 

@@ -18,7 +18,7 @@ from gpuyard.api.problems import PROBLEM_RESPONSES, Problem, not_found
 from gpuyard.api.schemas import JobDetailOut, JobOut, JobPage
 from gpuyard.domain.admission import check_admission
 from gpuyard.domain.checkpoint_roots import check_checkpoint_url, roots_for
-from gpuyard.domain.feasibility import check_feasible, check_quota
+from gpuyard.domain.feasibility import check_data_sites, check_feasible, check_quota
 from gpuyard.domain.spec import JobSpec, SpecRejected, SpecViolation
 from gpuyard.domain.states import JobState
 from gpuyard.store import jobs as job_store
@@ -65,6 +65,7 @@ async def _admit(ctx: ApiContext, caller: Principal, spec: JobSpec) -> None:
         ),
         *_missing_secrets(ctx, spec),
         *infeasible,
+        *check_data_sites(spec, ctx.fleet),
     ]
     if violations:
         raise SpecRejected(violations)

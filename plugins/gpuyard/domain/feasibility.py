@@ -131,3 +131,19 @@ def check_feasible(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
             f"but the largest domain offers {best_domain} such node(s)",
         )
     ]
+
+
+def check_data_sites(spec: JobSpec, fleet: Fleet) -> list[SpecViolation]:
+    """Every site its data names is a site of the fleet: a misspelt one would hold nothing, and every
+    start would be charged the staging of that data."""
+    named = [(i, site) for i, data in enumerate(spec.data) for site in data.sites]
+    if not named:
+        return []
+    sites = fleet.site_names
+    return [
+        SpecViolation(
+            path=f"data.{i}.sites", rule=f"the fleet has no site {site!r}; its sites: {sorted(sites)}"
+        )
+        for i, site in named
+        if site not in sites
+    ]

@@ -160,10 +160,31 @@ class _Value(BaseModel):
 
 
 class DataAccess(_Value):
-    """A dataset the job reads or writes; the scheduler places jobs where this access exists."""
+    """A dataset the job reads or writes; the scheduler places jobs where this access exists, and
+    prefers a site holding what they read: a start elsewhere stages it there first, at the link's
+    rate (`domain.sites`)."""
 
     uri: Url
     access: Literal["read", "write"] = "read"
+    size: ByteQuantity | None = Field(
+        None,
+        description="Its size, e.g. '40G' or '1.5Ti': what a start at a site holding no copy of it "
+        "stages there first (read data only); default: not known, nothing is charged.",
+    )
+    sites: tuple[Name, ...] = Field(
+        (), description="The sites holding a copy of it; empty: every site reaches it alike."
+    )
+
+    @field_validator("sites")
+    @classmethod
+    def _sites_once(cls, sites: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(sites)) != len(sites):
+            raise ValueError(f"a site is named twice: {list(sites)}")
+        return sites
+
+    @property
+    def size_bytes(self) -> int | None:
+        return None if self.size is None else parse_bytes(self.size)
 
 
 MAX_GPUS = 4096  # per job: far below what the store's integers hold

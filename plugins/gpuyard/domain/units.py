@@ -21,7 +21,7 @@ def parse_bytes(value: str | int) -> int:
         if value < 0:
             raise ValueError(f"expected a non-negative byte count, got {value}")
         return value
-    match = _QUANTITY.match(value.strip())
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None  # 1.5 bytes: no
     if not match:
         raise ValueError(f"expected a byte quantity such as '16Gi' or '512Mi', got {value!r}")
     unit = match["unit"]

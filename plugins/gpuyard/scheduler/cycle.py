@@ -118,13 +118,12 @@ class _Eligibility:
             self._cache[key] = found
         return found
 
-    def at_site(self, job: PendingJob, site: str, inside: bool) -> dict[DomainKey, list[Node]]:
-        """The job's eligible domains inside `site` (`inside`), or at every other site; kept across
-        cycles with the fleet's other answers."""
-        key = (self.key(job), site, inside)
+    def at_sites(self, job: PendingJob, sites: tuple[str, ...]) -> dict[DomainKey, list[Node]]:
+        """The job's eligible domains at `sites`; kept across cycles with the fleet's other answers."""
+        key = (self.key(job), sites)
         found = self._cache.get(key)
         if found is None:
-            found = {d: nodes for d, nodes in self.domains(job).items() if (d[0] == site) == inside}
+            found = {d: nodes for d, nodes in self.domains(job).items() if d[0] in sites}
             self._cache[key] = found
         return found
 
@@ -233,14 +232,12 @@ Search = tuple[dict[DomainKey, list[Node]], tuple[object, ...]]
 
 def _searches(job: PendingJob, where: Where, eligibility: _Eligibility) -> list[Search]:
     """The domains searched for the job, in turn, each with the key the cycle remembers its answer
-    by: all of them, or its own site's and then (when it may move) the other sites'."""
+    by: all of them, or its own site's and then those of the sites it may move to."""
     if where.site is None:
         return [(eligibility.domains(job), eligibility.key(job))]
     key = eligibility.key(job)
-    found: list[Search] = [(eligibility.at_site(job, where.site, True), (key, where.site, True))]
-    if where.may_move:
-        found.append((eligibility.at_site(job, where.site, False), (key, where.site, False)))
-    return found
+    groups = [(where.site,), where.moves] if where.moves else [(where.site,)]
+    return [(eligibility.at_sites(job, sites), (key, sites)) for sites in groups]
 
 
 def _find(
@@ -357,7 +354,7 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         if admitted is None:
             result.waiting[job.id] = failed[alike] = parked[kind] = OVER_QUOTA
             continue
-        why = NO_ROOM_AT_SITE if where.site is not None and not where.may_move else NO_ROOM
+        why = NO_ROOM_AT_SITE if where.site is not None and not where.moves else NO_ROOM
         result.waiting[job.id] = failed[alike] = parked[kind] = why
         if policy.reserve_head and not result.reserved_for and job.nodes * job.gpus_per_node > 1:
             domains = own

@@ -11,6 +11,7 @@ from sqlalchemy import Connection
 
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
+from gpuyard.domain.sites import Held
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import teams as team_store
@@ -61,6 +62,8 @@ def pending_job(job: Job) -> PendingJob:
         data_uris=tuple(d.uri for d in spec.data),
         checkpoint_site=job.checkpoint_site,
         attained_gpu_s=job.attained_gpu_s,
+        # What it reads where its spec says (outputs are written at the end, not staged before).
+        data=tuple(Held(d.size_bytes or 0, d.sites) for d in spec.data if d.access == "read" and d.sites),
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuyard.domain.fleet import Node, holds_host_resources
+from gpuyard.domain.sites import held_share
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 
 SPOT_TAINT = "gpuyard.io/spot"
@@ -83,6 +84,12 @@ def checkpoint_locality(job: PendingJob, nodes: list[Node], state: ClusterState)
     return 100.0 if job.checkpoint_site is None or nodes[0].site == job.checkpoint_site else 0.0
 
 
+def data_locality(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
+    """Start where the data is: a start elsewhere stages what the site lacks first. The share of
+    its data (by bytes) found at the site."""
+    return 100.0 if not job.data else 100.0 * held_share(nodes[0].site, job.data)
+
+
 def price(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
     highest = state.highest_price or 1.0
     return 100.0 * (1 - max(n.price_per_gpu_hour for n in nodes) / highest)
@@ -97,6 +104,7 @@ def spot_fit(job: PendingJob, nodes: list[Node], state: ClusterState) -> float:
 SCORES: dict[str, Score] = {
     "pack": pack,
     "checkpoint_locality": checkpoint_locality,
+    "data_locality": data_locality,
     "price": price,
     "spot_fit": spot_fit,
 }

@@ -98,6 +98,7 @@ DEFAULT_SCORES: tuple[tuple[str, float], ...] = (
     ("checkpoint_locality", 2.0),
     ("price", 1.0),
     ("spot_fit", 1.0),
+    ("data_locality", 2.0),
 )
 
 

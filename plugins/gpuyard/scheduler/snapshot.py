@@ -14,7 +14,7 @@ from datetime import datetime
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node, holds_host_resources
 from gpuyard.domain.placement import Placement
-from gpuyard.domain.sites import Wan
+from gpuyard.domain.sites import Held, Wan, least_copied
 
 # Tiresias' discretized 2D-LAS queue thresholds, in GPU-seconds of attained service.
 LAS_THRESHOLDS = (3250.0, 7200.0)
@@ -45,11 +45,10 @@ class PendingJob:
     data_uris: tuple[str, ...] = ()
     checkpoint_site: str | None = None  # where its newest checkpoint is, if any
     attained_gpu_s: float = 0.0  # service received so far (for least-attained-service policies)
-    # The site its team submits it at, where its data and image are; None: no site is its own.
+    # The site its team submits it at; None: no site is its own.
     home_site: str | None = None
-    # What starting at another site than `state_site` copies: its newest checkpoint, or (not started)
-    # whatever it must stage there; 0: nothing.
-    move_bytes: float = 0.0
+    checkpoint_bytes: float = 0.0  # the size of its newest checkpoint; 0: none, or not known
+    data: tuple[Held, ...] = ()  # what it reads that some sites hold, with its size (0: not known)
     queued_at: datetime | None = None  # when it last joined the queue; None: at its submission
     # What the filters read of the job, derived once: jobs of one shape fit (or not) on the same nodes.
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
@@ -59,6 +58,11 @@ class PendingJob:
     age: tuple[float, str] = field(init=False, repr=False, compare=False)
     # Everything but its age that the cycle's rules read of a job: jobs of one kind fare alike.
     kind: tuple[object, ...] = field(init=False, repr=False, compare=False)
+    # What a start copies to its site first unless a copy lies there: its checkpoint and its data.
+    needs: tuple[Held, ...] = field(init=False, repr=False, compare=False)
+    # Its own site: of those holding its checkpoint or data and its home (that it may run at), where
+    # a start copies least (ties: its checkpoint's, its home, its data's); None: no site is its own.
+    own_site: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         shape = (
@@ -77,16 +81,17 @@ class PendingJob:
         object.__setattr__(self, "las", las_queue(self.attained_gpu_s))
         object.__setattr__(self, "age", (self.submitted_at.timestamp(), self.id))
         object.__setattr__(self, "kind", (self.team, shape, self.priority, self.las))
+        needs = self.data
+        if self.checkpoint_site is not None:
+            needs = (*needs, Held(self.checkpoint_bytes, (self.checkpoint_site,)))
+        object.__setattr__(self, "needs", needs)
+        named = (self.checkpoint_site, self.home_site, *(s for held in self.data for s in held.sites))
+        own = [s for s in dict.fromkeys(named) if s is not None and (not self.sites or s in self.sites)]
+        object.__setattr__(self, "own_site", least_copied(own, needs))
 
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
-
-    @property
-    def state_site(self) -> str | None:
-        """Where what it resumes from lies: its checkpoint's site, else (not started, or nothing
-        saved) its home site; None: nowhere in particular."""
-        return self.checkpoint_site if self.checkpoint_site is not None else self.home_site
 
     def waited_s(self, now: datetime) -> float:
         """How long it has been queued this time (since it joined the queue, or was requeued)."""

@@ -13,10 +13,11 @@ A preemption asks for one more checkpoint and releases the GPUs once it is writt
 a node interruption kills every attempt on the node at once, which loses the progress made since its
 last complete checkpoint, and the node comes back after `node_down_s`.
 
-With a site model (`SimConfig.sites`, sim/sites.py) each job has a home site; an attempt started at
-another site than the one holding the job's state first copies its checkpoint there over the WAN,
-GPUs held, each direction's link shared equally by the copies under way; and site events take part
-of a site down for a while, its attempts lost as at an interruption.
+With a site model (`SimConfig.sites`, sim/sites.py) each job has a home site, where its data lies;
+an attempt first copies to its site what it lacks there (its checkpoint, its data: the cycle's own
+`PendingJob.needs`) over the WAN, GPUs held, each direction's link shared equally by the copies
+under way; and site events take part of a site down for a while, its attempts lost as at an
+interruption.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from datetime import datetime, timedelta
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node
 from gpuyard.domain.placement import Placement
-from gpuyard.domain.sites import egress_usd, transfer_s
+from gpuyard.domain.sites import Held, copy_source, egress_usd, staged_bytes
 from gpuyard.domain.states import AttemptState
 from gpuyard.scheduler.cycle import run_cycle
 from gpuyard.scheduler.policy import Policy
+from gpuyard.scheduler.sites import pays_after_s
 from gpuyard.scheduler.snapshot import LAS_THRESHOLDS, ClusterState, FleetIndex, PendingJob, RunningAttempt
 from gpuyard.scheduler.starvation import Standing, StarvationGuard
 from gpuyard.sim.sites import SiteModel
@@ -196,9 +198,9 @@ class Totals:
     cycles: int = 0
     # Free GPUs that no queued job can use (fragments), integrated between the first and last submit.
     stranded_in_window_gpu_s: float = 0.0
-    # Sites (SimConfig.sites): attempts started at another site than the one holding the job's state
-    # (its checkpoint's, else its home), those of them that copied a checkpoint, what they all copied
-    # (checkpoints and staging).
+    # Sites (SimConfig.sites): attempts started at another site than the job's own (where a start
+    # copies least: `PendingJob.own_site`), those of them that copied a checkpoint, what all attempts
+    # copied (checkpoints and staged data).
     moves: int = 0
     checkpoint_moves: int = 0
     bytes_moved: float = 0.0
@@ -557,6 +559,7 @@ class Simulator:
 
     def _enqueue(self, job: _Job, t: float) -> None:
         job.pending_since_s = t
+        checkpoint_bytes, data = self._held(job)
         self.pending[job.trace.id] = job
         self.queue[job.trace.id] = PendingJob(
             id=job.trace.id,
@@ -570,28 +573,28 @@ class Simulator:
             checkpoint_site=job.checkpoint_site if job.saved_s > 0 else None,
             attained_gpu_s=job.attained_gpu_s,
             home_site=job.home,
-            move_bytes=self._move_bytes(job),
+            checkpoint_bytes=checkpoint_bytes,
+            data=data,
             queued_at=self._now(t),
         )
         self.queued_sizes[job.gpus] += 1
         self.queued_needs[(job.trace.gpu_types, job.gpus // job.nodes)] += 1
         self._wake_when_starving(job, t)
-        copy = self._copy_s(job)
-        if copy > 0 and self.policy.site_rule.waits:
-            self._push(t + copy + 1e-6, _MOVE_PAYS, None)  # a cycle when its wait reaches its copy
+        model = self.config.sites
+        if model is not None and self.policy.site_rule.waits:
+            for wait in pays_after_s(self.queue[job.trace.id], self.index.sites, model.wan):
+                self._push(t + wait + 1e-6, _MOVE_PAYS, None)  # a cycle when a move starts to pay
 
-    def _move_bytes(self, job: _Job) -> float:
-        """What moving the job copies, with a site model: its checkpoint, or (nothing saved yet) what
-        it stages (`SiteModel.staging_bytes`). Without one nothing is counted."""
+    def _held(self, job: _Job) -> tuple[float, tuple[Held, ...]]:
+        """With a site model, the sizes of what a start of the job needs at its site: its checkpoint
+        (with saved progress), and its data (`SiteModel.staging_bytes`) at its home site. Without
+        one, nothing."""
         model = self.config.sites
         if model is None:
-            return 0.0
-        return model.checkpoint_bytes(job.trace.gpus) if job.saved_s > 0 else model.staging_bytes
-
-    def _copy_s(self, job: _Job) -> float:
-        """Its copy time alone on the link (others under way only delay it: a cycle then comes later)."""
-        model = self.config.sites
-        return 0.0 if model is None else transfer_s(self._move_bytes(job), model.wan)
+            return 0.0, ()
+        assert job.home is not None
+        checkpoint = model.checkpoint_bytes(job.trace.gpus) if job.saved_s > 0 else 0.0
+        return checkpoint, ((Held(model.staging_bytes, (job.home,)),) if model.staging_bytes else ())
 
     def _dequeue(self, job_id: str) -> _Job:
         job = self.pending.pop(job_id)
@@ -694,7 +697,7 @@ class Simulator:
                 by_rule = self.totals.preemptions_by_rule
                 by_rule[eviction.rule] = by_rule.get(eviction.rule, 0) + 1
         for placed in result.placed:
-            self._start(self._dequeue(placed.job.id), placed.placement, placed.borrowed, t)
+            self._start(self._dequeue(placed.job.id), placed.job, placed.placement, placed.borrowed, t)
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -709,7 +712,7 @@ class Simulator:
             return self.config.fixed_interval_s
         return math.sqrt(2.0 * cost * (1.0 / rate))  # Young/Daly, with the gang's combined MTBI
 
-    def _start(self, job: _Job, placement: Placement, borrowed: bool, t: float) -> None:
+    def _start(self, job: _Job, queued: PendingJob, placement: Placement, borrowed: bool, t: float) -> None:
         if placement.gpus != job.gpus or len(placement.slices) != job.nodes:
             raise SimulationError(
                 f"{job.trace.id} asked {job.nodes} x {job.gpus // job.nodes}, got {placement}"
@@ -735,7 +738,7 @@ class Simulator:
         if borrowed:
             self.borrowed[team] = self.borrowed.get(team, 0) + job.gpus
         restore = self.config.restore_s if job.saved_s > 0 else 0.0
-        size = self._moved(job, placement)
+        size, source = self._copy(queued, placement)
         interval = self._interval(placement)
         remaining = job.work_s - job.saved_s
         checkpoints = (
@@ -761,9 +764,7 @@ class Simulator:
             job.first_start_s = t
         job.pending_s += t - job.pending_since_s
         self.running[attempt_id] = attempt
-        if size > 0:
-            source = job.checkpoint_site if job.saved_s > 0 else job.home
-            assert source is not None
+        if source is not None:
             self._begin_copy(attempt, (source, placement.site), size, t)
         if self.preempting:
             self._refresh(attempt, t)
@@ -777,22 +778,19 @@ class Simulator:
         if self.observer is not None:
             self.observer(LeaseRecord(t, "start", job.trace.id, attempt_id, placement))
 
-    def _moved(self, job: _Job, placement: Placement) -> float:
-        """With a site model, count an attempt placed at another site than the one holding the job's
-        state (its checkpoint's, else its home) as a move, and return the bytes it copies: its
-        checkpoint, or with nothing saved what it stages (`SiteModel.staging_bytes`; by default
-        nothing: its data and image are at every site). No site model: 0."""
-        model = self.config.sites
-        if model is None:
-            return 0.0
-        source = job.checkpoint_site if job.saved_s > 0 else job.home
-        if source is None or placement.site == source:
-            return 0.0
-        self.totals.moves += 1
-        size = self._move_bytes(job)
-        if size > 0 and job.saved_s > 0:
-            self.totals.checkpoint_moves += 1
-        return size
+    def _copy(self, job: PendingJob, placement: Placement) -> tuple[float, str | None]:
+        """What the attempt copies to its site first, as the cycle reckoned it (`domain.sites`): the
+        bytes and the site they come from (None: nothing to copy). An attempt away from the job's own
+        site counts as a move, and one that copies its checkpoint as a checkpoint move."""
+        site = placement.site
+        if self.config.sites is None:
+            return 0.0, None
+        if job.own_site is not None and site != job.own_site:
+            self.totals.moves += 1
+            if job.checkpoint_site not in (None, site) and job.checkpoint_bytes > 0:
+                self.totals.checkpoint_moves += 1
+        size = staged_bytes(site, job.needs)
+        return (size, copy_source(site, job.needs)) if size > 0 else (0.0, None)
 
     # -- copies between sites: each direction's link shared equally by its copies ----------------
 

@@ -3,7 +3,8 @@ moves, and site events (a site losing part of its nodes for a while).
 
 The engine (`engine.Simulator`, `SimConfig.sites`) reads a `SiteModel`: the WAN between the sites
 (`domain.sites.Wan`), the home site of every team, the checkpoint size of a job (16 bytes per
-parameter, the parameters from its GPU count by `PARAMS_BY_GPUS`) and the site events. The policies
+parameter, the parameters from its GPU count by `PARAMS_BY_GPUS`), the data a job reads at its home
+site, and the site events. The policies
 decide where jobs go (`scheduler/sites.py`); the engine charges what a move costs. docs/simulator.md,
 "Sites", states the model and its assumptions.
 """
@@ -158,8 +159,8 @@ class SiteModel:
     events: tuple[SiteEvent, ...] = ()
     params_by_gpus: tuple[tuple[int, float], ...] = PARAMS_BY_GPUS
     bytes_per_param: float = BYTES_PER_PARAM
-    # What a job not started yet copies to start away from its home site (its data and image); 0:
-    # they are at every site already.
+    # The bytes of data (and image) each job reads, held at its home site: an attempt at another site
+    # stages them first (`PendingJob.data`, the service's rule); 0: they are at every site already.
     staging_bytes: float = 0.0
 
     def __post_init__(self) -> None:
