@@ -203,15 +203,6 @@ FIRST = "first:"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """`requires(possible, what)`: the suite has no skips (tests/README.md), so a test this machine
-    cannot run fails and says what it lacks."""
-    for mark in item.iter_markers("requires"):
-        possible, what = mark.args
-        if not possible:
-            pytest.fail(f"this machine cannot run it: {what}", pytrace=False)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.iter_markers("xdist_group")):
@@ -238,6 +229,15 @@ class StartsFirst(LoadGroupScheduling):
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> StartsFirst | None:
     return StartsFirst(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`requires(possible, what)`: the suite has no skips (tests/README.md), so a test this machine
+    cannot run fails and says what it lacks."""
+    for mark in item.iter_markers("requires"):
+        possible, what = mark.args
+        if not possible:
+            pytest.fail(f"this machine cannot run it: {what}", pytrace=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
