@@ -277,9 +277,15 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
         lambda: world.gpuyard.job(job["id"])["state"] == "CANCELLED", 240, 0.5, what="the job cancelled"
     )
     assert world.airflow.ti(dag, run, "train")["state"] == "failed"
-    told = "\n".join(world.airflow.logs(dag, run, "train").values())
+    # on_kill cancels the job, then logs it: the triggerer's log may reach the file after the job ended
+    said = f"gpuyard job {job['id']}: cancelled (the task was stopped by a user)"
+
+    def told_it() -> str | None:
+        text = "\n".join(world.airflow.logs(dag, run, "train").values())
+        return text if said in text else None
+
+    told = wait_until(told_it, 60, 0.5, what="on_kill's line in the task's log")
     assert "Trigger cancelled by user action, invoking on_kill" in told
-    assert f"gpuyard job {job['id']}: cancelled (the task was stopped by a user)" in told
 
 
 def test_execution_timeout_cancels_the_job_at_the_deadline(world: World) -> None:
