@@ -20,6 +20,7 @@ def private(feast_config, tmp_path_factory):
     """A copy of the prepared sample with its own Feast repository, a training set and a model in MLflow."""
     import mlflow
     import mlflow.sklearn
+    import sklearn
     from sklearn.linear_model import LinearRegression
 
     root = tmp_path_factory.mktemp("parity")
@@ -42,7 +43,11 @@ def private(feast_config, tmp_path_factory):
         )
         with mlflow.start_run(experiment_id=experiment):
             model = LinearRegression().fit(data[columns].to_numpy(dtype="float32"), data["is_late"])
-            info = mlflow.sklearn.log_model(model, name="model")
+            # requirements named, as training/mlflow_tracking.py names them: inferring them runs the
+            # model in a subprocess that imports what it needs (8 of the fixture's 20 CPU-s)
+            info = mlflow.sklearn.log_model(
+                model, name="model", pip_requirements=[f"scikit-learn=={sklearn.__version__}"]
+            )
     return config, info.model_uri, built.manifest_url, tracking
 
 
