@@ -108,8 +108,10 @@ def finalize(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
     return manifest
 
 
-def beat(self: Any, step: int, checkpoint: Any, metrics: Any = None, overheads: Any = None) -> Any:
-    answer = _beat(self, step, checkpoint, metrics, overheads)
+def beat(self: Any, step: int, checkpoint: Any, *more: Any, **named: Any) -> Any:
+    # Whatever else a beat carries (metrics, overheads, throughput, ...) passes through untouched: a
+    # wrapper that named them broke every beat once the runtime added one (TypeError, exit 1).
+    answer = _beat(self, step, checkpoint, *more, **named)
     if answer is None:
         light.journal("beat_failed", step=step, error="unreachable after retries")
     elif answer.action == Action.STOP:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from heartbeat_plane import ControlPlane, lease
 
 from training import exit_codes
 from training.checkpoint import CheckpointStore
@@ -23,7 +24,7 @@ from .history import JournalCollector
 from .workload import RUNTIME_WORKER, write_runtime_config
 
 
-def start(run: Path, attempt: str, steps: int) -> subprocess.Popen[bytes]:
+def start(run: Path, attempt: str, steps: int, plane: ControlPlane | None = None) -> subprocess.Popen[bytes]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("GPUYARD_", "RANK", "WORLD_SIZE"))},
         "GPUYARD_ATTEMPT_ID": attempt,
@@ -32,6 +33,8 @@ def start(run: Path, attempt: str, steps: int) -> subprocess.Popen[bytes]:
         "FAULTS_JOURNAL": str(run / "journal.sock"),
         "FAULTS_DIR": str(run),
     }
+    if plane is not None:
+        env |= plane.env(job_id="job-1") | {"GPUYARD_ATTEMPT_ID": attempt}
     command = [sys.executable, str(RUNTIME_WORKER), "--config", str(run / "runtime.yaml")]
     command += ["--set", f"train.max_steps={steps}"]
     log = (run / f"{attempt}.log").open("wb")
@@ -56,8 +59,9 @@ def test_the_real_runtime_journals_its_resume_saves_and_exit_and_obeys_hold_and_
         (tmp_path / "hold" / "a1").unlink()
 
         (tmp_path / "slow-fsync").write_text("0.01")
-        second = start(tmp_path, "a2", steps=12)
-        assert second.wait(timeout=120) == exit_codes.SUCCESS, (tmp_path / "a2.log").read_text()
+        with ControlPlane(lambda n, body: lease("continue"), attempt_id="a2") as plane:
+            second = start(tmp_path, "a2", steps=12, plane=plane)
+            assert second.wait(timeout=120) == exit_codes.SUCCESS, (tmp_path / "a2.log").read_text()
         assert journal.wait_for(lambda r: r.attempt == "a2" and r.e == "exit", 5) is not None
     finally:
         journal.close()
@@ -72,6 +76,11 @@ def test_the_real_runtime_journals_its_resume_saves_and_exit_and_obeys_hold_and_
     assert [r.data["step"] for r in by["a2"] if r.e == "step"] == list(range(1, 13))
     assert by["a2"][-1].data["code"] == exit_codes.SUCCESS
     assert "slow_fsync" in events, "the slow disk was never felt"
+    # Every beat the runtime sent reached the plane, was answered and journaled; the last one carries
+    # the final step and checkpoint.
+    beats = [r for r in by["a2"] if r.e == "beat"]
+    assert "beat_failed" not in events and len(beats) == len(plane.beats) >= 2
+    assert plane.beats[-1]["step"] == 12 and plane.beats[-1]["checkpoint"]["step"] == 12
     # Each `saved` names a complete checkpoint (manifest last, files matching it).
     store = CheckpointStore((tmp_path / "checkpoints").as_uri())
     assert [m.step for m in store.complete()] == [10, 12]  # keep_last 2

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from trainkit import ControlPlane, lease
+from heartbeat_plane import ControlPlane, lease
 
 from training.checkpoint import CheckpointRecord
 from training.heartbeat import (

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from heartbeat_plane import ControlPlane, lease
 from servers import wait_until
-from trainkit import REPO, ControlPlane, free_port, launch, lease, read_events, write_config
+from trainkit import REPO, free_port, launch, read_events, write_config
 
 from training import exit_codes
 from training.checkpoint import CheckpointStore
