@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 
 from training import exit_codes
 
+STOP_GRACE_S = 10.0  # after a rank failed, how long the others get to stop on SIGTERM (the local launcher's)
+
 
 def node_ranks(env: Mapping[str, str]) -> list[dict[str, str]] | None:
     """Each local rank's variables, when this process is a node of several ranks without its own RANK
@@ -49,11 +51,19 @@ def gang_exit(codes: Sequence[int]) -> int:
 
 
 def run_node(
-    ranks: list[dict[str, str]], argv: Sequence[str], entry: Sequence[str] = ("-m", "training.run")
+    ranks: list[dict[str, str]],
+    argv: Sequence[str],
+    entry: Sequence[str] = ("-m", "training.run"),
+    stop_grace_s: float = STOP_GRACE_S,
 ) -> int:
     """Start `python <entry> argv` once per rank (the runtime's entry point, or a wrapper of it: the
     fault suite's journaling one), pass SIGTERM and SIGINT on (the preemption notice), stop the others
-    when one fails, and wait for all; a rank killed by signal N counts as 128 + N."""
+    when one fails, and wait for all; a rank killed by signal N counts as 128 + N.
+
+    A rank reads SIGTERM between steps only, and one blocked in a collective with the failed rank
+    never reaches the next step (gloo waits 30 minutes): those still running `stop_grace_s` after the
+    SIGTERM are killed, as a kubelet kills a container after its grace period. Without it the pod
+    would run on, its launcher renewing the attempt's lease all along."""
     children = [
         subprocess.Popen([sys.executable, *entry, *argv], env={**os.environ, **rank}) for rank in ranks
     ]
@@ -65,12 +75,14 @@ def run_node(
 
     for notice in (signal.SIGTERM, signal.SIGINT):
         signal.signal(notice, forward)
-    stopping = False
+    kill_at: float | None = None
     while any(child.poll() is None for child in children):
         ended = [child.returncode for child in children if child.returncode is not None]
-        if not stopping and any(code not in (exit_codes.SUCCESS, exit_codes.PREEMPTED) for code in ended):
-            stopping = True  # a rank failed: the others would wait for it in their next collective
+        if kill_at is None and any(code not in (exit_codes.SUCCESS, exit_codes.PREEMPTED) for code in ended):
+            kill_at = time.monotonic() + stop_grace_s  # a rank failed: the others would wait for it
             forward(signal.SIGTERM, None)
+        elif kill_at is not None and time.monotonic() >= kill_at:
+            forward(signal.SIGKILL, None)
         time.sleep(0.2)
     return gang_exit(
         [128 - child.returncode if child.returncode < 0 else child.returncode for child in children]

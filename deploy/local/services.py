@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -23,10 +24,30 @@ MACHINE_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 MACHINE_REDIS = "redis://127.0.0.1:6379/0"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# Ports for servers are drawn from here up to the kernel's ephemeral range. A port from bind(0) is an
+# ephemeral one, and every outgoing connection takes its local port from the same range: one chosen
+# there may be taken by the time its server binds it, seconds or minutes later (Airflow's API server
+# starts half a minute after its port is chosen; the suite opens thousands of connections meanwhile).
+SERVER_PORTS_FROM = 20000
+_draw = random.SystemRandom()  # never the seeded module generator: each process its own draws
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing is bound to on `host` now, below the ephemeral range where there is room."""
+    ceiling = _ephemeral_floor()
+    for _ in range(200):
+        port = _draw.randrange(SERVER_PORTS_FROM, ceiling) if ceiling > SERVER_PORTS_FROM + 1000 else 0
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind((host, port))
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free port on {host} from {SERVER_PORTS_FROM} to {ceiling} after 200 draws")
 
 
 def answers(host: str, port: int) -> bool:

@@ -226,7 +226,10 @@ class MakeUi:
         )
         try:
             home = self.root / "gpuyard"
-            wait_until(self._serves, 240, 0.5, what="make ui's Airflow, gpuyard and MLflow")
+            try:
+                wait_until(self._serves, 240, 0.5, what="make ui's Airflow, gpuyard and MLflow")
+            except AssertionError as late:  # which of the three did not come up, and why
+                raise AssertionError(f"{late}\n{self._logs()}") from None
             self.gpuyard = Gpuyard(home)
             self.gpuyard.url = json.loads((home / "server.json").read_text())["url"]
             self.gpuyard.admin_token = (home / "admin.token").read_text().strip()
@@ -243,8 +246,17 @@ class MakeUi:
             raise
         return self
 
+    def _logs(self, lines: int = 40) -> str:
+        """The end of make ui's own log and of each log of what it started."""
+        logs = [self.root / "make-ui.log", *sorted((self.root / "ui-logs").glob("*.log"))]
+        return "\n".join(
+            f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            for log in logs
+            if log.exists()
+        )
+
     def _serves(self) -> bool:
-        assert self.process.poll() is None, (self.root / "make-ui.log").read_text()[-5000:]
+        assert self.process.poll() is None, self._logs()
         urls = (
             f"http://127.0.0.1:{self.ports['mlflow']}/health",
             f"http://127.0.0.1:{self.ports['airflow']}/api/v2/monitor/health",

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Literal
 
+from servers import free_port
+
 Mode = Literal["pass", "delay", "blackhole", "cut"]
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -34,12 +36,6 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="fault-proxy", daemon=True).start()
         return _loop
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class FaultProxy:

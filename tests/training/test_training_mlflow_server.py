@@ -16,8 +16,8 @@ import httpx
 import psycopg
 import pytest
 import yaml
-from servers import wait_until
-from trainkit import free_port, run_workers, write_config
+from servers import free_port, wait_until
+from trainkit import run_workers, write_config
 
 from pipelines import mlflow_access
 from training import exit_codes

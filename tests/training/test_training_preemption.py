@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from heartbeat_plane import ControlPlane, lease
-from servers import wait_until
-from trainkit import REPO, free_port, launch, read_events, write_config
+from servers import free_port, wait_until
+from trainkit import REPO, launch, read_events, write_config
 
 from training import exit_codes
 from training.checkpoint import CheckpointStore

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,12 +25,6 @@ def write_flights(path: Path) -> Path:
 
     write_synthetic(str(path), rows=600, features=6, seed=3)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(
