@@ -3,13 +3,15 @@
 A process the launcher gave a RANK (or a node of one rank) trains as that rank (training/trainer.py).
 A Kubernetes pod is one process per node: it starts the node's ranks (training/ranks.py) without
 importing torch, which only its ranks need (seconds of every relaunch otherwise). Exit codes: see
-training/exit_codes.py.
+training/exit_codes.py. SIGUSR1 prints every thread's stack to the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +19,9 @@ from training.ranks import node_ranks, run_node
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # `kill -USR1 <pid>` writes every thread's stack to the worker's log (stderr): where a rank that
+    # seems hung waits (a collective, the rendezvous, a store), with no debugger in the container.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(prog="python -m training.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML training config")
     parser.add_argument(

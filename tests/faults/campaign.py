@@ -43,6 +43,7 @@ from .kubernetes import KUBERNETES_FAULTS, Pods
 from .network import Network
 from .pausing import thaw_all
 from .proxy import FaultProxy
+from .stacks import describe
 
 STREAM = "gpuyard:events"  # the settings' default: the relay publishes there
 Echo = Callable[[str], None]
@@ -275,6 +276,7 @@ def _history(
     target: Target, client: workload.Client, lease_s: float, stalls: list[tuple[float, float]]
 ) -> History:
     job_rows, attempt_rows, events = read_store(target.engine)
+    leftovers = labelled("FAULTS_RUN", target.run.name)
     (target.run / "history.json").write_text(
         json.dumps(
             {"jobs": job_rows, "attempts": attempt_rows, "events": events},
@@ -296,7 +298,8 @@ def _history(
         kills=dict(target.kills),
         disruptions=dict(target.disruptions),
         unheard={attempt: list(spans) for attempt, spans in target.unheard.items()},
-        leftovers=labelled("FAULTS_RUN", target.run.name),
+        leftovers=leftovers,
+        stuck={attempt: describe(pids) for attempt, pids in leftovers.items()},
         lease_s=lease_s,
         stalls=list(stalls),
     )

@@ -105,6 +105,7 @@ class History:
     # attempt -> monotonic time its launcher recorded its verdict (the workers were gone by then)
     verdicts: dict[str, float] = field(default_factory=dict)
     leftovers: dict[str, list[int]] = field(default_factory=dict)  # attempt -> pids alive after the end
+    stuck: dict[str, str] = field(default_factory=dict)  # attempt -> what its leftovers did (stacks.py)
     lease_s: float = 10.0
     stalls: list[tuple[float, float]] = field(default_factory=list)  # the control plane faulted (monotonic)
 

@@ -462,7 +462,14 @@ def no_worker_outlives_its_attempt(history: History) -> Iterator[Finding]:
         attempt = history.attempts.get(attempt_id)
         state = attempt.state if attempt else "unknown to the store"
         job_id = attempt.job_id if attempt else None
-        yield job_id, f"{attempt_id}: processes {pids} still run after quiescence; the attempt is {state}"
+        doing = history.stuck.get(attempt_id)
+        yield (
+            job_id,
+            (
+                f"{attempt_id}: processes {pids} still run after quiescence; the attempt is {state}"
+                + (f"\n{doing}" if doing else "")
+            ),
+        )
 
 
 @invariant("the journal covers the run")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import hashlib
 import http.client
 import json
@@ -293,6 +294,7 @@ def main() -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks.py asks a leftover what it does
     url = env["GPUYARD_CHECKPOINT_URL"]
     store = ObjectStore(url) if not url.startswith("file:") else None
     root = Path(urlsplit(url).path)
