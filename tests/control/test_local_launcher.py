@@ -487,3 +487,20 @@ def test_a_worker_killed_at_the_grace_periods_end_has_its_status_recorded(tmp_pa
     assert report.exit_code == -signal.SIGKILL and report.disrupted
     assert "vanished" not in (report.reason or "")
     assert launcher.release("stubborn")
+
+
+def test_a_gangs_rendezvous_port_is_drawn_below_the_ephemeral_range(tmp_path: Path) -> None:
+    """Rank 0 binds MASTER_PORT seconds after the launch (torch's import): a port of the ephemeral
+    range, which every outgoing connection draws from, may be taken by then."""
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    write = "import os, sys; open(sys.argv[1] + os.environ['RANK'], 'w').write(os.environ['MASTER_PORT'])"
+    launcher = LocalLauncher(tmp_path / "attempts", CPU, workdir=tmp_path, worker_users="off")
+    launcher.launch(gang("ports", sleep_s=0, command=["python", "-c", write, str(tmp_path / "port-")]))
+    ended: list[Any] = []
+    wait_until(
+        lambda: bool(ended.extend(r for r in launcher.observe() if r.outcome != Outcome.RUNNING) or ended),
+        what="the gang to finish",
+    )
+    assert ended[0].outcome == Outcome.SUCCEEDED, ended[0]
+    ports = {int((tmp_path / f"port-{rank}").read_text()) for rank in (0, 1)}
+    assert len(ports) == 1 and next(iter(ports)) < floor, (ports, floor)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,12 +50,29 @@ LAUNCH_LOCK_WAIT_S = 5.0
 # A shim writes its worker's status as soon as the worker is killed; one still there this long after
 # the grace period's SIGKILL is stuck, and goes with its group.
 SHIM_EXIT_S = 5.0
+RENDEZVOUS_PORTS_FROM = 20000
+
+
+_draw = random.SystemRandom()
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """The gang's rendezvous port (MASTER_PORT), drawn below the kernel's ephemeral range where it has
+    room: rank 0 binds it only once torch is imported, seconds later, and a port from bind(0) is one
+    every outgoing connection may take meanwhile (the rendezvous then fails, charged to the job).
+    The emulated cluster draws its servers' ports by the same rule (local_cluster.services)."""
+    try:
+        ceiling = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ceiling = 32768  # Linux's default
+    for _ in range(200):
+        port = (
+            _draw.randrange(RENDEZVOUS_PORTS_FROM, ceiling) if ceiling > RENDEZVOUS_PORTS_FROM + 1000 else 0
+        )
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return int(sock.getsockname()[1])
+    raise RuntimeError(f"no free rendezvous port from {RENDEZVOUS_PORTS_FROM} to {ceiling} after 200 draws")
 
 
 def _processes_of(attempt_id: str) -> list[int]:
