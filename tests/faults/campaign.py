@@ -159,6 +159,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
         report.quiesced_s = _settle(target, report, client, campaign, echo)
         history = _history(target, client, campaign.lease_s, injector.stalls)
         report.violations = check(history)
+        echo(f"  invariants checked after {time.monotonic() - started:.0f}s: stopping everything")
         report.rejected, report.injected = list(client.rejected), injector.injected
         report.jobs = Counter(job.state for job in history.jobs.values())
         report.attempts = Counter(attempt.state for attempt in history.attempts.values())
