@@ -57,6 +57,18 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: the optimizer's state keyed by parameter name (flattened)
 READABLE_VERSIONS = (1, 2)
 _STEP_DIR = re.compile(r"step-(\d+)(?:-t(\d+))?$")
+IO_TIMEOUT_S = 30.0
+
+
+def storage_options(url: str, io_timeout_s: float = IO_TIMEOUT_S) -> dict[str, Any]:
+    """What the filesystem of `url` is opened with. On an object store every request waits at most
+    `io_timeout_s` for the server, then fails and is retried: botocore waits 60 s per try, so a request
+    on a connection a network fault dropped held a save, or a rank's resume, for minutes of retries."""
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": min(10.0, io_timeout_s), "read_timeout": io_timeout_s}}
+    return {}
+
+
 _OWN: Any = object()  # "this store's own token" as a default argument
 
 
@@ -138,10 +150,11 @@ class CheckpointStore:
     `token`: the fencing token of the attempt writing through this store (None outside gpuyard); it names
     the folders this store writes, and bounds what its retention may delete."""
 
-    def __init__(self, url: str, token: int | None = None) -> None:
+    def __init__(self, url: str, token: int | None = None, io_timeout_s: float = IO_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.token = token
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.options = storage_options(self.url, io_timeout_s)  # DCP's readers and writers open it alike
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.options)
 
     def folder(self, step: int, token: int | None = _OWN) -> str:
         token = self.token if token is _OWN else token
@@ -486,7 +499,7 @@ class Checkpointer:
         if self.async_save and not force_sync:
             response = dcp.async_save(
                 state,
-                storage_writer=FsspecWriter(f"{step_url}/state"),
+                storage_writer=FsspecWriter(f"{step_url}/state", **self.store.options),
                 process_group=self.group,
                 async_stager=self._stager,
             )
@@ -494,7 +507,11 @@ class Checkpointer:
             self.stalls_s.append(self.clock() - started)
             self._pending = self._pool.submit(self._complete, upload, step, trainer, metrics, run, started)
         else:
-            dcp.save(state, storage_writer=FsspecWriter(f"{step_url}/state"), process_group=self.group)
+            dcp.save(
+                state,
+                storage_writer=FsspecWriter(f"{step_url}/state", **self.store.options),
+                process_group=self.group,
+            )
             self._complete(None, step, trainer, metrics, run, started)
             if self.group is not None:
                 dist.barrier(group=self.group)
@@ -580,7 +597,8 @@ class Checkpointer:
         options = _state_options(manifest.format_version)
         msd, osd = get_state_dict(model, optimizer, options=options)
         state = {"model": msd, "optim": osd}
-        dcp.load(state, storage_reader=FsspecReader(f"{step_url}/state"), process_group=self.group)
+        reader = FsspecReader(f"{step_url}/state", **self.store.options)
+        dcp.load(state, storage_reader=reader, process_group=self.group)
         loaded = {"model_state_dict": state["model"], "optim_state_dict": state["optim"]}
         set_state_dict(model, optimizer, **loaded, options=options)
         base = self.store.step_path(manifest.step, manifest.writer_token)
@@ -597,7 +615,7 @@ class Checkpointer:
 
 def read_model_state(step_url: str) -> dict[str, torch.Tensor]:
     """The full (unsharded) model weights of one checkpoint, read in this process without a process group."""
-    reader = FsspecReader(f"{step_url.rstrip('/')}/state")
+    reader = FsspecReader(f"{step_url.rstrip('/')}/state", **storage_options(step_url))
     metadata = reader.read_metadata()
     template = {
         key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)

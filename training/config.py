@@ -99,6 +99,8 @@ class CheckpointConfig:
     async_save: bool = False
     verify_checksums: bool = True
     save_final: bool = True
+    io_timeout_s: float = 30.0
+    """On an object store, the longest wait for the server in one request before it is retried."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ class Config:
             )
         if c.keep_last < 1:
             raise ConfigError(f"checkpoint.keep_last: expected >= 1, got {c.keep_last}")
+        if c.io_timeout_s <= 0:
+            raise ConfigError(f"checkpoint.io_timeout_s: expected > 0, got {c.io_timeout_s}")
         p = self.parallel
         for name in ("tp", "pp", "micro_batches", "gpus_per_node"):
             value = getattr(p, name)

@@ -89,7 +89,8 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
     # Fenced like the leases: this attempt writes only folders named with its own token (checkpoint.py).
-    store = CheckpointStore(cfg.checkpoint_url(), int(env.fencing_token) if env.fencing_token else None)
+    token = int(env.fencing_token) if env.fencing_token else None
+    store = CheckpointStore(cfg.checkpoint_url(), token, cfg.checkpoint.io_timeout_s)
     ckpt = Checkpointer(
         store,
         world.rank,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -275,3 +277,29 @@ def test_leftovers_of_an_interrupted_attempt_are_cleared_before_saving(
     with pytest.raises(CheckpointError, match="already complete"):
         ckpt.save(4, model, opt, {}, {}, {})
     ckpt.close()
+
+
+def test_an_object_store_that_never_answers_fails_the_request_within_the_io_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A black hole (a server that accepts connections and never answers, as a connection a network
+    fault dropped behaves): each request gives up after `io_timeout_s`, not botocore's 60 s per try."""
+    import fsspec
+
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # the kernel completes the handshakes; nobody ever reads or answers
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{hole.getsockname()[1]}")
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s",
+            "AWS_MAX_ATTEMPTS": "1",
+        }.items():
+            monkeypatch.setenv(name, value)
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
+        store = CheckpointStore("s3://nowhere/team-a/job-1", io_timeout_s=0.5)
+        began = time.monotonic()
+        with pytest.raises(OSError):  # s3fs's own retries included
+            store.entries()
+        assert time.monotonic() - began < 30, "a request waited past its timeout"
+    fsspec.get_filesystem_class("s3").clear_instance_cache()

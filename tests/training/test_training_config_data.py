@@ -33,6 +33,7 @@ def test_load_with_overrides_and_defaults(tmp_path: Path) -> None:
         ({"data": {"path": "/d"}, "checkpoint": {"interval_s": "often"}}, "checkpoint.interval_s"),
         ({"data": {"path": "/d"}, "parallel": {"strategy": "zero"}}, "parallel.strategy"),
         ({"data": {"path": "/d"}, "train": {"lr": "fast"}}, "train.lr"),
+        ({"data": {"path": "/d"}, "checkpoint": {"io_timeout_s": 0}}, "checkpoint.io_timeout_s"),
     ],
 )
 def test_invalid_configs_name_the_field(raw: dict[str, object], message: str) -> None:
