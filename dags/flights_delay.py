@@ -34,9 +34,10 @@ with DAG(**step.retraining_dag(PIPELINE), doc_md=__doc__) as dag:
     parity = step.training_serving_parity(PIPELINE, run, best, sets)
     gate = step.approval(PIPELINE) if PIPELINE.promotion.require_approval else None
     published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
+    promoted = step.promotions(PIPELINE, published)  # approve_/promote_<env> after the first environment
     done = step.finish(PIPELINE, run)  # start's teardown: closes the MLflow run, whatever happened
 
     chain(landed, raw_checked, corrected, prepared, features_checked, applied, materialized, sets)
     chain(sets_checked, candidates)
-    chain(verdict, *([gate] if gate else []), published, done)
+    chain(verdict, *([gate] if gate else []), published, *promoted, done)
     chain(materialized, parity, published)

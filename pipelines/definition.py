@@ -19,6 +19,7 @@ import datetime as dt
 import hashlib
 import math
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +50,8 @@ SOURCE_TIMEZONES = {
     "SJU": "America/Puerto_Rico",
     "STT": "America/St_Thomas",
 }
+# A registry alias MLflow takes (`latest` and `v<N>` are MLflow's own: _alias).
+ALIAS_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
 METRICS = {"roc_auc": "max", "accuracy": "max", "log_loss": "min"}
 
 
@@ -153,13 +156,119 @@ class Evaluation(_Section):
         return METRICS[self.metric]
 
 
+class Environment(_Section):
+    """A stage of the model's promotion (staging, production, ...): the alias it moves in a registry."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,29}$", description="its tasks are approve_/promote_<name>")
+    alias: str = Field(pattern=ALIAS_PATTERN, description="the registry alias it moves")
+    registry: str | None = Field(
+        None, description="the MLflow registry URI the version is copied into; default: the pipeline's own"
+    )
+    requires_approval: bool | None = Field(
+        None, description="a person approves each move (the first: require_approval; later ones: true)"
+    )
+    approval_timeout_hours: float = Field(
+        24, gt=0, description="a later environment's approval unanswered this long is a rejection"
+    )
+
+    _alias = field_validator("alias")(lambda value: _alias(value))
+
+
 class Promotion(_Section):
+    """The promotion rule and the environments a version moves through, in order.
+
+    The first environment is publication's: `publish` moves its alias when the candidate beats the
+    holder by the rule (and, with `require_approval`, once a person approved). Each later environment
+    is a separate step after it, an approval then a move of its alias to the version the environment
+    before it holds (copied into its registry when it names another). Without `environments`, one
+    environment named after `alias` (`champion`), as before environments existed.
+    """
+
     model: str = Field(description="the registered model in MLflow")
-    alias: str = "champion"
+    alias: str = Field(
+        "champion", pattern=ALIAS_PATTERN, description="the first environment's alias (or `environments`')"
+    )
     min_improvement: float = Field(
         0.0, ge=0, description="how much the candidate must beat the champion by, on the evaluation metric"
     )
     require_approval: bool = Field(False, description="wait for an approval in the Airflow UI")
+    environments: tuple[Environment, ...] = Field((), description="in promotion order; default: [alias]")
+
+    _alias = field_validator("alias")(lambda value: _alias(value))
+
+    @field_validator("environments")
+    @classmethod
+    def _distinct(cls, environments: tuple[Environment, ...]) -> tuple[Environment, ...]:
+        for field in ("name", "alias"):
+            seen: dict[str, int] = {}
+            for index, environment in enumerate(environments):
+                value = getattr(environment, field)
+                if value in seen:
+                    raise ValueError(
+                        f"environments[{index}].{field} {value!r} repeats environments[{seen[value]}].{field}"
+                    )
+                seen[value] = index
+        return environments
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Promotion:
+        # frozen: the resolved values are written once, here, as the model is built
+        given = self.environments
+        if not given:
+            first = Environment(name=_environment_name(self.alias), alias=self.alias)
+            given = (first,)
+        elif "alias" in self.model_fields_set and self.alias != given[0].alias:
+            raise ValueError(
+                f"alias {self.alias!r} contradicts environments[0].alias {given[0].alias!r} (the alias "
+                f"publication moves); give one of them"
+            )
+        first = given[0]
+        if first.requires_approval is not None:
+            if (
+                "require_approval" in self.model_fields_set
+                and first.requires_approval is not self.require_approval
+            ):
+                raise ValueError(
+                    f"environments[0].requires_approval ({first.requires_approval}) contradicts "
+                    f"require_approval ({self.require_approval}): the first environment's approval is "
+                    f"publication's; give one of them"
+                )
+            object.__setattr__(self, "require_approval", first.requires_approval)
+        if first.registry is not None:
+            raise ValueError(
+                "environments[0].registry: publication moves the first environment's alias in the "
+                "pipeline's own registry, where its candidates are registered; name another registry "
+                "on a later environment"
+            )
+        later = (
+            e.model_copy(update={"requires_approval": True}) if e.requires_approval is None else e
+            for e in given[1:]
+        )
+        resolved = (first.model_copy(update={"requires_approval": self.require_approval}), *later)
+        object.__setattr__(self, "environments", resolved)
+        object.__setattr__(self, "alias", first.alias)
+        return self
+
+    def environment(self, name: str) -> Environment:
+        for environment in self.environments:
+            if environment.name == name:
+                return environment
+        raise ConfigError(f"promotion: no environment {name!r}; environments: {self.names}")
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.environments]
+
+
+def _alias(value: str) -> str:
+    if value.lower() == "latest" or re.fullmatch(r"[vV][0-9]+", value):
+        raise ValueError(f"{value!r} is an alias MLflow reserves (latest, v<N>); name another")
+    return value
+
+
+def _environment_name(alias: str) -> str:
+    """The default environment's name: its alias, in the characters a task id takes."""
+    return re.sub(r"[^a-z0-9_]", "_", alias.lower()).lstrip("_0123456789")[:30] or "default"
 
 
 class Mlflow(_Section):

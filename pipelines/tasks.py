@@ -63,9 +63,11 @@ def raw_asset(definition: PipelineDefinition) -> Asset:
     )
 
 
-def model_asset(definition: PipelineDefinition) -> Asset:
-    """The model the pipeline publishes: an event on it each time the alias moves."""
-    model, alias = definition.promotion.model, definition.promotion.alias
+def model_asset(definition: PipelineDefinition, environment: str | None = None) -> Asset:
+    """The model in an environment (default: the first, publication's): an event on it each time
+    the environment's alias moves."""
+    model = definition.promotion.model
+    alias = definition.promotion.environment(environment).alias if environment else definition.promotion.alias
     return Asset(name=f"{model}@{alias}", uri=f"mlflow-models://{model}/{alias}", group="model")
 
 
@@ -538,13 +540,85 @@ def _publish(
     )
     if not outcome["promoted"]:
         raise AirflowSkipException(f"not published: {outcome['reason']}")  # no model asset event
-    context["outlet_events"][model_asset(definition)].extra = {"version": outcome["version"]}
+    context["outlet_events"][model_asset(definition)].extra = {
+        "version": outcome["version"],
+        "environment": outcome["environment"],
+    }
     return outcome
 
 
 def publish(definition: PipelineDefinition, run: Any, verdict: Any, approved: Any = None) -> Any:
     """Move the alias, or tag the version rejected with the reason; a move is a model asset event."""
     return _publish.override(outlets=[model_asset(definition)])(str(definition.path), run, verdict, approved)
+
+
+def _step_id(name: str, first: str) -> str:
+    """The task that moves environment `name`: publication for the first, promote_<name> after it."""
+    return "publish" if name == first else f"promote_{name}"
+
+
+def environment_approval(definition: PipelineDefinition, name: str) -> HITLOperator:
+    """A later environment's approval in the Airflow UI: the version the step before it moved, its
+    metrics and who moved it, in the body. Unanswered within the environment's
+    `approval_timeout_hours`, it answers Reject (the DAG runs one run at a time)."""
+    promotion = definition.promotion
+    environment = promotion.environment(name)
+    before = promotion.names[promotion.names.index(name) - 1]
+    moved = f"ti.xcom_pull(task_ids={_step_id(before, promotion.names[0])!r})"
+    return HITLOperator(
+        task_id=f"approve_{name}",
+        subject=f"Promote {promotion.model} version {{{{ {moved}['version'] }}}} from {before} to {name}"
+        f" (`{environment.alias}`{' in ' + environment.registry if environment.registry else ''})?",
+        body=f"{{{{ {moved}['summary'] }}}}",
+        options=["Approve", "Reject"],
+        defaults=["Reject"],
+        response_timeout=dt.timedelta(hours=environment.approval_timeout_hours),
+    )
+
+
+@task
+def _promote(path: str, name: str, moved: dict[str, Any], approved: dict[str, Any] | None) -> dict[str, Any]:
+    from pipelines import promotion
+
+    definition = _definition(path)
+    outcome = promotion.promote(definition, name, moved, approved)
+    log.info(
+        "%s: %s version %s to %s: %s",
+        "PROMOTED" if outcome["promoted"] else "REJECTED",
+        outcome["model"],
+        outcome["version"],
+        name,
+        outcome["reason"],
+    )
+    if not outcome["promoted"]:
+        raise AirflowSkipException(f"not promoted: {outcome['reason']}")  # no asset event
+    context = get_current_context()
+    context["outlet_events"][model_asset(definition, name)].extra = {
+        "version": outcome["to_version"],
+        "environment": name,
+        "registry": outcome["registry"],
+        "source_version": outcome["version"],
+    }
+    return outcome
+
+
+def promotions(definition: PipelineDefinition, published: Any) -> list[Any]:
+    """The promotion to each environment after the first, in order after `published`: its approval
+    (when it requires one) and `promote_<name>`, which moves its alias (copied into its registry)
+    and is an asset event of the model in that environment. A rejection skips the rest."""
+    steps: list[Any] = []
+    moved = published
+    for environment in definition.promotion.environments[1:]:
+        gate = environment_approval(definition, environment.name) if environment.requires_approval else None
+        promote = _promote.override(
+            task_id=f"promote_{environment.name}", outlets=[model_asset(definition, environment.name)]
+        )(str(definition.path), environment.name, moved, gate.output if gate else None)
+        if gate is not None:
+            moved.operator >> gate >> promote.operator
+            steps.append(gate)
+        steps.append(promote.operator)
+        moved = promote
+    return steps
 
 
 def failed_tasks(states: dict[str, Any]) -> list[str]:
