@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from airflow_harness import ROOT, run_python
 
 from pipelines.definition import load_definition
@@ -16,10 +17,10 @@ SHAPE = """
 import json, os
 from airflow.dag_processing.dagbag import DagBag
 before = dict(os.environ)
-bag = DagBag(dag_folder=%r)
+bags = [DagBag(dag_folder=folder) for folder in %r]
 written = sorted(k for k, v in os.environ.items() if before.get(k) != v)
 dags = {}
-for dag_id, dag in bag.dags.items():
+for dag_id, dag in [pair for bag in bags for pair in bag.dags.items()]:
     timetable = dag.timetable
     dags[dag_id] = {
         "tasks": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
@@ -31,6 +32,9 @@ for dag_id, dag in bag.dags.items():
             if (condition := getattr(timetable, "asset_condition", None)) else [],
         "inlets": {t.task_id: [i.name for i in t.inlets] for t in dag.tasks if getattr(t, "inlets", None)},
         "outlets": {t.task_id: [o.name for o in t.outlets] for t in dag.tasks if getattr(t, "outlets", None)},
+        "approvals": {t.task_id: {"options": t.options, "defaults": t.defaults, "subject": t.subject,
+            "timeout_s": t.response_timeout and t.response_timeout.total_seconds()}
+            for t in dag.tasks if type(t).__name__ == "HITLOperator"},
         "params": {k: dag.params.get_param(k).value for k in dag.params},
         "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
@@ -43,7 +47,28 @@ for dag_id, dag in bag.dags.items():
         "train": {k: v for k, v in getattr(dag.task_dict.get("train"), "partial_kwargs", {}).items()
             if k in ("gpus", "gpu_type", "priority", "preemptible", "max_steps", "new_job")},
     }
-print(json.dumps({"errors": bag.import_errors, "dags": dags, "written": written}, default=str))
+errors = {path: error for bag in bags for path, error in bag.import_errors.items()}
+print(json.dumps({"errors": errors, "dags": dags, "written": written}, default=str))
+"""
+
+
+# A pipeline with three environments: publication then its promotions, as a DAG file wires them.
+ENVIRONMENTS = [
+    {"name": "staging", "alias": "staging"},
+    {"name": "qa", "alias": "qa", "requires_approval": False},
+    {"name": "production", "alias": "production", "registry": "sqlite:///production.db"},
+]
+PROMOTIONS = """
+import datetime as dt
+from airflow.sdk import DAG, chain
+from pipelines import tasks as step
+from pipelines.definition import load_definition
+
+PIPELINE = load_definition(%r)
+with DAG("promotions", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False):
+    run = step.start(PIPELINE)
+    published = step.publish(PIPELINE, run, {"promote": False})
+    chain(published, *step.promotions(PIPELINE, published), step.finish(PIPELINE, run))
 """
 
 
@@ -52,7 +77,12 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from airflow_harness import airflow_environment
 
     home = tmp_path_factory.mktemp("airflow")
-    report = run_python(airflow_environment(home), SHAPE % str(ROOT / "dags"))
+    promotions = tmp_path_factory.mktemp("promotions")
+    raw = yaml.safe_load(load_definition("flights_delay").path.read_text())
+    raw["promotion"] = {"model": "m", "environments": ENVIRONMENTS}
+    (promotions / "pipeline.yaml").write_text(yaml.safe_dump(raw))
+    (promotions / "promotions.py").write_text(PROMOTIONS % str(promotions / "pipeline.yaml"))
+    report = run_python(airflow_environment(home), SHAPE % [str(ROOT / "dags"), str(promotions)])
     assert isinstance(report, dict)
     return report
 
@@ -119,7 +149,8 @@ def test_flights_delay_schedule_assets_and_params_are_the_definitions(folder: di
     assert dag["schedule"] == "PartitionedAssetTimetable" and dag["cron"] is None
     assert dag["catchup"] is False and dag["max_active_runs"] == 1
     assert [uri.rstrip("/") for uri in dag["assets"]] == [f"{definition.data.root}/raw/flights"]
-    assert dag["outlets"] == {"publish": ["flights-delay@champion"]}
+    assert dag["outlets"] == {"publish": ["flights-delay@champion"]}  # one environment: no promotion
+    assert dag["approvals"] == {}
     assert dag["params"] == {
         "run_date": "2013-01-21",
         "max_steps": definition.job.max_steps,
@@ -141,3 +172,26 @@ def test_flights_delay_s_landing_check_runs_on_its_schedule_and_announces_on_its
     assert dag["catchup"] is False and dag["max_active_runs"] == 1
     raw = ["flights_delay/raw/flights"]
     assert dag["inlets"] == {"announce": raw} and dag["outlets"] == {"announce": raw}
+
+
+def test_each_later_environment_is_an_approval_then_a_move_with_its_own_asset(folder: dict[str, Any]) -> None:
+    dag = folder["dags"]["promotions"]
+    tasks = dag["tasks"]
+    assert "approve_qa" not in tasks  # qa asks for no approval: it moves on after staging
+    assert "publish" in tasks["promote_qa"]
+    assert "promote_qa" in tasks["approve_production"]
+    assert {"approve_production", "promote_qa"} <= set(tasks["promote_production"])
+    assert "promote_production" in tasks["finish"] and dag["teardowns"] == ["finish"]
+    assert dag["outlets"] == {
+        "publish": ["m@staging"],
+        "promote_qa": ["m@qa"],
+        "promote_production": ["m@production"],
+    }
+    [(task_id, approval)] = dag["approvals"].items()
+    assert task_id == "approve_production"
+    assert approval["options"] == ["Approve", "Reject"] and approval["defaults"] == ["Reject"]
+    assert approval["timeout_s"] == 24 * 3600  # unanswered, it rejects: the DAG runs one run at a time
+    assert approval["subject"] == (
+        "Promote m version {{ ti.xcom_pull(task_ids='promote_qa')['version'] }} from qa to production"
+        " (`production` in sqlite:///production.db)?"
+    )
