@@ -49,16 +49,20 @@ def refusal(approval: Mapping[str, Any] | None, required: bool) -> str | None:
     return None
 
 
+def _numbered(tags: Mapping[str, str]) -> list[tuple[int, str]]:
+    """The history tags of a version, (n, `history.<n>`), in order."""
+    return sorted((int(m.group(1)), key) for key in tags if (m := re.fullmatch(r"history\.([0-9]+)", key)))
+
+
 def history_key(tags: Mapping[str, str]) -> str:
     """The tag of the next line of a version's history: `history.<n>`, after the last one."""
-    numbers = [int(m.group(1)) for key in tags if (m := re.fullmatch(r"history\.([0-9]+)", key))]
-    return f"{HISTORY}{max(numbers, default=0) + 1}"
+    numbered = _numbered(tags)
+    return f"{HISTORY}{numbered[-1][0] + 1 if numbered else 1}"
 
 
 def history(tags: Mapping[str, str]) -> list[dict[str, Any]]:
     """A version's history, oldest first, from its tags."""
-    keys = sorted((int(k[len(HISTORY) :]), k) for k in tags if re.fullmatch(r"history\.[0-9]+", k))
-    return [json.loads(tags[key]) for _, key in keys]
+    return [json.loads(tags[key]) for _, key in _numbered(tags)]
 
 
 def history_line(
@@ -106,9 +110,19 @@ def client(tracking_uri: str, registry_uri: str | None = None) -> Any:
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
 
 
+def same_move(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same move, whenever it was written (a retried step writes its line again)."""
+    return {k: v for k, v in a.items() if k != "at"} == {k: v for k, v in b.items() if k != "at"}
+
+
 def record(mlflow: Any, model: str, version: str, line: Mapping[str, Any]) -> str:
-    """Append a line to a version's history; returns its tag."""
-    key = history_key(mlflow.get_model_version(model, version).tags)
+    """Append a line to a version's history, unless its last line is this same move (a retry);
+    returns the line's tag."""
+    tags = mlflow.get_model_version(model, version).tags
+    numbered = _numbered(tags)
+    if numbered and same_move(json.loads(tags[numbered[-1][1]]), line):
+        return numbered[-1][1]
+    key = history_key(tags)
     mlflow.set_model_version_tag(model, version, key, json.dumps(dict(line), sort_keys=True))
     return key
 

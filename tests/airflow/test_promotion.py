@@ -208,3 +208,5 @@ def test_a_published_version_moves_through_the_environments_into_another_registr
 
     again = promotion.promote(definition, "production", qa, APPROVED, now=AT)  # a retried task
     assert again["to_version"] == "1" and len(target.search_model_versions("name = 'm'")) == 1
+    assert promotion.history(own.get_model_version("m", version).tags) == history  # its line written once
+    assert promotion.history(target.get_model_version("m", "1").tags) == [history[-1]]
