@@ -3,7 +3,9 @@
 With `GPUYARD_CPU_PROFILE=FILE` set, `tests/conftest.py` registers `CpuProfile`: each worker appends
 one JSON line per test to FILE, with the CPU seconds its process and everything it started spent
 during the test (setup, call and teardown: a module's fixtures count for the test that started or
-stopped them), and the test's wall time. `python tests/cpu_profile.py FILE` sums them by module.
+stopped them), the test's wall time, its pytest-xdist worker and when it ended. `python
+tests/cpu_profile.py FILE` sums them by module, then says when each worker ran out of tests and
+which tests ended last: the suite's tail, where fewer workers than cores are busy.
 
 A process started by the test counts while it lives and once its parent reaped it; one reparented
 to init before it was reaped, or alive when the test began and gone unreaped by its end, is
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -43,6 +46,7 @@ class CpuProfile:
         began, cpu = time.monotonic(), spent_s()
         yield
         line = {"test": item.nodeid, "cpu_s": spent_s() - cpu, "wall_s": time.monotonic() - began}
+        line |= {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "ended": time.time()}
         with self.path.open("a") as out:
             out.write(json.dumps(line) + "\n")
 
@@ -66,6 +70,21 @@ def main(path: str) -> None:
     print(f"{'CPU s':>8} {'share':>6} {'wall s':>8} {'tests':>5}  module")
     for module, cpu, wall, count in rows:
         print(f"{cpu:8.1f} {cpu / total:6.1%} {wall:8.1f} {count:5d}  {module}")
+    timed = [line for line in lines if "ended" in line]
+    if not timed:
+        return
+    start = min(float(line["ended"]) - float(line["wall_s"]) for line in timed)  # type: ignore[arg-type]
+    last: dict[str, float] = defaultdict(float)
+    for line in timed:
+        last[str(line["worker"])] = max(last[str(line["worker"])], float(line["ended"]) - start)  # type: ignore[arg-type]
+    print(
+        "workers out of tests at (s after the first test began): "
+        + ", ".join(f"{worker} {at:.0f}" for worker, at in sorted(last.items(), key=lambda item: item[1]))
+    )
+    print("the last tests to end:")
+    for line in sorted(timed, key=lambda line: -float(line["ended"]))[:8]:  # type: ignore[arg-type]
+        ended = float(line["ended"]) - start  # type: ignore[arg-type]
+        print(f"  {ended:6.0f} s  {float(line['wall_s']):6.1f} s long  {line['worker']}  {line['test']}")  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
