@@ -109,6 +109,10 @@ def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
     definition = yaml.safe_load(load_definition("flights_delay").path.read_text())
     definition["data"]["root"] = str(root / "pipeline")
     definition["promotion"] |= {"model": "cases-model", "require_approval": True}
+    definition["promotion"]["environments"] = [  # publication's, then an approved step of its own
+        {"name": "staging", "alias": "champion"},
+        {"name": "production", "alias": "production"},
+    ]
     definition["mlflow"] = {"tracking_uri": mlflow_uri}
     (root / "approval.yaml").write_text(yaml.safe_dump(definition))
     gpuyard = Gpuyard(root / "gpuyard").start()
@@ -337,17 +341,17 @@ def verdict_for(version: str, parent: str) -> dict[str, Any]:
     }
 
 
-def parked(world: World, dag: str, run: str) -> None:
+def parked(world: World, dag: str, run: str, task: str = "approve") -> None:
     """The approval task waits for its answer, and the scheduler has seen its first run's process end.
 
     Answering before the LocalExecutor's report of that process is handled makes Airflow 3.3.2 fail
     the resumed task ("finished with state success, but the task instance's state attribute is
     queued"); a person never answers that fast, a test must wait for it.
     """
-    world.airflow.wait_ti(dag, run, "approve", {"awaiting_input"})
+    world.airflow.wait_ti(dag, run, task, {"awaiting_input"})
     reported = (
         "Received executor event with state success for task instance "
-        f"TaskInstanceKey(dag_id='{dag}', task_id='approve', run_id='{run}'"
+        f"TaskInstanceKey(dag_id='{dag}', task_id='{task}', run_id='{run}'"
     )
     wait_until(
         lambda: reported in (world.airflow.home / "scheduler.log").read_text(), 60, 0.2, what="the report"
@@ -404,6 +408,41 @@ def test_a_rejection_at_the_gate_is_recorded_and_publishes_nothing(world: World)
     rejected = mlflow.get_model_version("cases-model", version)
     assert "but not approved by" in rejected.tags["rejected"]
     assert rejected.aliases == []  # not the champion, whether or not another version is
+
+
+def test_a_published_version_goes_to_production_only_through_its_own_approval(world: World) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import promotion
+
+    mlflow = MlflowClient(world.mlflow_uri)
+    version, run = at_the_gate(world)
+    assert answer_gate(world, run, "Approve") == "success"  # published: the champion alias moved
+    parked(world, APPROVAL, run, "approve_production")
+    production = f"/dags/{APPROVAL}/dagRuns/{run}/taskInstances/approve_production/-1/hitlDetails"
+    asked = world.airflow.api.get(production).json()
+    subject = f"Promote cases-model version {version} from staging to production (`production`)?"
+    assert asked["subject"] == subject
+    assert f"candidate (version {version})" in asked["body"]  # the metrics the first approver saw
+    with pytest.raises(MlflowException):  # not before its own approval
+        mlflow.get_model_version_by_alias("cases-model", "production")
+
+    assert world.airflow.api.patch(production, json={"chosen_options": ["Approve"]}).status_code == 200
+    promoted = world.airflow.wait_ti(APPROVAL, run, "promote_production", DONE | {"skipped"})
+    assert promoted["state"] == "success"
+    assert str(mlflow.get_model_version_by_alias("cases-model", "production").version) == version
+    history = promotion.history(mlflow.get_model_version("cases-model", version).tags)
+    assert [(line["environment"], line["alias"]) for line in history] == [
+        ("staging", "champion"),
+        ("production", "production"),
+    ]
+    events = world.airflow.api.get(
+        "/assets/events", params={"source_dag_id": APPROVAL, "source_run_id": run}
+    ).json()
+    ours = [e for e in events["asset_events"] if e["source_run_id"] == run]
+    moved = [e for e in ours if e["name"] == "cases-model@production"]
+    assert [(e["source_task_id"], e["extra"]["version"]) for e in moved] == [("promote_production", version)]
 
 
 def dag_run_s_mlflow_runs(world: World, dag: str, run: str) -> list[Any]:

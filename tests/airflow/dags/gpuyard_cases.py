@@ -93,7 +93,7 @@ if os.environ.get("GPUYARD_CASES_DEFINITION"):
         run, verdict = started(), evaluated()
         gate = step.approval(PIPELINE)
         published = step.publish(PIPELINE, run, verdict, gate.output)
-        chain(verdict, gate, published)
+        chain(verdict, gate, published, *step.promotions(PIPELINE, published))  # approve_/promote_<env>
 
     # The retraining DAGs' run around a training job: the real `start` (the setup, opening the DAG
     # run's MLflow run) and `finish` (its teardown), and the pipelines' failure callback. The job
