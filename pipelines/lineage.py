@@ -4,7 +4,8 @@ The DAG run's MLflow run holds what the run was: dag id, run id, logical date, t
 the code, the sha256 of the pipeline definition, the run's Params, and the evaluation. Each
 training job's run is its child (`mlflow.parentRunId`, set by the training runtime from
 MLFLOW_PARENT_RUN_ID), tagged here with the gpuyard job, its attempts, preemptions and lost
-progress, the training set's manifest hash and the feature service with its version. A registered
+progress, the training set's manifest hash and the feature service with its version, and given the
+training set as its input dataset (MLflow's dataset API: the run page's Datasets). A registered
 model version carries the ids of both runs, so a person walks from a version to all of them.
 """
 
@@ -137,6 +138,26 @@ def tag_training_run(
     mlflow = client(definition)
     for key, value in tags.items():
         mlflow.set_tag(run_id, key, value)
+    mlflow.log_inputs(run_id, datasets=[training_input(definition, training_set)])  # again: no second input
+
+
+def training_input(definition: PipelineDefinition, training_set: Mapping[str, Any]) -> Any:
+    """The training set as the run's MLflow input dataset (context `training`): its data file as the
+    source, the manifest's sha256 as the digest; nothing of it is read."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    with warnings.catch_warnings():  # a file:// URL matches two equal local sources: MLflow takes either
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(training_set["data_url"])
+    dataset = MetaDataset(
+        source, name=f"{definition.name}/training_set", digest=training_set["manifest_sha256"][:36]
+    )
+    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])
 
 
 def register(definition: PipelineDefinition, run_id: str, model_uri: str) -> str:

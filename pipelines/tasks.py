@@ -10,6 +10,7 @@ Great Expectations, MLflow) happen inside the tasks, never when a DAG file is pa
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from gpuyard_provider.operators.training import GpuTrainingOperator
 
 from pipelines import mlflow_access, storage
+from pipelines import openlineage_events as events
 from pipelines import prepare as prepare_step
 from pipelines.definition import (
     CHECKPOINT_ROOT_VARIABLE,
@@ -180,6 +182,7 @@ def _ingest(path: str, run: dict[str, Any]) -> dict[str, int]:
     config = _config(path, run)
     corrected = [dt.date.fromisoformat(d) for d in run.get("corrected_dates", [])]
     landed = ingest.ingest(config, dt.date.fromisoformat(run["raw_start"]), config.end_date, keep=corrected)
+    _lineage(events.ingest, _definition(path), [str(d) for d in landed.dates])
     return dict(landed.rows)
 
 
@@ -244,7 +247,7 @@ def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
 
     config = definition.step_config()  # the days come from the run: templates below
     start, end = START.format(field="prepare_start"), START.format(field="run_date")
-    return [
+    jobs = [
         SparkSubmitOperator(
             task_id=job,
             application=str(prepare_step.JOBS_DIR / f"{job}.py"),
@@ -257,6 +260,16 @@ def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
         )
         for job in definition.spark.jobs
     ]
+    for job in jobs:  # their lineage, from the run's window, if OpenLineage's listener asks
+        job.get_openlineage_facets_on_complete = functools.partial(
+            events.spark_job, str(definition.path), job.task_id
+        )
+    return jobs
+
+
+def _lineage(build: Callable[..., Any], *args: Any) -> None:
+    """This task's OpenLineage lineage, `build(*args)`, built only if a configured listener asks."""
+    events.attach(get_current_context()["task"], build, *args)
 
 
 def _run_window() -> dict[str, Any]:
@@ -267,7 +280,10 @@ def _run_window() -> dict[str, Any]:
 def _prepare_pandas(path: str) -> dict[str, str]:
     run = _run_window()
     config = _config(path, run)
-    return prepare_step.prepare(config, config.start_date, config.end_date, engine="pandas")
+    tables = prepare_step.prepare(config, config.start_date, config.end_date, engine="pandas")
+    read = prepare_step.read_days(config, config.start_date, config.end_date)
+    _lineage(events.prepare, _definition(path), events.days(*read))
+    return tables
 
 
 @task.branch(task_id="choose_engine")
@@ -349,6 +365,7 @@ def _training_set(path: str, run: dict[str, Any]) -> dict[str, Any]:
                 k: result.manifest["feature_service"][k] for k in ("name", "version", "fingerprint")
             },
         }
+    _lineage(events.training_set, _definition(path), built)
     return built
 
 
@@ -438,12 +455,13 @@ def _pick_best(path: str, sets: dict[str, Any], results: list[dict[str, Any]]) -
 
     definition = _definition(path)
     mlflow = lineage.client(definition)
-    scored = []
+    scored, registered = [], []
     for result in results:
         lineage.tag_training_run(definition, result["mlflow_run_id"], result, sets["train"])
         run = mlflow.get_run(result["mlflow_run_id"])
         if result["model_uri"]:  # the model the job logged, registered by the pipeline's identity
             version = lineage.register(definition, result["mlflow_run_id"], result["model_uri"])
+            registered.append(version)
             result = {**result, "model_uri": version}
         scored.append((run.data.metrics.get("val_loss", float("inf")), result))
     best_loss, best = min(scored, key=lambda pair: pair[0])
@@ -452,6 +470,7 @@ def _pick_best(path: str, sets: dict[str, Any], results: list[dict[str, Any]]) -
             version = str(result["model_uri"]).rsplit("/", 1)[-1]
             reason = f"not the best of the grid: val_loss {loss:.4f} > {best_loss:.4f}"
             lineage.tag_version(definition, version, {"rejected": reason})
+    _lineage(events.pick_best, definition, results, registered)
     return {**best, "val_loss": best_loss, "grid_size": len(scored)}
 
 
@@ -474,7 +493,9 @@ def _evaluate(path: str, run: dict[str, Any], best: dict[str, Any], sets: dict[s
         scores[f"champion_{metric}"] = verdict.champion.value
     lineage.log_to_run(run["mlflow_run_id"], definition, scores, **{"evaluation.reason": verdict.reason})
     lineage.log_to_run(best["mlflow_run_id"], definition, {f"holdout_{metric}": verdict.candidate.value})
-    return {**verdict.as_dict(), "job_id": best["job_id"], "mlflow_run_id": best["mlflow_run_id"]}
+    outcome = {**verdict.as_dict(), "job_id": best["job_id"], "mlflow_run_id": best["mlflow_run_id"]}
+    _lineage(events.evaluate, definition, outcome, sets["holdout"]["data_url"])
+    return outcome
 
 
 def evaluate(definition: PipelineDefinition, run: Any, best: Any, sets: Any) -> Any:
@@ -544,6 +565,7 @@ def _publish(
         "version": outcome["version"],
         "environment": outcome["environment"],
     }
+    _lineage(events.publish, definition, verdict, outcome)
     return outcome
 
 

@@ -189,6 +189,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
         self.gpuyard_conn_id, self.deferrable, self.poll_s = gpuyard_conn_id, deferrable, poll_s
         self._job_id: str | None = None
+        self._result: dict[str, Any] | None = None  # the job's outcome, once it ended
 
     # -- what to run -------------------------------------------------------------------------------
 
@@ -343,6 +344,25 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             context["ti"].xcom_push(key=key, value=result[key])
         return result
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The run's OpenLineage lineage (asked only where a deployment configured OpenLineage): the
+        training data it read (`data.path`), the model its MLflow run logged, and the job as the
+        `gpuyard_job` run facet."""
+        from gpuyard_provider import openlineage as ol
+
+        result = self._result
+        if result is None:
+            return None
+        data = self.overrides.get("data.path")
+        model = result.get("model_uri")
+        return ol.operator_lineage(
+            inputs=[ol.read(*ol.storage_name(str(data)))] if data else [],
+            outputs=[ol.wrote(*ol.mlflow_name(self.mlflow_tracking_uri, model))]
+            if model and self.mlflow_tracking_uri
+            else [],
+            job=ol.job_facet(result),
+        )
+
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resumed by GpuJobTrigger once the job ended, or its deadline passed."""
         if event["state"] == TIMED_OUT:
@@ -401,7 +421,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
         run_id, model_uri = (
             self._mlflow_run_and_model(job["id"]) if self.mlflow_tracking_uri else (None, None)
         )
-        return {
+        self._result = {  # kept for OpenLineage's listener, which asks this process once the task ended
             "job_id": job["id"],
             "state": job["state"],
             "attempts": len(attempts),
@@ -411,6 +431,7 @@ class GpuTrainingOperator(ResumableJobMixin, BaseOperator):
             "mlflow_run_id": run_id,
             "model_uri": model_uri,
         }
+        return self._result
 
     def _mlflow_run_and_model(self, job_id: str) -> tuple[str | None, str | None]:
         """The job's MLflow run (tagged with its job id by the training runtime) and the model it
