@@ -362,6 +362,10 @@ def test_lineage_walks_back_from_the_model_version(world: World) -> None:
     assert child["training_set.manifest_sha256"] == sets["train"]["manifest_sha256"]
     assert (child["feature_service.name"], child["feature_service.version"]) == ("flight_delay_v1", "1")
     assert {"gpuyard.attempts", "gpuyard.preemptions", "gpuyard.progress_lost_steps_total"} <= set(child)
+    [learned_from] = training.inputs.dataset_inputs  # the training set, MLflow's input dataset of the run
+    assert learned_from.dataset.digest == sets["train"]["manifest_sha256"][:36]
+    assert learned_from.dataset.name == "flights_delay/training_set"
+    assert {tag.key: tag.value for tag in learned_from.tags}["mlflow.data.context"] == "training"
 
 
 def test_the_training_job_record_shows_the_injected_preemption_and_the_resume(world: World) -> None:

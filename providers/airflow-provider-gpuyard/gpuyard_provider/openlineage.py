@@ -24,8 +24,9 @@ from openlineage.client.generated.base_subset_dataset import (
     PartitionSubsetCondition,
 )
 
-# the facet's JSON schema is GpuyardJobRunFacet.json beside this module, published at this address
-SCHEMA_URL = "https://gpuyard.dev/spec/facets/1-0-0/GpuyardJobRunFacet.json#/$defs/GpuyardJobRunFacet"
+# The facet's JSON schema is GpuyardJobRunFacet.json, shipped beside this module. No public address
+# serves it yet, so `_schemaURL` names it by the distribution and file (a URN: a URI, as the spec asks).
+SCHEMA_URL = "urn:airflow-provider-gpuyard:1.0.0:GpuyardJobRunFacet.json#/$defs/GpuyardJobRunFacet"
 PARTITION = "date"  # the dimension of a dated table's partitions (pipelines/storage.py: date=YYYY-MM-DD)
 
 
