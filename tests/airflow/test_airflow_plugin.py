@@ -33,10 +33,16 @@ print(json.dumps({
 def test_the_provider_registers_the_plugin_and_the_folder_adds_nothing(airflow_env: dict[str, str]) -> None:
     report = run_python(airflow_env, LOAD % str(ROOT / "plugins"))
     assert report["errors"] == {}
-    assert report["plugins"] == ["gpuyard"]
+    assert report["plugins"].count("gpuyard") == 1
     # From the installed provider's `airflow.plugins` entry point, once (a second copy of the
-    # provider's metadata on sys.path would register it twice: an import error, above).
-    assert report["sources"] == [["airflow-provider-gpuyard", "gpuyard_provider.plugin"]]
+    # provider's metadata on sys.path would register it twice: an import error, above). Every other
+    # plugin is another installed provider's (OpenLineage's): none comes from the folder.
+    assert ["airflow-provider-gpuyard", "gpuyard_provider.plugin"] in report["sources"]
+    assert all(
+        dist and dist.startswith(("airflow-provider-", "apache-airflow-providers-"))
+        for dist, _ in report["sources"]
+    )
+    assert len(report["sources"]) == len(report["plugins"])
     # Nothing is imported by file name from the folder: clock.py, cli/__main__.py of the package
     # would otherwise become top-level modules (or exit the process).
     assert report["loaded_by_file_name"] == []
