@@ -474,6 +474,17 @@ class GpuyardClient(_Connection[httpx.Client]):
     def whoami(self) -> dict[str, Any]:
         return self._call("GET", "/v1/whoami")  # type: ignore[no-any-return]
 
+    def create_token(
+        self, team: str, role: str = "member", *, description: str = "", expires_at: datetime | None = None
+    ) -> dict[str, Any]:
+        """Mint a token of `team` (a team admin's call, up to their role): `{"id", "team", "role",
+        "expires_at", "token"}`, the secret shown this once. A POST: tried again only where the API did
+        not act (no connection, 429, 503), so a retry never mints a second token."""
+        body: dict[str, Any] = {"team": team, "role": role, "description": description}
+        if expires_at is not None:
+            body["expires_at"] = expires_at.isoformat()
+        return self._call("POST", "/v1/tokens", json=body)  # type: ignore[no-any-return]
+
     def put_secret(self, team: str, name: str, value: str) -> dict[str, Any]:
         """Store a secret of `team` (a team admin's or platform admin's call); the value is never shown."""
         path = f"/v1/teams/{quote(team, safe='')}/secrets/{quote(name, safe='')}"

@@ -35,11 +35,20 @@ def e(value: object) -> str:
 def layout(base: str, title: str, body: str, who: Mapping[str, Any] | None, refresh_s: int = 5) -> str:
     nav = ""
     if who is not None:
+        airflow_user = who.get("airflow_user")  # signed in through Airflow: nothing to sign out of here
+        as_whom = (
+            f' · Airflow user <span class="airflow-user">{e(airflow_user)}</span>' if airflow_user else ""
+        )
+        leave = (
+            f'<a href="{base}/sign-in">use a token</a>'
+            if airflow_user
+            else f'<a href="{base}/sign-out">sign out</a>'
+        )
         nav = (
             f'<nav><a href="{base}/">queue &amp; fleet</a><a href="{base}/figures">figures</a>'
-            f'<span class="who">team {e(who.get("team"))} · {e(who.get("role"))}</span>'
+            f'<span class="who">team {e(who.get("team"))} · {e(who.get("role"))}{as_whom}</span>'
             f'<label><input type="checkbox" id="live" checked> live</label>'
-            f'<a href="{base}/sign-out">sign out</a></nav>'
+            f"{leave}</nav>"
         )
     return (
         '<!doctype html><html><head><meta charset="utf-8">'
@@ -51,10 +60,21 @@ def layout(base: str, title: str, body: str, who: Mapping[str, Any] | None, refr
     )
 
 
-def sign_in(base: str, error: str | None) -> str:
+def sign_in(base: str, error: str | None, airflow: Mapping[str, str] | None = None) -> str:
+    """The token form; `airflow`, inside Airflow: the Airflow user's sign-in (`team`, `role`) or why
+    they have none (`notice`)."""
     problem = f'<p class="error">{e(error)}</p>' if error else ""
+    through = ""
+    if airflow and airflow.get("notice"):
+        through = f'<p class="notice" data-airflow-user="{e(airflow["user"])}">{e(airflow["notice"])}</p>'
+    elif airflow:
+        through = (
+            f'<p class="through" data-airflow-user="{e(airflow["user"])}">Signed in through Airflow as '
+            f"{e(airflow['user'])}: team {e(airflow['team'])}, role {e(airflow['role'])}. "
+            f'<a href="{base}/">Open the page</a>, or sign in with a token to see what it sees.</p>'
+        )
     return (
-        "<h2>Sign in with your gpuyard token</h2>"
+        f"{through}<h2>Sign in with your gpuyard token</h2>"
         "<p>The page shows what this token may see: a member sees its team's jobs and figures, a platform "
         "admin every team's. Make one with <code>gpuyard token create --team TEAM</code>; an embedded "
         "instance keeps its admin token in <code>$GPUYARD_HOME/admin.token</code>.</p>"
