@@ -1,6 +1,6 @@
 """The gpuyard page inside a running Airflow: the plugin mounts the app in Airflow's API server and the
-UI's navigation shows it; a person signs in inside Airflow's frame, sees a waiting job in the queue
-and the fleet, and opens the job."""
+UI's navigation shows it; the Airflow user, mapped to team a, sees a waiting job in the queue and the
+fleet without signing in again and opens the job; then signs in with a token inside Airflow's frame."""
 
 from __future__ import annotations
 
@@ -45,7 +45,16 @@ def test_the_page_is_in_airflows_navigation(
     home = tmp_path / "airflow"
     home.mkdir()
     connection = json.dumps({"conn_type": "gpuyard", "host": gpuyard.url})
-    airflow = AirflowStack(home, tmp_path / "no-dags", AIRFLOW_CONN_GPUYARD_DEFAULT=connection)
+    # Every Airflow user of this one is an admin (role ADMIN): mapped to team a's members, the page
+    # mints them tokens with the platform's admin token
+    mapping = {"roles": {"Admin": {"team": "a", "role": "member"}}}
+    delegation = json.dumps({"conn_type": "gpuyard", "password": gpuyard.admin_token, "extra": mapping})
+    airflow = AirflowStack(
+        home,
+        tmp_path / "no-dags",
+        AIRFLOW_CONN_GPUYARD_DEFAULT=connection,
+        AIRFLOW_CONN_GPUYARD_SIGN_IN=delegation,
+    )
     airflow.COMPONENTS = ("api-server",)  # the UI and the plugin's app: nothing else is needed
     (tmp_path / "no-dags").mkdir()
     with gpuyard.client(gpuyard.admin_token) as admin:  # team a may hold no GPU: its job waits
@@ -64,11 +73,9 @@ def test_the_page_is_in_airflows_navigation(
         assert (link.get_attribute("href", timeout=WAIT_MS) or "").endswith("/plugin/gpuyard")
         follow(page, link)
         frame = page.frame_locator("iframe")
-        frame.locator("input[name=token]").fill(gpuyard.token, timeout=WAIT_MS)
-        frame.locator("button[type=submit]").click()
-        frame.locator("section#queue").wait_for(timeout=WAIT_MS)
+        frame.locator("section#queue").wait_for(timeout=WAIT_MS)  # no sign-in: Airflow's user, mapped
         frame.locator("svg.fleet rect.gpu").first.wait_for()
-        assert "team a" in frame.locator("header").inner_text()
+        assert "team a · member · Airflow user Anonymous" in frame.locator("header").inner_text()
         assert "over quota" in frame.locator(f'tr.job[data-job="{job}"]').inner_text()
         page.screenshot(path=str(artifacts / "airflow-gpuyard-page.png"), full_page=True)
         frame.locator(f'tr.job[data-job="{job}"] a').click()
@@ -77,5 +84,11 @@ def test_the_page_is_in_airflows_navigation(
         assert job in shown and "waits: quota over quota" in shown  # the reason on the job's own page
         assert frame.locator("svg.timeline rect.wait").count() == 1  # queued since its submission
         page.screenshot(path=str(artifacts / "airflow-gpuyard-job.png"), full_page=True)
+        frame.locator("a >> text=use a token").click()  # a token of one's own, inside Airflow's frame
+        assert "Signed in through Airflow as Anonymous" in frame.locator("main").inner_text(timeout=WAIT_MS)
+        frame.locator("input[name=token]").fill(gpuyard.token, timeout=WAIT_MS)
+        frame.locator("button[type=submit]").click()
+        frame.locator("a >> text=sign out").wait_for(timeout=WAIT_MS)
+        assert "Airflow user" not in frame.locator("header").inner_text()
     finally:
         airflow.stop()
