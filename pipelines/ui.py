@@ -7,8 +7,10 @@ on its demo home (the API and its interactive docs), and the pipeline's MLflow t
 (127.0.0.1), no login to Airflow (every Airflow user is an admin here); MLflow asks for one (its
 admin's password is in the store's `mlflow-auth/admin.password`). Airflow's `gpuyard_default`
 connection holds a new token of the pipeline's team, so a run triggered from its UI trains and
-publishes. Ctrl-C or SIGTERM stops all three and what they started (each runs in a session of its
-own: SIGTERM to every process of it, then SIGKILL for what still runs after STOP_S).
+publishes; its `gpuyard_sign_in` connection maps Airflow's admins (every user, here) to team a's
+members, so the gpuyard page opens without a gpuyard token (delegated by the demo's admin token).
+Ctrl-C or SIGTERM stops all three and what they started (each runs in a session of its own: SIGTERM
+to every process of it, then SIGKILL for what still runs after STOP_S).
 Ports: AIRFLOW_UI_PORT (8080), GPUYARD_UI_PORT (8081), MLFLOW_UI_PORT (5000); GPUYARD_DEMO_HOME and
 GPUYARD_DEMO_DAGS point it at another demo's state and DAGs folder (tests/airflow/test_pipeline_e2e.py).
 """
@@ -88,12 +90,18 @@ def main() -> int:
                 }
             ),
         }
+        sign_in = {  # the gpuyard page: Airflow's admins are team a's members (docs/ui.md, "Sign-in")
+            "conn_type": "gpuyard",
+            "password": (home / "admin.token").read_text().strip(),
+            "extra": json.dumps({"roles": {"Admin": {"team": "a", "role": "member"}}}),
+        }
         start(
             "airflow",
             [str(BIN / "airflow"), "standalone"],
             airflow_environment(connection, f"http://127.0.0.1:{ports['mlflow']}")
             | pipeline.env()
             | {
+                "AIRFLOW_CONN_GPUYARD_SIGN_IN": json.dumps(sign_in),
                 "AIRFLOW__API__PORT": ports["airflow"],
                 "AIRFLOW__API__HOST": "127.0.0.1",
                 # task processes report to the API server's execution API: on this port, not 8080's
@@ -123,7 +131,7 @@ def say_where(ports: dict[str, str], model: str, root: Path, logs: Path) -> None
     token = DEMO / "gpuyard" / "admin.token"
     print(
         f"gpuyard page in Airflow: http://127.0.0.1:{ports['airflow']}/plugin/gpuyard  "
-        f"(sign in with a gpuyard token, e.g. the admin token in {token})"
+        f"(as team a's member, Airflow's sign-in; or with a gpuyard token, e.g. the admin token in {token})"
     )
     print(f"gpuyard:  http://127.0.0.1:{ports['gpuyard']}/docs  (the API; admin token in {token})")
     print(
