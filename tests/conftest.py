@@ -23,9 +23,8 @@ from local_cluster import services
 from servers import RedisServer, S3Server, open_directory
 from sqlalchemy import Engine
 from stores import empty_store, migrated_sqlite, throwaway_database
+from suite_scheduling import StartsFirst, first_group
 from xdist.remote import Producer
-from xdist.scheduler import LoadGroupScheduling
-from xdist.workermanage import WorkerController
 
 # The variable that names a server for the suite, and the machine's own.
 POSTGRES = ("GPUYARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -195,20 +194,6 @@ def shared_fixture_group(item: pytest.Item) -> str | None:
     return None
 
 
-# A unit of work (a group, or a test of none) marked `starts_first` runs for minutes: queued behind
-# another such unit on one worker, the two would make the suite's tail. Their group names carry
-# FIRST, and the controller's scheduler (StartsFirst) hands them out before everything else, one to a
-# worker while there are workers. The controller sees test ids only, not markers: hence the name.
-FIRST = "first:"
-
-
-def first_group(name: str) -> str:
-    """The group name of a `starts_first` unit. No "]" in it: xdist reads a node id whose last "]"
-    follows its "@" as a parametrized test's own id, so a parametrized test's group was lost (the
-    fault campaigns ran last, at the suite's tail: tests/cpu_profile.py)."""
-    return FIRST + name.replace("[", "(").replace("]", ")")
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -219,19 +204,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = first_group(group or item.nodeid)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-
-
-class StartsFirst(LoadGroupScheduling):
-    """`--dist loadgroup`, with the units marked `starts_first` at the head of the queue."""
-
-    _ordered = False
-
-    def _assign_work_unit(self, node: WorkerController) -> None:
-        if not self._ordered:  # the queue is complete by the first assignment
-            self._ordered = True
-            for scope in [s for s in self.workqueue if s.startswith(FIRST)][::-1]:
-                self.workqueue.move_to_end(scope, last=False)
-        super()._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> StartsFirst | None:

@@ -85,8 +85,10 @@ def test_the_page_is_in_airflows_navigation(
         assert frame.locator("svg.timeline rect.wait").count() == 1  # queued since its submission
         page.screenshot(path=str(artifacts / "airflow-gpuyard-job.png"), full_page=True)
         frame.locator("a >> text=use a token").click()  # a token of one's own, inside Airflow's frame
-        assert "Signed in through Airflow as Anonymous" in frame.locator("main").inner_text(timeout=WAIT_MS)
-        frame.locator("input[name=token]").fill(gpuyard.token, timeout=WAIT_MS)
+        form = frame.locator("input[name=token]")
+        form.wait_for(timeout=WAIT_MS)  # the sign-in page loaded (main read earlier was the job's page)
+        assert "Signed in through Airflow as Anonymous" in frame.locator("main").inner_text()
+        form.fill(gpuyard.token)
         frame.locator("button[type=submit]").click()
         frame.locator("a >> text=sign out").wait_for(timeout=WAIT_MS)
         assert "Airflow user" not in frame.locator("header").inner_text()
