@@ -326,7 +326,8 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
     there, and what the worker did after is fenced off, not progress of it: seed 1020, a worker hung
     in a slow checkpoint store until its pod was deleted), no more than the time from
     its save to the end plus how late the platform may notice an end (`_noticing_s`: the charge runs
-    until the GPUs were freed, which a paused or cut-off leader delays; seed 600's run)."""
+    until the GPUs were freed, which a paused or cut-off leader delays; seed 600's run), counted from
+    when the pod's node was heard from again where it reported nothing at the end."""
     journal = _records(history)
     recorded: dict[str, int] = {}
     for event in history.events:
@@ -355,7 +356,14 @@ def lost_progress_matches_workers(history: History) -> Iterator[Finding]:
             continue  # a checkpoint it never completed: recorded_checkpoints_were_durable says so
         stopped = end if attempt.ended_at is None else min(end, attempt.ended_at)
         low = max(0.0, stopped - answer) - MEASURE_SLACK_S
-        high = latest_end - save + _noticing_s(history, latest_end)
+        # The platform cannot learn of an end while the pod's node reports nothing (a node lost until
+        # its Node is deleted, a partition until it heals): its noticing starts when the node is heard
+        # from again (seed 489215: a node lost, its Node deleted 8-24 s later, as a cloud's controller).
+        heard = max(
+            (stop for start, stop in history.unheard.get(attempt.id, []) if start <= latest_end <= stop),
+            default=latest_end,
+        )
+        high = heard - save + _noticing_s(history, heard)
         if not low <= attempt.progress_lost_s <= high:
             charged = f"charged {attempt.progress_lost_s:.1f}s lost"
             says = f"its worker says between {low:.1f}s and {high:.1f}s"

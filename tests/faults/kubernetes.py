@@ -245,13 +245,16 @@ def lose_node(target: Target, rng: random.Random) -> str | None:
     agent = pods.cluster.agents[node]
     if agent.lost:
         return None
-    for attempt_id in pods.attempts_on(node):
-        target.kills.setdefault(attempt_id, time.monotonic())
+    lost, on_node = time.monotonic(), pods.attempts_on(node)
+    for attempt_id in on_node:
+        target.kills.setdefault(attempt_id, lost)
     agent.lose()
     joined = pods.replace()
     noticed = rng.uniform(NODE_GRACE_S, 3 * NODE_GRACE_S)
     time.sleep(noticed)
     pods.cluster.api.delete_node(node)
+    for attempt_id in on_node:  # what ended there the platform could not know until its Node went
+        target.unheard.setdefault(attempt_id, []).append((lost, time.monotonic()))
     running = pod["metadata"]["name"]
     return f"{node} lost (running {running}); {joined} joined; its Node deleted after {noticed:.1f}s"
 

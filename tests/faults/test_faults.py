@@ -420,6 +420,22 @@ def test_a_loss_noticed_late_because_the_leader_was_paused_is_charged_until_it_w
     assert violated(replace(lost, stalls=[(105.0, 119.0)])) == set()  # + 13 + 5: 40
 
 
+def test_a_loss_on_a_node_that_reported_nothing_is_charged_until_it_could_be_known() -> None:
+    """Seed 489215 (emulated cluster): a node lost 2 s after j1's checkpoint, its Node deleted 22 s
+    later (a cloud's controller: 8-24 s); the platform may not end the attempt before its pods are
+    gone, and charged it 35 s. Within the bound only because the checker knows the node was unheard."""
+    story = clean_story()
+    story.attempts["j1-a1"] = replace(
+        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=35.0
+    )
+    story.exits.pop("j1-a1")
+    story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
+    story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
+    lost = story.history(lease_s=10.0, kills={"j1-a1": 106.0})
+    assert violated(lost) == {"lost progress matches the workers"}  # 35 > 2 + 15 + 5
+    assert violated(replace(lost, unheard={"j1-a1": [(106.0, 128.0)]})) == set()  # 24 + 15 + 5: 44
+
+
 def test_a_worker_the_platform_killed_in_its_start_is_charged_until_its_shim_saw_it_end() -> None:
     """Seed 721: a runtime worker still importing torch when its preemption came (its only record:
     `start`), SIGKILLed at the grace period's end 27 s into its attempt; the checker took its one
