@@ -25,10 +25,12 @@ PARENT_TAG = "mlflow.parentRunId"
 WINDOW_TAG = "pipeline.window"  # the days the DAG run's first `start` chose (JSON)
 
 
-def client(definition: PipelineDefinition) -> Any:
+def client(definition: PipelineDefinition, registry_uri: str | None = None) -> Any:
+    """The pipeline's MLflow client; with `registry_uri`, reaching that registry (another
+    environment's: pipelines/promotion.py) instead of the pipeline's own."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=definition.tracking_uri)
+    return MlflowClient(tracking_uri=definition.tracking_uri, registry_uri=registry_uri)
 
 
 def experiment_id(definition: PipelineDefinition) -> str:

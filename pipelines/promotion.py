@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipelines import lineage
-from pipelines.definition import Environment, PipelineDefinition
+from pipelines.definition import PipelineDefinition
 
 APPROVE = "Approve"
 HISTORY = "history."
@@ -94,20 +94,7 @@ def copy_source(registry: str, model: str, version: str) -> str:
     return f"{registry}#models:/{model}/{version}"
 
 
-def next_environment(definition: PipelineDefinition, name: str) -> Environment | None:
-    """The environment a version moves to after `name`, None after the last."""
-    names = definition.promotion.names
-    index = names.index(name)
-    return definition.promotion.environments[index + 1] if index + 1 < len(names) else None
-
-
 # The MLflow edges
-
-
-def client(tracking_uri: str, registry_uri: str | None = None) -> Any:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
 
 
 def same_move(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -194,7 +181,7 @@ def promote(
     by = approver(approval) or RULE
     target, to_version = source, version
     if registry != own:
-        target = client(own, registry)
+        target = lineage.client(definition, registry)
         to_version = copy_version(definition, target, registry, version)
     target.set_registered_model_alias(model, environment.alias, to_version)
     line = history_line(

@@ -404,18 +404,24 @@ def test_the_checker_catches_lost_progress_charged_wrong() -> None:
     assert violated(story.history(lease_s=10.0)) == {"lost progress matches the workers"}
 
 
-def test_a_loss_noticed_late_because_the_leader_was_paused_is_charged_until_it_was_noticed() -> None:
-    """Seed 600: j1's first attempt was lost 2 s after its checkpoint (the journal's clock: saved at
-    104, the worker's end at 106) while the leader was paused for 14 s; the store charged it until the
-    standby noticed, 30 s after the save. Within the bound only because the checker knows the pause."""
+def lost_after_its_checkpoint(charged_s: float) -> History:
+    """j1's first attempt lost 2 s after its checkpoint (the journal's clock: saved at 104, the
+    worker killed at 106, no exit of its own), charged `charged_s` of lost progress."""
     story = clean_story()
     story.attempts["j1-a1"] = replace(
-        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=30.0
+        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=charged_s
     )
     story.exits.pop("j1-a1")
     story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
     story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
-    lost = story.history(lease_s=10.0, kills={"j1-a1": 106.0})
+    return story.history(lease_s=10.0, kills={"j1-a1": 106.0})
+
+
+def test_a_loss_noticed_late_because_the_leader_was_paused_is_charged_until_it_was_noticed() -> None:
+    """Seed 600: j1's first attempt was lost 2 s after its checkpoint (the journal's clock: saved at
+    104, the worker's end at 106) while the leader was paused for 14 s; the store charged it until the
+    standby noticed, 30 s after the save. Within the bound only because the checker knows the pause."""
+    lost = lost_after_its_checkpoint(charged_s=30.0)
     assert violated(lost) == {"lost progress matches the workers"}  # 30 > 2 + 15 + 5
     assert violated(replace(lost, stalls=[(105.0, 119.0)])) == set()  # + 13 + 5: 40
 
@@ -424,14 +430,7 @@ def test_a_loss_on_a_node_that_reported_nothing_is_charged_until_it_could_be_kno
     """Seed 489215 (emulated cluster): a node lost 2 s after j1's checkpoint, its Node deleted 22 s
     later (a cloud's controller: 8-24 s); the platform may not end the attempt before its pods are
     gone, and charged it 35 s. Within the bound only because the checker knows the node was unheard."""
-    story = clean_story()
-    story.attempts["j1-a1"] = replace(
-        story.attempts["j1-a1"], state="LOST", stop_requested=None, exit_code=None, progress_lost_s=35.0
-    )
-    story.exits.pop("j1-a1")
-    story.journal = [r for r in story.journal if not (r.attempt == "j1-a1" and r.e == "exit")]
-    story.events = [e for e in story.events if e.type != "attempt.stop_requested"]
-    lost = story.history(lease_s=10.0, kills={"j1-a1": 106.0})
+    lost = lost_after_its_checkpoint(charged_s=35.0)
     assert violated(lost) == {"lost progress matches the workers"}  # 35 > 2 + 15 + 5
     assert violated(replace(lost, unheard={"j1-a1": [(106.0, 128.0)]})) == set()  # 24 + 15 + 5: 44
 
