@@ -38,15 +38,18 @@ def empty_store(engine: Engine) -> None:
                 conn.execute(table.delete())
 
 
-def report_checkpoint(engine: Engine, attempt: Attempt, url: str, step: int, at: datetime) -> None:
-    """The attempt's worker reports, in a heartbeat at `at`, the checkpoint of `step` it saved at `url`."""
+def report_checkpoint(
+    engine: Engine, attempt: Attempt, url: str, step: int, at: datetime, nbytes: int | None = None
+) -> None:
+    """The attempt's worker reports, in a heartbeat at `at`, the checkpoint of `step` it saved at `url`
+    (of `nbytes`, where given)."""
     heartbeat(
         engine,
         attempt.id,
         attempt.fencing_token,
         secret=attempt.attempt_secret or "",
         step=step,
-        checkpoint={"url": url, "step": step, "saved_at": at},
+        checkpoint={"url": url, "step": step, "saved_at": at, "bytes": nbytes},
         at=at,
         lease_ttl_s=60,
     )

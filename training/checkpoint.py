@@ -84,6 +84,7 @@ class CheckpointRecord:
     step: int
     saved_at: datetime
     cost_s: float
+    bytes: int | None = None  # all its files, by its manifest: what a move to another site copies
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +92,7 @@ class CheckpointRecord:
             "step": self.step,
             "saved_at": self.saved_at.isoformat(),
             "cost_s": round(self.cost_s, 6),
+            "bytes": self.bytes,
         }
 
 
@@ -115,6 +117,11 @@ class Manifest:
             got = raw.get("format_version")
             raise CheckpointError(f"manifest format_version: expected one of {READABLE_VERSIONS}, got {got}")
         return cls(**raw)
+
+    @property
+    def bytes(self) -> int:
+        """Its files' size, all told (the manifest itself aside)."""
+        return sum(int(entry.get("size", 0)) for entry in self.files.values())
 
 
 def _state_options(version: int) -> StateDictOptions:
@@ -548,7 +555,11 @@ class Checkpointer:
         manifest = self.store.finalize(step, self.world_size, metrics, run, cost, known)
         with self._lock:
             self._latest = CheckpointRecord(
-                self.store.step_url(step), step, datetime.fromisoformat(manifest.saved_at), cost
+                self.store.step_url(step),
+                step,
+                datetime.fromisoformat(manifest.saved_at),
+                cost,
+                manifest.bytes,
             )
         deleted = self.store.apply_retention(
             self.keep_last, self.best_metric, self.best_mode, step, protected=self._recorded
@@ -609,7 +620,9 @@ class Checkpointer:
             restore_rng(_read_torch(self.store.fs, rng_path))
         with self._lock:
             saved_at = datetime.fromisoformat(manifest.saved_at)
-            self._latest = CheckpointRecord(step_url, manifest.step, saved_at, manifest.cost_s)
+            self._latest = CheckpointRecord(
+                step_url, manifest.step, saved_at, manifest.cost_s, manifest.bytes
+            )
         return Restored(manifest, trainer, rng_restored)
 
 

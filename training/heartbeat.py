@@ -4,8 +4,9 @@ Contract with the control plane:
 
     POST {GPUYARD_API_URL}/v1/attempts/{attempt_id}/heartbeat
     Authorization: Bearer {GPUYARD_ATTEMPT_SECRET}
-    {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s} | null, "metrics": {...},
-     "restore": {step, seconds} (once it restored a checkpoint), "checkpoint_stall_s": float (all told),
+    {"fencing_token": str, "step": int, "checkpoint": {url, step, saved_at, cost_s, bytes} | null,
+     "metrics": {...}, "restore": {step, seconds} (once it restored a checkpoint),
+     "checkpoint_stall_s": float (all told),
      "throughput": {step_s, local_batch, accum_steps, global_batch} (once a step was measured)}
     200 -> {"lease_expires_at": iso8601, "lease_seconds": float, "action": "continue" | "checkpoint_and_stop"
             | "stop", "checkpoint_interval_s": float | null}

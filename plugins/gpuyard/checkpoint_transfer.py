@@ -1,9 +1,14 @@
-"""Moving a job's newest checkpoint to another site's store, verified before the attempt starts.
+"""Copying a job's checkpoint to another site's store, verified, and resumable where it stopped.
 
 Files are streamed through fsspec (any URL scheme) with a SHA-256 computed on the way; every copy
-is read back and compared, and when the checkpoint carries the training runtime's manifest
-(`manifest.json` with a sha256 per file) the source must match it too. The manifest is copied
-last, so a reader never mistakes a half-copied checkpoint for a complete one.
+is written beside its final name, read back and compared, and only then moved into place, so a
+file under its final name is always a verified copy; when the checkpoint carries the training
+runtime's manifest (`manifest.json` with a sha256 per file) the source must match it too. The
+manifest is copied last, so a reader never mistakes a half-copied checkpoint for a complete one.
+
+A copy resumed (`landed`: the files an earlier copy verified, with their checksums) copies only the
+rest: the scheduler's mover keeps that list in the store, so a new leader does not copy again what
+the last one landed (scheduler/mover.py).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import fsspec
@@ -26,12 +31,27 @@ class TransferError(Exception):
     """The checkpoint could not be copied, or the copy does not match its source."""
 
 
+class Corrupt(TransferError):
+    """The source does not match its own manifest, or does not exist: copying again cannot help."""
+
+
 @dataclass(frozen=True)
-class Transfer:
+class Landed:
+    """One file verified at the destination, and how far the copy is."""
+
+    name: str  # its path relative to the checkpoint
+    sha256: str
+    bytes_done: int  # the checkpoint's bytes at the destination now, this file's included
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class Copied:
     source: str
     destination: str
     files: int
     bytes: int
+    copied_bytes: int  # of which this copy sent (the rest had landed before it)
     sha256: str  # of the sorted (path, file sha256) list: one fingerprint of the whole checkpoint
 
 
@@ -57,45 +77,84 @@ def _expected(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, str]:
 
 
 def copy_checkpoint(
-    source: str, destination: str, *, progress: Callable[[int, int], None] | None = None
-) -> Transfer:
-    """Copy the checkpoint directory `source` to `destination` and verify every byte."""
+    source: str,
+    destination: str,
+    *,
+    landed: Mapping[str, str] | None = None,
+    on_file: Callable[[Landed], None] | None = None,
+    tag: str = "copy",
+) -> Copied:
+    """Copy the checkpoint directory `source` to `destination` and verify every byte. The files of
+    `landed` (path -> sha256) are not copied again where they lie at the destination; `on_file` hears
+    of each file as it lands (an exception from it stops the copy). `tag` names the copier's part
+    files: two copiers (a leader and a stale one) never write the same part file."""
     try:
-        return _copy(source, destination, progress)
+        return _copy(source, destination, dict(landed or {}), on_file, tag)
     except OSError as error:  # an unreadable source, an unwritable or unreachable destination
         raise TransferError(f"copying {source} to {destination}: {error}") from error
 
 
-def _copy(source: str, destination: str, progress: Callable[[int, int], None] | None) -> Transfer:
+def _copy(
+    source: str,
+    destination: str,
+    landed: dict[str, str],
+    on_file: Callable[[Landed], None] | None,
+    tag: str,
+) -> Copied:
     src_fs, src_root = fsspec.core.url_to_fs(source)
     dst_fs, dst_root = fsspec.core.url_to_fs(destination)
     src_root, dst_root = src_root.rstrip("/"), dst_root.rstrip("/")
     if not src_fs.isdir(src_root):
-        raise TransferError(f"checkpoint {source} does not exist")
+        raise Corrupt(f"checkpoint {source} does not exist")
     names = sorted(p[len(src_root) + 1 :] for p in src_fs.find(src_root))
     names = [n for n in names if n != MANIFEST] + ([MANIFEST] if MANIFEST in names else [])
     recorded = _expected(src_fs, src_root)
-    total = sum(src_fs.size(f"{src_root}/{name}") for name in names)
-    copied = 0
+    sizes = {name: int(src_fs.size(f"{src_root}/{name}")) for name in names}
+    total = sum(sizes.values())
+    done = sent = 0
     fingerprint = hashlib.sha256()
     for name in names:
-        sha = hashlib.sha256()
         dst_path = f"{dst_root}/{name}"
-        dst_fs.makedirs(dst_path.rsplit("/", 1)[0], exist_ok=True)
-        with src_fs.open(f"{src_root}/{name}", "rb") as reader, dst_fs.open(dst_path, "wb") as writer:
-            while chunk := reader.read(CHUNK):
-                sha.update(chunk)
-                writer.write(chunk)
-                copied += len(chunk)
-                if progress:
-                    progress(copied, total)
-        digest = sha.hexdigest()
-        if name in recorded and recorded[name] != digest:
-            raise TransferError(
-                f"{source}/{name}: sha256 {digest} does not match the manifest's {recorded[name]}"
-            )
-        if _digest(dst_fs, dst_path)[0] != digest:
-            raise TransferError(f"{destination}/{name}: the copy does not match its source")
+        digest = landed.get(name)
+        if digest is None or not dst_fs.exists(dst_path):
+            digest = _copy_file(src_fs, f"{src_root}/{name}", dst_fs, dst_path, tag)
+            if name in recorded and recorded[name] != digest:
+                dst_fs.rm(f"{dst_path}.part-{tag}")
+                raise Corrupt(
+                    f"{source}/{name}: sha256 {digest} does not match the manifest's {recorded[name]}"
+                )
+            dst_fs.mv(f"{dst_path}.part-{tag}", dst_path)
+            sent += sizes[name]
+            done += sizes[name]
+            if on_file:
+                on_file(Landed(name, digest, done, total))
+        else:
+            done += sizes[name]
         fingerprint.update(f"{name}\0{digest}\n".encode())
-    log.info("checkpoint %s -> %s: %d files, %d bytes verified", source, destination, len(names), copied)
-    return Transfer(source, destination, len(names), copied, fingerprint.hexdigest())
+    log.info(
+        "checkpoint %s -> %s: %d files, %d bytes verified (%d sent)",
+        source,
+        destination,
+        len(names),
+        done,
+        sent,
+    )
+    return Copied(source, destination, len(names), done, sent, fingerprint.hexdigest())
+
+
+def _copy_file(
+    src_fs: fsspec.AbstractFileSystem, src: str, dst_fs: fsspec.AbstractFileSystem, dst: str, tag: str
+) -> str:
+    """Stream `src` to a part file beside `dst` and read it back: its sha256 once the two agree (the
+    caller moves it into place)."""
+    sha = hashlib.sha256()
+    part = f"{dst}.part-{tag}"
+    dst_fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+    with src_fs.open(src, "rb") as reader, dst_fs.open(part, "wb") as writer:
+        while chunk := reader.read(CHUNK):
+            sha.update(chunk)
+            writer.write(chunk)
+    digest = sha.hexdigest()
+    if _digest(dst_fs, part)[0] != digest:
+        raise TransferError(f"{dst}: the copy does not match its source")
+    return digest

@@ -29,15 +29,17 @@ from gpuyard.api.app import create_app
 from gpuyard.bus.base import EventBus
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.fleet import Fleet
+from gpuyard.domain.sites import Wan
 from gpuyard.launchers import registry
 from gpuyard.launchers.base import Launcher
 from gpuyard.launchers.inventory import LocalInventory, discover
 from gpuyard.observability import logs
 from gpuyard.observability.probes import ProbeServer, loop_problem, store_problem
 from gpuyard.relay import Relay
+from gpuyard.scheduler.mover import CopyRules
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.service import SchedulerService
-from gpuyard.settings import Settings, SettingsError, load_settings
+from gpuyard.settings import MoveSettings, Settings, SettingsError, load_settings
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import DbBounds, make_engine, migrate, require_head
 from gpuyard.store.dbclock import database_clock
@@ -268,7 +270,21 @@ def build_scheduler(
         lease_ttl_s=settings.lease_seconds,
         grace_s=settings.grace_seconds,
         checkpoint_stores=settings.checkpoint_stores,
+        wan=wan(settings.moves),
+        copy_rules=CopyRules(
+            deadline_factor=settings.moves.deadline_factor,
+            deadline_floor_s=settings.moves.deadline_floor_seconds,
+            attempts=settings.moves.attempts,
+            backoff_s=settings.moves.backoff_seconds,
+        ),
     )
+
+
+def wan(moves: MoveSettings) -> Wan | None:
+    """The link between the fleet's sites, as the settings give it; None where they give no rate."""
+    if moves.wan_gbit_s is None:
+        return None
+    return Wan(moves.wan_gbit_s, moves.wan_rtt_seconds, moves.egress_usd_per_gb)
 
 
 def app_from_environment() -> Any:

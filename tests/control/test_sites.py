@@ -1,33 +1,51 @@
-"""Sites: a job placed away from its newest checkpoint gets a verified copy before it starts."""
+"""Sites: a job placed away from its newest checkpoint waits for a verified copy, made outside the
+scheduling passes by the leader's mover (scheduler/mover.py), before its GPUs are reserved there."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
+from gpuyard.checkpoint_transfer import Copied, Landed, TransferError, copy_checkpoint
 from gpuyard.domain.feasibility import TeamQuota
 from gpuyard.domain.fleet import Fleet, Node, Site
 from gpuyard.domain.placement import NodeSlice, Placement
+from gpuyard.domain.sites import Wan
 from gpuyard.domain.states import AttemptState
-from gpuyard.scheduler.service import SchedulerService
+from gpuyard.scheduler.mover import CopyRules
+from gpuyard.scheduler.service import RESUME_URL, SchedulerService
 from gpuyard.store import attempts as attempt_store
 from gpuyard.store import jobs as job_store
+from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
+from gpuyard.store import transfers as transfer_store
+from gpuyard.store import waits as wait_store
+from gpuyard.store.leadership import NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
-from sqlalchemy import Engine
+from gpuyard.store.tables import attempts, events, leases
+from gpuyard.store.transfers import CheckpointTransfer, TransferState
+from sqlalchemy import Engine, func, select
 from stores import report_checkpoint
 
+from .test_leadership import lapse
 from .test_scheduler_service import Clock, RecordingLauncher, spec, submit
+
+pg = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+EAST = Placement("east", "c", "d", (NodeSlice("east-1", (0, 1, 2, 3)),))
+FILES = {"state/__0_0.distcp": b"\x00weights" * 1000, "rng/rank-0.pt": b"rng", "trainer.pt": b"trainer"}
+FIRST = "rng/rank-0.pt"  # the first file a copy lands (sorted, the manifest last)
 
 
 def write_checkpoint(directory: Path, step: int, *, corrupt: bool = False) -> str:
     """A checkpoint in the training runtime's layout: data files, then a manifest with checksums."""
-    files = {"state/__0_0.distcp": b"\x00weights" * 1000, "rng/rank-0.pt": b"rng", "trainer.pt": b"trainer"}
     entries = {}
-    for name, data in files.items():
+    for name, data in FILES.items():
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -41,15 +59,17 @@ def write_checkpoint(directory: Path, step: int, *, corrupt: bool = False) -> st
 
 def test_copy_verifies_every_file_and_the_manifest(tmp_path: Path) -> None:
     source = write_checkpoint(tmp_path / "east" / "step-000000120", 120)
-    transfer = copy_checkpoint(source, (tmp_path / "west" / "step-000000120").as_uri())
-    assert transfer.files == 4 and transfer.bytes > 8000
-    for name in ("state/__0_0.distcp", "rng/rank-0.pt", "trainer.pt", "manifest.json"):
+    copied = copy_checkpoint(source, (tmp_path / "west" / "step-000000120").as_uri())
+    assert copied.files == 4 and copied.bytes > 8000 and copied.copied_bytes == copied.bytes
+    for name in (*FILES, "manifest.json"):
         assert (tmp_path / "west" / "step-000000120" / name).read_bytes() == (
             tmp_path / "east" / "step-000000120" / name
         ).read_bytes()
+    assert not list((tmp_path / "west").rglob("*.part-*"))  # each part file moved into place
     bad = write_checkpoint(tmp_path / "east" / "step-000000130", 130, corrupt=True)
     with pytest.raises(TransferError, match="does not match the manifest"):
         copy_checkpoint(bad, (tmp_path / "west" / "step-000000130").as_uri())
+    assert not [p for p in (tmp_path / "west" / "step-000000130").rglob("*") if p.is_file()]  # no file
     with pytest.raises(TransferError, match="does not exist"):
         copy_checkpoint((tmp_path / "nowhere").as_uri(), (tmp_path / "x").as_uri())
     (tmp_path / "a-file").write_text("not a directory")
@@ -58,73 +78,322 @@ def test_copy_verifies_every_file_and_the_manifest(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_travels_to_an_object_store_and_back(tmp_path: Path, s3_bucket: str) -> None:
-    """Between sites whose stores are S3 buckets (moto's server over HTTP), verified both ways."""
+    """Between sites whose stores are S3 buckets (moto's server over HTTP), verified both ways; a copy
+    resumed after its landed files sends only the rest."""
     source = write_checkpoint(tmp_path / "east" / "step-000000120", 120)
-    there = copy_checkpoint(source, f"{s3_bucket}/a/job-1/step-000000120")
-    assert there.files == 4
+    landed: list[Landed] = []
+    there = copy_checkpoint(source, f"{s3_bucket}/a/job-1/step-000000120", on_file=landed.append)
+    assert there.files == 4 and [f.name for f in landed] == [*sorted(FILES), "manifest.json"]
+    assert landed[-1].bytes_done == landed[-1].bytes_total == there.bytes
     back = copy_checkpoint(f"{s3_bucket}/a/job-1/step-000000120", (tmp_path / "west" / "step").as_uri())
-    assert back.files == 4 and back.bytes == there.bytes
-    for name in ("state/__0_0.distcp", "rng/rank-0.pt", "trainer.pt", "manifest.json"):
+    assert back.files == 4 and back.bytes == there.bytes and back.sha256 == there.sha256
+    for name in (*FILES, "manifest.json"):
         assert (tmp_path / "west" / "step" / name).read_bytes() == (
             tmp_path / "east" / "step-000000120" / name
         ).read_bytes()
+    first = {landed[0].name: landed[0].sha256}
+    again = copy_checkpoint(source, f"{s3_bucket}/a/job-1/step-000000120", landed=first)
+    assert again.copied_bytes == there.bytes - len(FILES[FIRST]) and again.sha256 == there.sha256
     with pytest.raises(TransferError, match="does not exist"):
         copy_checkpoint(f"{s3_bucket}/a/job-1/step-000000999", (tmp_path / "x").as_uri())
 
 
-@pytest.mark.parametrize("case", ["intact", "corrupt", "another team's"])
-def test_a_job_moved_to_another_site_resumes_from_a_verified_copy(
-    engine: Engine, tmp_path: Path, case: str
-) -> None:
-    """Into the job's folder under its team's root at the new site (`<west store>/a/<job id>`). The
-    scheduler copies with its own credentials: never from outside the job's own roots, as from team
-    b's folder named by a job of team a that no admission checked (one stored before the rule)."""
-    folder = tmp_path / "east" / ("b" if case == "another team's" else "a") / "mine"
-    fleet = Fleet(
+# -- moves under the scheduler -----------------------------------------------------------------------
+
+
+class PausedCopy:
+    """The real copy, held once its first file has landed (and the mover recorded it) until the test
+    lets it go: a barrier, where a copy longer than a lead's lease or a pass would be."""
+
+    def __init__(self) -> None:
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, *args: Any, on_file: Callable[[Landed], None], **kwargs: Any) -> Copied:
+        def hold(file: Landed) -> None:
+            on_file(file)
+            if not self.held.is_set():
+                self.held.set()
+                assert self.go.wait(30), "the test never let the copy go"
+
+        return copy_checkpoint(*args, on_file=hold, **kwargs)
+
+
+@dataclass
+class Move:
+    """Job `job_id` (team a, 4 GPUs) checkpointed at east and was lost there, east is full (`blocker`
+    holds it), west is empty: the scheduler may move it."""
+
+    engine: Engine
+    clock: Clock
+    root: Path
+    job_id: str
+    blocker: str  # the attempt holding east
+    step_dir: Path  # its checkpoint at east
+
+    def service(
+        self, holder: str = "one", wan: Wan | None = Wan(10.0, 0.0, 0.02), **rules: Any
+    ) -> SchedulerService:
+        return SchedulerService(
+            self.engine,
+            RecordingLauncher(),
+            fleet(self.root),
+            api_url=lambda: "http://api",
+            clock=self.clock,
+            holder=holder,
+            lease_ttl_s=20,
+            wan=wan,
+            copy_rules=CopyRules(**{"deadline_floor_s": 60.0, "backoff_s": 0.0, **rules}),
+        )
+
+    def west(self) -> Path:
+        return self.root / "west" / "a" / self.job_id / self.step_dir.name
+
+    def transfer(self) -> CheckpointTransfer:
+        with self.engine.connect() as conn:
+            found = transfer_store.get(conn, self.job_id)
+        assert found is not None
+        return found
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(events.c.data)
+                .where(events.c.job_id == self.job_id, events.c.type == kind)
+                .order_by(events.c.seq)
+            )
+            return [row.data for row in rows]
+
+    def attempts_at(self, site: str) -> list[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(attempts.c.id, attempts.c.placement).where(attempts.c.job_id == self.job_id)
+            )
+            return [row.id for row in rows if row.placement["site"] == site]
+
+    def free_east(self) -> None:
+        with self.engine.begin() as conn:
+            attempt_store.finish(conn, self.blocker, AttemptState.SUCCEEDED, at=self.clock(), reason="done")
+
+
+def fleet(root: Path) -> Fleet:
+    return Fleet(
         nodes=(
             Node(name="east-1", site="east", cluster="c", domain="d", gpu_type="a100", gpus=4),
             Node(name="west-1", site="west", cluster="c", domain="d", gpu_type="a100", gpus=4),
         ),
         sites=(
-            Site(name="east", checkpoint_store=(tmp_path / "east").as_uri()),
-            Site(name="west", checkpoint_store=(tmp_path / "west").as_uri()),
+            Site(name="east", checkpoint_store=(root / "east").as_uri()),
+            Site(name="west", checkpoint_store=(root / "west").as_uri()),
         ),
     )
-    clock, launcher = Clock(), RecordingLauncher()
+
+
+def lost_at_east(
+    engine: Engine, root: Path, *, folder: str = "a/mine", nbytes: int | None = None, corrupt: bool = False
+) -> Move:
+    clock = Clock()
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(max_gpus_per_job=4, gpu_quota=8), clock())
-    service = SchedulerService(engine, launcher, fleet, api_url=lambda: "http://api", clock=clock)
-    job_id = submit(engine, clock, spec(gpus=4, checkpoint={"url": folder.as_uri()}))
-    east = Placement("east", "c", "d", (NodeSlice("east-1", (0, 1, 2, 3)),))
-    (first,) = reserve_batch(engine, [Reservation(job_id, east, False)], at=clock(), lease_ttl_s=60)
+    job_id = submit(engine, clock, spec(gpus=4, checkpoint={"url": (root / "east" / folder).as_uri()}))
+    (first,) = reserve_batch(engine, [Reservation(job_id, EAST, False)], at=clock(), lease_ttl_s=60)
     assert first is not None
-    step_url = write_checkpoint(folder / "step-000000120", 120, corrupt=case == "corrupt")
-    report_checkpoint(engine, first, step_url, 120, clock())
-    blocker = submit(engine, clock, spec(name="blocker", gpus=4))
-    # east is busy with another job when ours is lost: the scheduler can only place it in the west
+    step_dir = root / "east" / folder / "step-000000120"
+    url = write_checkpoint(step_dir, 120, corrupt=corrupt)
+    report_checkpoint(engine, first, url, 120, clock(), nbytes=nbytes)
+    blocker_job = submit(engine, clock, spec(name="blocker", gpus=4))
     with engine.begin() as conn:
         attempt_store.finish(conn, first.id, AttemptState.LOST, at=clock(), reason="node lost")
-    (blocker_attempt,) = reserve_batch(
-        engine, [Reservation(blocker, east, False)], at=clock(), lease_ttl_s=600
+    (blocker,) = reserve_batch(engine, [Reservation(blocker_job, EAST, False)], at=clock(), lease_ttl_s=600)
+    assert blocker is not None
+    return Move(engine, clock, root, job_id, blocker.id, step_dir)
+
+
+@pg
+def test_a_pass_completes_while_a_copy_is_held_and_the_gpus_are_reserved_once_it_landed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    move = lost_at_east(engine, tmp_path)
+    service = move.service()
+    service.mover.copy = paused = PausedCopy()
+    assert service.hold_lead()
+    service.step()  # east is full; the move pays at once (a copy of ~8 KB): a transfer starts
+    assert paused.held.wait(30)
+    service.step()  # the copy is held: this pass completes all the same
+    held = move.transfer()
+    assert held.state == TransferState.COPYING and held.site == "west"
+    assert list(held.files) == [FIRST] and held.bytes_done == len(FILES[FIRST])
+    assert (
+        held.bytes_total == sum(map(len, FILES.values())) + (move.step_dir / "manifest.json").stat().st_size
     )
-    assert blocker_attempt is not None
+    assert move.attempts_at("west") == []  # nothing reserved while it copies
+    with engine.connect() as conn:
+        assert (
+            conn.execute(select(func.count()).select_from(leases).where(leases.c.node == "west-1")).scalar()
+            == 0
+        )
+    (progress,) = move.events("job.transfer_progress")
+    assert progress == {
+        "site": "west",
+        "file": FIRST,
+        "bytes_done": held.bytes_done,
+        "bytes_total": held.bytes_total,
+    }
+    with engine.connect() as conn:
+        waiting = wait_store.read(conn)[move.job_id].reason
+    assert waiting.code == "copying" and waiting.text.startswith(
+        f"copying its checkpoint to site west: {held.bytes_done} of {held.bytes_total} bytes landed"
+    )
+    paused.go.set()
+    service.mover.close(timeout_s=30)
+    assert move.transfer().state == TransferState.LANDED
     service.step()
-    detail = job_store.detail(engine, job_id)
-    assert detail is not None
-    second = detail.attempts[-1]
-    assert second.placement["site"] == "west"
-    if case != "intact":
-        assert second.state.value == "FAILED" and "checkpoint transfer failed" in (second.reason or "")
-        assert second.id not in launcher.launched
-        if case == "another team's":
-            assert "lies outside job" in (second.reason or "") and not (tmp_path / "west").exists()
-        assert detail.job.failures == 1  # counted, with backoff: a corrupt checkpoint stays corrupt
-        return
-    request = launcher.launched[second.id]
-    west_root = (tmp_path / "west" / "a" / job_id).as_uri()
-    assert request.checkpoint_url == west_root
-    copied = tmp_path / "west" / "a" / job_id / "step-000000120" / "state" / "__0_0.distcp"
-    assert copied.read_bytes() == (folder / "step-000000120" / "state" / "__0_0.distcp").read_bytes()
-    moved = [e for e in detail.events if e.type == "job.checkpoint_moved"]
-    assert len(moved) == 1 and moved[0].data["files"] == 4 and moved[0].data["site"] == "west"
-    assert detail.job.checkpoint_site == "west" and detail.job.checkpoint_url.startswith(west_root)
+    (attempt_id,) = move.attempts_at("west")
+    request = service.launcher.launched[attempt_id]
+    assert request.checkpoint_url == (tmp_path / "west" / "a" / move.job_id).as_uri()
+    assert request.env[RESUME_URL] == move.west().as_uri()
+    for name in FILES:
+        assert (move.west() / name).read_bytes() == (move.step_dir / name).read_bytes()
+    (moved,) = move.events("job.checkpoint_moved")
+    assert moved["files"] == 4 and moved["site"] == "west" and moved["sent_bytes"] == held.bytes_total
+    detail = job_store.detail(engine, move.job_id)
+    assert detail is not None and detail.job.checkpoint_site == "west"
+
+
+@pg
+def test_a_copy_interrupted_by_a_leader_change_resumes_under_the_new_leader_without_copying_again(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Replica one's copy is held after its first file landed (as one longer than its lease would be),
+    its lead lapses and two takes it: two adopts the transfer and resumes it from the files recorded
+    as landed; the first is not copied again (the same file, not a new one moved into place)."""
+    move = lost_at_east(engine, tmp_path)
+    one, two = move.service("one"), move.service("two")
+    one.mover.copy = paused = PausedCopy()
+    assert one.hold_lead()
+    one.step()
+    assert paused.held.wait(30)
+    first = (move.west() / FIRST).stat()
+    lapse(engine)  # one's renewals stopped (it is paused): its lead passes on the database's clock
+    assert two.hold_lead() and two.lead is not None and two.lead.epoch == 2  # recovers: adopts, resumes
+    two.mover.close(timeout_s=30)
+    landed = move.transfer()
+    assert landed.state == TransferState.LANDED and landed.epoch == 2
+    again = (move.west() / FIRST).stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    assert [e["file"] for e in move.events("job.transfer_progress")] == [*sorted(FILES), "manifest.json"]
+    (moved,) = move.events("job.checkpoint_moved")
+    assert moved["sent_bytes"] == landed.bytes_total - len(FILES[FIRST])
+    two.step()
+    (west,) = move.attempts_at("west")
+    assert west in two.launcher.launch_calls and west not in one.launcher.launch_calls
+    paused.go.set()
+    one.mover.close(timeout_s=30)
+
+
+@pg
+def test_a_stale_leaders_transfer_writes_are_fenced(engine: Engine, tmp_path: Path) -> None:
+    """Let go after another replica took the lead and adopted its transfer, the old leader's copier
+    writes nothing more: its next file's record raises NotLeading, and a write under its epoch, even
+    one that confirmed no lead, finds the transfer no longer its own."""
+    move = lost_at_east(engine, tmp_path)
+    one, two = move.service("one"), move.service("two")
+    one.mover.copy = paused = PausedCopy()
+    two.mover.copy = blocked = PausedCopy()  # two's copy is held too: the transfer stays under way
+    assert one.hold_lead()
+    one.step()
+    assert paused.held.wait(30)
+    lapse(engine)
+    assert two.hold_lead()
+    assert blocked.held.wait(30)
+    before = (move.transfer(), move.events("job.transfer_progress"))
+    # two resumed after one's first file, and holds after landing its own first (the second)
+    assert before[0].epoch == 2 and list(before[0].files) == sorted(FILES)[:2]
+    paused.go.set()  # one copies its next file, and tries to record it
+    one.mover.close(timeout_s=30)
+    assert (move.transfer(), move.events("job.transfer_progress")) == before
+    assert one.lead is not None
+    with pytest.raises(NotLeading), leadership.fenced(engine, one.lead, now=move.clock()):
+        pass
+    with engine.begin() as conn:
+        at = move.clock()
+        assert not transfer_store.record_file(
+            conn, move.job_id, 1, name="x", sha256="0", done=1, total=1, at=at
+        )
+        assert not transfer_store.land(conn, move.job_id, 1, at=at, details={})
+        assert not transfer_store.abandon(conn, move.job_id, 1, at=at, reason="stale")
+    assert move.transfer() == before[0]
+    blocked.go.set()
+    two.mover.close(timeout_s=30)
+    assert move.transfer().state == TransferState.LANDED
+
+
+@pg
+def test_a_move_that_does_not_pay_is_refused(engine: Engine, tmp_path: Path) -> None:
+    """An 8 GB checkpoint over 1 Gbit/s is a 64 s copy: the job waits at its own site (east, full) until
+    it has waited that long, then moves; the copy's deadline is three times the estimate."""
+    move = lost_at_east(engine, tmp_path, nbytes=8_000_000_000)
+    service = move.service(wan=Wan(1.0, 0.0, 0.02))
+    service.mover.copy = paused = PausedCopy()
+    assert service.hold_lead()
+    move.clock.advance(63)
+    service.step()
+    with engine.connect() as conn:
+        assert transfer_store.get(conn, move.job_id) is None
+        assert wait_store.read(conn)[move.job_id].reason.code == "no-room"
+    assert move.attempts_at("west") == [] and not paused.held.is_set()
+    move.clock.advance(1)
+    service.step()
+    started = move.transfer()
+    assert started.state == TransferState.COPYING and started.estimate_s == pytest.approx(64.0)
+    assert (started.deadline_at - started.started_at).total_seconds() == pytest.approx(192.0)
+    paused.go.set()
+    service.mover.close(timeout_s=30)
+
+
+@pg
+def test_a_copy_past_its_deadline_is_abandoned_and_the_job_placed_at_its_home_site(
+    engine: Engine, tmp_path: Path
+) -> None:
+    move = lost_at_east(engine, tmp_path)
+    service = move.service()
+    service.mover.copy = paused = PausedCopy()
+    assert service.hold_lead()
+    service.step()
+    assert paused.held.wait(30)
+    move.clock.advance(60)  # the deadline's floor (the copy's estimate is nothing)
+    move.free_east()
+    service.step()  # abandons the transfer; the job's wait counts again: it starts at east
+    abandoned = move.transfer()
+    assert abandoned.state == TransferState.ABANDONED and "past its deadline" in (abandoned.reason or "")
+    (event,) = move.events("job.transfer_abandoned")
+    assert event["bytes_done"] == len(FILES[FIRST]) and event["reason"] == abandoned.reason
+    assert len(move.attempts_at("east")) == 2 and move.attempts_at("west") == []  # the lost one, and now
+    paused.go.set()  # the held copier's next record finds the transfer abandoned: it stops
+    service.mover.close(timeout_s=30)
+    assert move.transfer() == abandoned and move.events("job.checkpoint_moved") == []
+    detail = job_store.detail(engine, move.job_id)
+    assert detail is not None and detail.job.checkpoint_site == "east"
+
+
+@pg
+@pytest.mark.parametrize("case", ["corrupt", "another team's"])
+def test_a_checkpoint_that_may_not_move_stays_where_it_is(engine: Engine, tmp_path: Path, case: str) -> None:
+    """A source that does not match its manifest is not retried; a checkpoint outside the job's own
+    roots (team b's folder named by a job of team a that no admission checked, one stored before the
+    rule) is never read with the scheduler's credentials. Either way the transfer is abandoned and the
+    job stays at its own site, its wait counting again."""
+    move = lost_at_east(
+        engine, tmp_path, folder="b/mine" if case == "another team's" else "a/mine", corrupt=case == "corrupt"
+    )
+    service = move.service()
+    assert service.hold_lead()
+    service.step()
+    service.mover.close(timeout_s=30)
+    abandoned = move.transfer()
+    assert abandoned.state == TransferState.ABANDONED
+    if case == "corrupt":
+        assert "does not match the manifest" in (abandoned.reason or "")
+        assert not list((tmp_path / "west").rglob("*.distcp"))
+    else:
+        assert "lies outside job" in (abandoned.reason or "") and not (tmp_path / "west").exists()
+    assert move.attempts_at("west") == [] and move.events("job.checkpoint_moved") == []

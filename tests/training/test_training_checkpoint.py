@@ -36,6 +36,7 @@ def test_only_checkpoints_with_a_manifest_count(tmp_path: Path) -> None:
     latest = store.latest()
     assert latest is not None and latest.step == 10
     assert set(latest.files) == {"state/__0_0.distcp", "trainer.pt"}
+    assert latest.bytes == 101  # what a heartbeat reports of it, and a move to another site copies
     assert not (tmp_path / f"step-{10:09d}" / f"{MANIFEST}.tmp").exists()
 
 

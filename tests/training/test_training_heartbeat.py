@@ -36,7 +36,9 @@ def client(
 
 
 def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
-    record = CheckpointRecord("file:///ckpt/step-000000010", 10, datetime(2026, 11, 30, tzinfo=UTC), 1.5)
+    record = CheckpointRecord(
+        "file:///ckpt/step-000000010", 10, datetime(2026, 11, 30, tzinfo=UTC), 1.5, 8363
+    )
     with ControlPlane(lambda n, body: lease("continue", 42.0)) as plane:
         answer = client(plane).beat(12, record, {"train_loss": 0.5})
     assert answer is not None and answer.action == Action.CONTINUE
@@ -51,6 +53,7 @@ def test_heartbeat_carries_progress_and_reads_the_answer() -> None:
                 "step": 10,
                 "saved_at": "2026-11-30T00:00:00+00:00",
                 "cost_s": 1.5,
+                "bytes": 8363,
             },
         }
     ]

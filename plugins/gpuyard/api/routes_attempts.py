@@ -46,6 +46,9 @@ class CheckpointIn(BaseModel):
     step: int = Field(ge=0, le=MAX_STEP)
     saved_at: datetime | None = None
     cost_s: float | None = Field(None, ge=0, le=86400)
+    bytes: int | None = Field(
+        None, ge=0, le=MAX_STEP, description="Its size, all files: what moving it to another site copies"
+    )
 
 
 class RestoreIn(BaseModel):

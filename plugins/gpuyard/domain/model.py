@@ -31,6 +31,7 @@ class Job:
     checkpoint_step: int | None = None
     checkpoint_site: str | None = None
     checkpoint_cost_s: float | None = None
+    checkpoint_bytes: int | None = None
     first_started_at: datetime | None = None
 
 

@@ -139,3 +139,15 @@ def move_pays(waited_s: float, copy_s: float, stay_s: float = 0.0) -> bool:
     if waited_s < 0 or copy_s < 0 or stay_s < 0:
         raise ValueError(f"waited and copy times must be >= 0, got {waited_s!r}, {copy_s!r} and {stay_s!r}")
     return waited_s >= copy_s - stay_s
+
+
+def copy_deadline_s(estimate_s: float, factor: float, floor_s: float) -> float:
+    """How long a move's copy may run before it is abandoned (the job then stays at its own site):
+    `factor` times the scheduler's estimate of it, and at least `floor_s` (a copy estimated at
+    nothing, whose size or link is not known, still gets that long)."""
+    if estimate_s < 0 or factor < 1 or floor_s <= 0:
+        raise ValueError(
+            f"a copy deadline needs an estimate >= 0 s, a factor >= 1 and a floor > 0 s, "
+            f"got {estimate_s!r}, {factor!r} and {floor_s!r}"
+        )
+    return max(floor_s, factor * estimate_s)

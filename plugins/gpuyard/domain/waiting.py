@@ -12,7 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-CODES = ("quota", "no-room", "reservation", "starting", "behind", "backoff", "cancelling", "unseen", "other")
+CODES = (
+    "quota",
+    "no-room",
+    "reservation",
+    "starting",
+    "copying",
+    "behind",
+    "backoff",
+    "cancelling",
+    "unseen",
+    "other",
+)
 UNSEEN = "not looked at yet: the scheduler's next pass reads it"
 
 

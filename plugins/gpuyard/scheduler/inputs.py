@@ -40,10 +40,12 @@ def read(
     return waiting, state
 
 
-def pending_job(job: Job) -> PendingJob:
-    """An elastic job (`resources.gpus: {min, max}`) waits for, and is placed at, its `min`: the
-    service does not size jobs yet (the simulator's `sim/elastic/sizing.py` does), and the size a
-    job starts at is the one it is sure to be able to run at."""
+def pending_job(job: Job, queued_at: datetime | None = None) -> PendingJob:
+    """The cycle's view of a queued job. `queued_at`: when it last joined the queue, where that is
+    known (a move given up: its wait at its own site counts again from then); else its submission.
+    An elastic job (`resources.gpus: {min, max}`) waits for, and is placed at, its `min`: the service
+    does not size jobs yet (the simulator's `sim/elastic/sizing.py` does), and the size a job starts
+    at is the one it is sure to be able to run at."""
     spec = job.spec
     return PendingJob(
         id=job.id,
@@ -61,6 +63,8 @@ def pending_job(job: Job) -> PendingJob:
         tolerations=spec.tolerations,
         data_uris=tuple(d.uri for d in spec.data),
         checkpoint_site=job.checkpoint_site,
+        checkpoint_bytes=job.checkpoint_bytes or 0,
+        queued_at=queued_at,
         attained_gpu_s=job.attained_gpu_s,
         # What it reads where its spec says (outputs are written at the end, not staged before).
         data=tuple(Held(d.size_bytes or 0, d.sites) for d in spec.data if d.access == "read" and d.sites),

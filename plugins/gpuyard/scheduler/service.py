@@ -3,9 +3,11 @@
 One loop, level-triggered like a Kubernetes controller: every pass applies what the launcher
 observed (acknowledging each report once the store has it), renews the leases of attempts whose
 workers the launcher sees alive, asks attempts to stop that must (cancelled, hung, out of time),
-reaps expired leases, runs the cycle, reserves and launches its placements, and signals every
-attempt asked to stop. Bus messages only wake the loop early; a lost message costs a delay, never a
-job. Replicas elect one leader by a lease row, judged by the database's clock and fenced by an epoch
+reaps expired leases, tends the checkpoint transfers under way, runs the cycle, reserves and
+launches its placements (or, for a job placed away from its newest checkpoint, starts a transfer
+instead: scheduler/mover.py copies it outside the passes), and signals every attempt asked to stop.
+Bus messages only wake the loop early; a lost message costs a delay, never a job. Replicas elect
+one leader by a lease row, judged by the database's clock and fenced by an epoch
 (`store/leadership.py`). Every write of the scheduler confirms its lead in its own transaction, and
 every side effect outside the store (a launch, a stop signal, a release) is made inside the fenced
 transaction that records it: a replica whose lead passed writes nothing and starts nothing, and the
@@ -26,35 +28,38 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine
 
 from gpuyard import metrics
 from gpuyard.bus.base import BusUnavailable, EventBus
-from gpuyard.checkpoint_transfer import TransferError, copy_checkpoint
 from gpuyard.clock import Clock, utcnow
 from gpuyard.domain.checkpoint_roots import CheckpointStores, is_under, job_roots, join, roots_at, roots_for
 from gpuyard.domain.fleet import Fleet
 from gpuyard.domain.liveness import overdue
 from gpuyard.domain.model import Attempt, Job
 from gpuyard.domain.placement import Placement
-from gpuyard.domain.states import AttemptState, StopReason
+from gpuyard.domain.sites import Wan, copy_deadline_s, transfer_s
+from gpuyard.domain.states import AttemptState, JobState, StopReason
 from gpuyard.launchers.base import LaunchBusy, Launcher, LaunchRequest, Outcome, WorkerReport
 from gpuyard.memory import release_free_memory
 from gpuyard.observability import logs
 from gpuyard.scheduler import inputs
-from gpuyard.scheduler.cycle import CycleResult, run_cycle
+from gpuyard.scheduler.cycle import CycleResult, Placed, run_cycle
+from gpuyard.scheduler.mover import CopyRules, Mover
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.snapshot import ClusterState, FleetIndex, PendingJob
-from gpuyard.scheduler.waiting import CYCLE_CODES, WaitRecorder, reason_code, reasons
+from gpuyard.scheduler.waiting import CYCLE_CODES, WaitRecorder, copying_reason, reason_code, reasons
 from gpuyard.store import attempts as attempt_store
+from gpuyard.store import jobs as job_store
 from gpuyard.store import leadership
 from gpuyard.store import teams as team_store
+from gpuyard.store import transfers as transfer_store
 from gpuyard.store.leadership import Lead, NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.specs import SpecCache
+from gpuyard.store.transfers import CheckpointTransfer, TransferState
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +102,14 @@ class SchedulerService:
         grace_s: float = 30.0,
         holder: str | None = None,
         checkpoint_stores: Callable[[Fleet], CheckpointStores] | None = None,
+        wan: Wan | None = None,
+        copy_rules: CopyRules = CopyRules(),
     ):
         """`checkpoint_stores`: the platform's stores for a fleet (`Settings.checkpoint_stores`); by
-        default its sites' own, with no default store and no roots required."""
+        default its sites' own, with no default store and no roots required. `wan`: the link between
+        the fleet's sites, by which a move's copy is estimated (`move_pays`, its deadline); None: moves
+        are not charged (the `move` site rule is then `any`). `copy_rules`: a move's deadline and
+        retries (settings `moves`)."""
         self.engine, self.launcher, self.policy = engine, launcher, policy
         self.checkpoint_stores = checkpoint_stores or Fleet.checkpoint_stores
         self.fleet_now: Callable[[], Fleet] = fleet if callable(fleet) else (lambda: fleet)
@@ -114,6 +124,8 @@ class SchedulerService:
         # The specs of the jobs its passes read, validated once: swept after each pass, so what it
         # keeps is the pending and live jobs' (store/specs.py).
         self.specs = SpecCache()
+        self.wan = wan
+        self.mover = Mover(engine, clock, rules=copy_rules, hold_s=lease_ttl_s / 2)
 
     # -- one pass ----------------------------------------------------------------------------------
 
@@ -126,23 +138,47 @@ class SchedulerService:
         return self._index
 
     def snapshot(self, now: datetime) -> tuple[list[PendingJob], ClusterState, dict[str, Job]]:
+        """The cycle's inputs (`inputs`), without the transfers under way."""
+        return self.inputs(now)[:3]
+
+    def inputs(
+        self, now: datetime
+    ) -> tuple[list[PendingJob], ClusterState, dict[str, Job], dict[str, CheckpointTransfer]]:
+        """The cycle's inputs: the queue but the jobs whose checkpoint is on its way to another site
+        (they wait for it), the cluster, the WAN and the copies under way on it; every job of the queue
+        by id; and the transfers under way by job."""
         with self.engine.connect() as conn:
             waiting, state = inputs.read(conn, self.fleet_index(), now, self.specs)
-        return [inputs.pending_job(job) for job in waiting], state, {job.id: job for job in waiting}
+            moving = {t.job_id: t for t in transfer_store.under_way(conn)}
+            abandoned = transfer_store.abandoned_at(conn)
+        state.wan = self.wan
+        state.copies = dict(Counter((t.from_site, t.site) for t in moving.values()))
+        pending = [
+            inputs.pending_job(job, queued_at=abandoned.get(job.id))
+            for job in waiting
+            if job.id not in moving
+        ]
+        return pending, state, {job.id: job for job in waiting}, moving
 
     def schedule(self) -> CycleResult:
         now = self.clock()
-        pending, state, by_id = self.snapshot(now)
+        pending, state, by_id, moving = self.inputs(now)
+        copies = dict(state.copies)  # the cycle's own placements do not count: they copy nothing yet
         result = run_cycle(pending, state, now, self.policy)
+        moves = {p.job.id: t for p in result.placed if (t := self.move_of(by_id[p.job.id], p, copies, now))}
         # One transaction per batch of gangs, each all or nothing, each batch confirming the lead
         # (store/reservations.py); NotLeading stops the pass, keeping the batches committed before.
-        wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in result.placed]
+        staying = [p for p in result.placed if p.job.id not in moves]
+        wanted = [Reservation(p.job.id, p.placement, p.borrowed) for p in staying]
         made = reserve_batch(self.engine, wanted, at=now, lease_ttl_s=self.lease_ttl_s, lead=self.lead)
-        for placed, attempt in zip(result.placed, made, strict=True):
+        for placed, attempt in zip(staying, made, strict=True):
             if attempt is not None:  # None: another replica or a cancel got there first
                 metrics.scheduler_placements.inc()
                 self.launch(attempt, by_id[placed.job.id])
-        self.waits.record(reasons(result, by_id), by_id, at=now, lead=self.lead)
+        for transfer in moves.values():
+            self.start_move(transfer, by_id[transfer.job_id])
+        copying = {job_id: copying_reason(t) for job_id, t in {**moving, **moves}.items() if job_id in by_id}
+        self.waits.record({**reasons(result, by_id), **copying}, by_id, at=now, lead=self.lead)
         metrics.scheduler_evictions.inc(len(result.evicted))
         waiting = Counter(reason_code(text) for text in result.waiting.values())
         for code in CYCLE_CODES:
@@ -182,6 +218,109 @@ class SchedulerService:
             raise NotLeading(f"{self.holder}'s lead (epoch {self.lead.epoch}) passed during a pass")
         self._lead_held_at = now
 
+    def move_of(
+        self, job: Job, placed: Placed, copies: dict[tuple[str, str], int], now: datetime
+    ) -> CheckpointTransfer | None:
+        """The transfer a placement needs first: its job's newest checkpoint lies at another site, and
+        its team keeps checkpoints at the placement's (else it resumes from where they are), into the
+        job's folder under its team's root there, estimated over the WAN shared with the `copies`
+        under way. None: it starts now, at no copy."""
+        site = placed.placement.site
+        if not job.checkpoint_url or job.checkpoint_site in (None, site):
+            return None
+        stores = self.checkpoint_stores(self.fleet_now())
+        with self.engine.connect() as conn:
+            configured = team_store.configured_checkpoint_roots(conn, job.team)
+        destination = roots_at(job.team, site, configured, stores)
+        if not destination:
+            return None
+        step_dir = job.checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
+        nbytes = job.checkpoint_bytes or 0
+        estimate = 0.0
+        if self.wan is not None and nbytes:
+            sharing = copies.get((job.checkpoint_site, site), 0) + 1
+            estimate = transfer_s(nbytes, self.wan, sharing=sharing)
+        deadline = copy_deadline_s(
+            estimate, self.mover.rules.deadline_factor, self.mover.rules.deadline_floor_s
+        )
+        return CheckpointTransfer(
+            job_id=job.id,
+            state=TransferState.COPYING,
+            epoch=self.lead.epoch if self.lead else 0,
+            source=job.checkpoint_url,
+            destination=f"{join(destination[0], job.id)}/{step_dir}",
+            from_site=job.checkpoint_site,
+            site=site,
+            step=job.checkpoint_step,
+            bytes_total=nbytes,
+            bytes_done=0,
+            files={},
+            estimate_s=estimate,
+            started_at=now,
+            deadline_at=now + timedelta(seconds=deadline),
+            updated_at=now,
+        )
+
+    def start_move(self, transfer: CheckpointTransfer, job: Job) -> None:
+        """Record the transfer under this replica's lead and hand it to the mover. The scheduler copies
+        with its own credentials, so only from the job's own roots: a checkpoint elsewhere (a job stored
+        before the rule) is refused, the transfer abandoned as it starts, and the job stays."""
+        with logs.context(job_id=job.id):
+            stores = self.checkpoint_stores(self.fleet_now())
+            with self.fenced() as conn:
+                if not transfer_store.start(conn, transfer):
+                    return
+                own = job_roots(
+                    job.id,
+                    job.spec,
+                    roots_for(job.spec, team_store.configured_checkpoint_roots(conn, job.team), stores),
+                )
+                if not any(is_under(transfer.source, root) for root in own):
+                    reason = (
+                        f"{transfer.source} lies outside job {job.id}'s checkpoint roots {list(own)}: "
+                        "not copied"
+                    )
+                    transfer_store.abandon(
+                        conn, job.id, transfer.epoch, at=transfer.started_at, reason=reason
+                    )
+                    log.warning("checkpoint of job %s not moved: %s", job.id, reason)
+                    return
+            log.info(
+                "moving job %s to site %s: copying its checkpoint %s (estimate %.1f s, deadline %s)",
+                job.id,
+                transfer.site,
+                transfer.source,
+                transfer.estimate_s,
+                transfer.deadline_at.isoformat(),
+            )
+            self.mover.ensure(transfer, self.lead)
+
+    def tend_transfers(self) -> None:
+        """Each transfer under way: abandoned once past its deadline or once its job left the queue
+        (the job then stays at its own site, its wait counting again), else copied by this replica's
+        mover (a no-op while its thread runs)."""
+        now = self.clock()
+        with self.engine.connect() as conn:
+            under_way = transfer_store.under_way(conn)
+            jobs = {t.job_id: job_store.get(conn, t.job_id) for t in under_way}
+        for transfer in under_way:
+            job = jobs[transfer.job_id]
+            if now >= transfer.deadline_at:
+                why = (
+                    f"past its deadline {transfer.deadline_at.isoformat(timespec='seconds')} "
+                    f"({transfer.bytes_done} of {transfer.bytes_total} bytes landed)"
+                )
+            elif job is None or job.state != JobState.PENDING or job.cancel_requested:
+                why = "its job left the queue"
+            else:
+                self.mover.ensure(transfer, self.lead)
+                continue
+            with logs.context(job_id=transfer.job_id), self.fenced() as conn:
+                if transfer_store.abandon(conn, transfer.job_id, transfer.epoch, at=now, reason=why):
+                    log.warning(
+                        "transfer of job %s to site %s abandoned: %s", transfer.job_id, transfer.site, why
+                    )
+
     def launch(self, attempt: Attempt, job: Job) -> None:
         """Start the workers of a reserved (CREATED) attempt, claimed in the transaction around the
         launcher's call: launched once, by the replica that leads while it happens."""
@@ -192,11 +331,6 @@ class SchedulerService:
         request = self.launch_request(attempt, job)
         nodes = ", ".join(s.node for s in request.placement.slices)
         log.info("launching attempt %d of job %s on %s", attempt.number, job.id, nodes)
-        try:
-            request = self.bring_checkpoint(attempt, job, request)
-        except TransferError as error:
-            self.not_started(attempt, f"checkpoint transfer failed: {error}")
-            return
         try:
             with self.fenced() as conn:
                 if not attempt_store.claim_launch(conn, attempt.id, self.clock(), self.lease_ttl_s):
@@ -226,43 +360,6 @@ class SchedulerService:
             return
         with self.fenced() as fenced:
             attempt_store.finish(fenced, attempt.id, AttemptState.FAILED, at=self.clock(), reason=reason)
-
-    def bring_checkpoint(self, attempt: Attempt, job: Job, request: LaunchRequest) -> LaunchRequest:
-        """Before an attempt starts at another site than the job's newest checkpoint, copy it into the
-        job's folder under its team's root at that site and verify it; the attempt then resumes from
-        the copy. The scheduler copies with its own credentials, so only from the job's own roots."""
-        site = request.placement.site
-        if not job.checkpoint_url or job.checkpoint_site in (None, site):
-            return request
-        stores = self.checkpoint_stores(self.fleet_now())
-        with self.engine.connect() as conn:
-            configured = team_store.configured_checkpoint_roots(conn, job.team)
-        destination = roots_at(job.team, site, configured, stores)
-        if not destination:  # the team keeps no checkpoints there: it resumes from where they are
-            return request
-        own = job_roots(job.id, job.spec, roots_for(job.spec, configured, stores))
-        if not any(is_under(job.checkpoint_url, root) for root in own):
-            raise TransferError(
-                f"{job.checkpoint_url} lies outside job {job.id}'s checkpoint roots {list(own)}: not copied"
-            )
-        step_dir = job.checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
-        root = join(destination[0], job.id)
-        transfer = copy_checkpoint(job.checkpoint_url, f"{root}/{step_dir}")
-        attempt_store.record_checkpoint_move(
-            self.engine,
-            job.id,
-            attempt.id,
-            url=f"{root}/{step_dir}",
-            site=site,
-            at=self.clock(),
-            details={
-                "from": job.checkpoint_url,
-                "files": transfer.files,
-                "bytes": transfer.bytes,
-                "sha256": transfer.sha256,
-            },
-        )
-        return replace(request, checkpoint_url=root, env={**request.env, RESUME_URL: f"{root}/{step_dir}"})
 
     def launch_request(self, attempt: Attempt, job: Job) -> LaunchRequest:
         # Resume where the newest checkpoint is; before any, the spec's checkpoint root.
@@ -445,6 +542,11 @@ class SchedulerService:
         self._renewed.clear()
         self._signalled.clear()
         self.waits.forget()
+        if self.lead is not None:  # the transfers under way are this epoch's now: its mover resumes them
+            with self.fenced() as conn:
+                adopted = transfer_store.adopt(conn, self.lead.epoch, at=self.clock())
+            for transfer in adopted:
+                self.mover.ensure(transfer, self.lead)
         with self.engine.connect() as conn:
             live = attempt_store.live(conn)
         self.apply(
@@ -476,6 +578,7 @@ class SchedulerService:
             self.renew,
             self.request_stops,
             self.reap,
+            self.tend_transfers,
             self.schedule,
             self.deliver_stops,
         ):
@@ -527,6 +630,7 @@ class SchedulerService:
                 metrics.scheduler_pass_failures.inc()
                 log.exception("scheduler pass failed; retrying")
                 stop.wait(interval_s)
+        self.mover.close()  # a copy under way ends with its file; the next leader resumes it
 
     def _wait_for_events(self, bus: EventBus | None, stop: threading.Event, wait_s: float) -> bool:
         if bus is None:

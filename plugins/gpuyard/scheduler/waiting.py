@@ -3,8 +3,9 @@
 A reason is a short code the queue is filtered by and the cycle's own words: `quota` (over quota, no
 idle quota in the cohort to borrow), `no-room` (no domain has room for the whole gang, or none of
 its own site while its policy keeps it there), `reservation` (GPUs are held for it while preempted
-attempts stop), `starting` (placed by this pass: its attempt starts), `behind` (a policy without
-backfill stops at the first job that does not fit). The codes a job's row gives (backoff,
+attempts stop), `starting` (placed by this pass: its attempt starts), `copying` (placed at another
+site than its newest checkpoint: it waits for the copy to land there, scheduler/mover.py), `behind`
+(a policy without backfill stops at the first job that does not fit). The codes a job's row gives (backoff,
 cancelling, unseen) are domain/waiting.py's.
 """
 
@@ -20,12 +21,22 @@ from gpuyard.domain.waiting import Reason, RecordedReason
 from gpuyard.scheduler.cycle import NO_ROOM, NO_ROOM_AT_SITE, OVER_QUOTA, STOPPING, CycleResult
 from gpuyard.store import waits as wait_store
 from gpuyard.store.leadership import Lead
+from gpuyard.store.transfers import CheckpointTransfer
 
 _CODE_OF = {OVER_QUOTA: "quota", NO_ROOM: "no-room", NO_ROOM_AT_SITE: "no-room", STOPPING: "reservation"}
 # the codes of the reasons a cycle gives (reason_code)
 CYCLE_CODES = (*dict.fromkeys(_CODE_OF.values()), "other")
 STARTING = "placed: its attempt starts"
 BEHIND = "not looked at: a job ahead of it does not fit, and the policy does not backfill"
+
+
+def copying_reason(transfer: CheckpointTransfer) -> Reason:
+    """The reason of a job whose checkpoint is on its way to another site, with how far it is."""
+    return Reason(
+        "copying",
+        f"copying its checkpoint to site {transfer.site}: {transfer.bytes_done} of {transfer.bytes_total} "
+        f"bytes landed, deadline {transfer.deadline_at.isoformat(timespec='seconds')}",
+    )
 
 
 def reason_code(text: str) -> str:

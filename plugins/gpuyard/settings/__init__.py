@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuyard.domain.checkpoint_roots import (
@@ -39,6 +39,30 @@ DB_KEEPALIVE_S = 10.0
 
 # Who local workers run as (launchers/worker_env.py).
 WorkerUsers = Literal["auto", "on", "off"]
+
+
+class MoveSettings(BaseModel):
+    """Moves between sites (docs/scheduler.md, "Sites"): the WAN a move's copy is estimated over, and
+    how long the copy may take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wan_gbit_s: float | None = Field(
+        None,
+        gt=0,
+        description="Usable bandwidth of one copy between two sites, Gbit/s; unset: moves are not charged "
+        "(the `move` site rule places by the scores, as `any`).",
+    )
+    wan_rtt_seconds: float = Field(0.04, ge=0, description="Round-trip time between two sites.")
+    egress_usd_per_gb: float = Field(0.0, ge=0, description="Price of a GB leaving a site.")
+    deadline_factor: float = Field(
+        3.0, ge=1, description="A copy is abandoned after this many times the scheduler's estimate of it..."
+    )
+    deadline_floor_seconds: float = Field(600.0, gt=0, description="...and at least this long.")
+    attempts: int = Field(5, ge=1, description="Tries of one copy, each resuming after the files landed.")
+    backoff_seconds: float = Field(
+        2.0, ge=0, description="The first wait between tries, doubling (max 60 s)."
+    )
 
 
 class SettingsError(ValueError):
@@ -138,6 +162,7 @@ class Settings(BaseSettings):
         "parts are composed.",
     )
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    moves: MoveSettings = Field(default_factory=MoveSettings)
     api_url: str | None = Field(
         None, description="URL workers use to reach the API; default: where it listens."
     )

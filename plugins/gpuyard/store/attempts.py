@@ -331,6 +331,7 @@ def heartbeat(
                 "checkpoint_url": checkpoint["url"],
                 "checkpoint_step": checkpoint["step"],
                 "checkpoint_site": found.placement.get("site"),
+                "checkpoint_bytes": checkpoint.get("bytes"),  # a move's estimate reads it
             }
             if checkpoint.get("cost_s"):
                 job_changes["checkpoint_cost_s"] = float(checkpoint["cost_s"])
@@ -567,27 +568,3 @@ def metric_records(conn: Connection, since: datetime) -> tuple[list[AttemptRecor
         for r in attempt_rows
     ]
     return attempt_list, job_list
-
-
-def record_checkpoint_move(
-    engine: Engine,
-    job_id: str,
-    attempt_id: str,
-    *,
-    url: str,
-    site: str,
-    at: datetime,
-    details: dict[str, Any],
-) -> None:
-    """The job's newest checkpoint now (also) lives at `url` in `site`: retries resume from there."""
-    with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == job_id).values(checkpoint_url=url, checkpoint_site=site))
-        conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(checkpoint_url=url))
-        append_event(
-            conn,
-            type="job.checkpoint_moved",
-            job_id=job_id,
-            attempt_id=attempt_id,
-            at=at,
-            data={"to": url, "site": site, **details},
-        )

@@ -226,6 +226,7 @@ def job_from_mapping(row: dict[str, Any], spec: JobSpec) -> Job:
         checkpoint_step=row.get("checkpoint_step"),
         checkpoint_site=row.get("checkpoint_site"),
         checkpoint_cost_s=row.get("checkpoint_cost_s"),
+        checkpoint_bytes=row.get("checkpoint_bytes"),
         first_started_at=row.get("first_started_at"),
     )
 

@@ -103,6 +103,7 @@ jobs = Table(
     Column("checkpoint_step", BigInteger),
     Column("checkpoint_site", String(63)),
     Column("checkpoint_cost_s", Float),  # measured, for the Young/Daly interval
+    Column("checkpoint_bytes", BigInteger),  # its size, as its worker reported it: a move's estimate
     Column("first_started_at", UtcDateTime()),  # max_runtime counts from here, across attempts
     Column("created_by", String(32), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
@@ -236,4 +237,29 @@ node_interruptions = Table(
     Column("run_s", Float, nullable=False),
     Column("interruptions", Float, nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+# A job's checkpoint on its way to another site (scheduler/mover.py, store/transfers.py): one row per
+# job, its newest transfer. Copied outside the scheduling passes by the leading replica, whose epoch
+# owns the row: each write confirms the lead and that epoch, and a new leader adopts the row (its
+# epoch) and resumes from the files already verified at the destination (`files`: path -> sha256).
+checkpoint_transfers = Table(
+    "checkpoint_transfers",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id"), primary_key=True),
+    Column("state", String(16), nullable=False),  # COPYING | LANDED | ABANDONED
+    Column("epoch", BigInteger, nullable=False),  # the leader's epoch that owns it
+    Column("source", Text, nullable=False),  # the checkpoint's step folder where it lies
+    Column("destination", Text, nullable=False),  # its step folder at the destination
+    Column("from_site", String(63), nullable=False),
+    Column("site", String(63), nullable=False),
+    Column("step", BigInteger),
+    Column("bytes_total", BigInteger, nullable=False),  # the estimate's until the copy lists the source
+    Column("bytes_done", BigInteger, nullable=False),
+    Column("files", JSON, nullable=False),  # path -> sha256 of each file verified at the destination
+    Column("estimate_s", Float, nullable=False),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("deadline_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    Column("reason", Text),  # why it was abandoned
 )
