@@ -15,7 +15,8 @@ job's own site, as a move pays its copy on top of a victim's.
   (`domain.sites.move_pays`: its wait so far reaches what a start there copies beyond a start at
   its own site, its checkpoint and the data no copy of which lies there (`PendingJob.needs`), over
   the snapshot's WAN, shared with the copies already under way on that link, `ClusterState.copies`).
-  Without a WAN in the snapshot (`ClusterState.wan`: the service sets none yet) it is `any`.
+  Without a WAN in the snapshot (`ClusterState.wan`: the service's is the `moves` setting's, where
+  it gives a rate) it is `any`.
 """
 
 from __future__ import annotations
