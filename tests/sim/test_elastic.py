@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from gpuyard.domain.elastic import Measured, Sizing, sizes
 from gpuyard.sim.elastic.jobs import ElasticJob, Submission, read_workload
 from gpuyard.sim.elastic.policies import POLICIES, TIRESIAS_THRESHOLD_GPU_S, Tiresias
 from gpuyard.sim.elastic.profiles import Application, canonical, load_application, load_applications
 from gpuyard.sim.elastic.replay import jcts, placement_of, replay
-from gpuyard.sim.elastic.sizing import GpuyardSizing, Option, StepModel, _sizes
+from gpuyard.sim.elastic.sizing import GpuyardSizing, prior_model
 from gpuyard.sim.trace import TraceError
 
 POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
@@ -307,13 +308,12 @@ def test_gpuyard_grows_into_idle_gpus_and_not_for_less_than_a_restart(apps: dict
     held = policy.allocate(1200, [alone], [4], {"alone": (0,)})
     assert held == {"alone": (0, 0, 0, 0)}
     # The rule itself: a held size is left only for a speedup that beats the restart's share.
-    one = Option(1, 128, 1.0)
-    small_gain = [one, Option(2, 128, 1.05), Option(3, 128, 1.08)]
-    assert _sizes([("j", small_gain, 2, 0.9)], 4) == {"j": 2}
-    big_gain = [one, Option(2, 128, 1.05), Option(3, 128, 1.5)]
-    assert _sizes([("j", big_gain, 2, 0.9)], 4) == {"j": 3}
+    small_gain = {1: 1.0, 2: 1.05, 3: 1.08}
+    assert sizes([Sizing("j", small_gain, 2, 0.9, 1)], 4) == {"j": 2}
+    big_gain = {1: 1.0, 2: 1.05, 3: 1.5}
+    assert sizes([Sizing("j", big_gain, 2, 0.9, 1)], 4) == {"j": 3}
     # A job that starts anyway (holds nothing) pays no extra for its size.
-    assert _sizes([("j", small_gain, 0, 0.9)], 4) == {"j": 3}
+    assert sizes([Sizing("j", small_gain, 0, 0.9, 1)], 4) == {"j": 3}
 
 
 def test_gpuyard_fixed_batch_keeps_the_global_batch_and_adaptive_stays_within_the_curves(
@@ -349,12 +349,12 @@ def test_gpuyard_fits_only_what_a_job_ran(
     apps: dict[str, Application], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cifar = apps["cifar10"]
-    model = StepModel.prior(cifar, 256)
+    model = prior_model(cifar, 256)
     assert model.runs == {} and model.most_gpus_run == 0
     step_s, sync_s = cifar.times((2,), 512)
-    model.observe(1, 2, 512, step_s, step_s - sync_s)
+    model.observe(1, 2, 512, Measured(step_s, 1, step_s - sync_s))
     # Exact where it ran; across nodes (never run) the prior: a whole 1-GPU step at the tuned batch.
-    assert model.step_s(1, 2, 512, 0) == pytest.approx(step_s)
+    assert model.step_s(1, 2, 512, 1) == pytest.approx(step_s)
     assert model.sync_s(2, 8) == pytest.approx(max(model.reference_compute, sync_s))
     assert model.most_gpus_run == 2
     # In a replay, the policy reads a job's step times only on the placement it holds.

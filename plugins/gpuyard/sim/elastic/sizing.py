@@ -1,144 +1,48 @@
 """gpuyard's elastic sizing policy in the Pollux replay: how many GPUs each job holds, where, at what batch.
 
-Each interval, for every active job:
-- a step-time model fitted from the job's own heartbeats (step and sync seconds at the placements and
-  local batches it ran, `StepModel`), a prior for what it has not run yet;
+The model and the rule are the platform scheduler's (`gpuyard.domain.elastic`); this module feeds
+them the replay's jobs. Each interval, for every active job:
+- a step-time model fitted from the job's own heartbeats (a whole step and one micro-batch at the
+  placements and local batches it ran, `StepModel`), its family's 1-GPU row for what it has not run;
 - its goodput at each candidate size: progress per second, i.e. throughput times the statistical
   efficiency its measured gradient noise predicts at the batch (adaptive batch), or at its tuned
   batch (fixed batch, where efficiency is a constant of the job and only throughput matters);
-- GPUs are handed out one jump at a time to the job whose speedup gains most per GPU (`_sizes`);
+- GPUs are handed out one jump at a time to the job whose speedup gains most per GPU (`sizes`);
   the utility is Pollux's harmonic mean of speedups (each job's speedup over itself on 1 GPU), which
   favours the jobs furthest behind, and any size other than the held one is charged its restart.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from gpuyard.domain.elastic import (
+    TURN_RESTARTS,
+    Measured,
+    Sizing,
+    StepModel,
+    fit_line,
+    growth_limit,
+    keep_factor,
+    sizes,
+)
 from gpuyard.sim.elastic.jobs import ElasticJob
 from gpuyard.sim.elastic.profiles import Application
 
 Allocation = tuple[int, ...]  # the node of each GPU a job holds (as policies.Allocation)
 
-# The prior's sync overhead, as a share of the job's 1-GPU compute at its tuned local batch, until the
-# job has run in that regime: a quarter within a node (an intra-node all-reduce is cheap but not free),
-# a whole step across nodes (a job spreads over nodes only if it gains even at half efficiency). Round,
-# conservative numbers; a job's first run in a regime replaces them with its own measurement.
-PRIOR_SYNC_SHARE_INTRA = 0.25
-PRIOR_SYNC_SHARE_INTER = 1.0
-GROWTH_FACTOR = 2  # beyond its tuned size a job at most doubles what it has run (as Pollux explores)
 BATCH_CANDIDATES = 10  # global batches tried per size, geometric between the bounds
-# Restarts may cost at most a tenth of the time: a size is expected to hold (and a turn on a GPU, when
-# jobs outnumber GPUs, lasts) at least this many restarts, or the job's age if it is younger.
-TURN_RESTARTS = 10
 
 
-@dataclass
-class StepModel:
-    """One job's step time, fitted from its own heartbeats, with a prior from its family's 1-GPU row.
-
-    Time of one optimizer step = compute(atomic batch) x (accum_steps + 1) + sync(nodes, GPUs). Compute
-    is linear in the local batch; sync is a constant plus a ring term growing with the GPUs, fitted
-    apart within one node and across nodes (different links). Inputs of the prior, and nothing else of
-    the profile: the family's 1-GPU compute per local batch and 1-GPU sync (its single-GPU benchmark).
-    """
-
-    prior_compute: tuple[float, float]  # (seconds at batch 0, seconds per example) on 1 GPU
-    prior_single_sync: float
-    reference_compute: float  # 1-GPU compute at the tuned local batch: the prior syncs' scale
-    runs: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
-    # The fit of `runs` (refitted on each new run): compute line, 1-GPU sync, sync lines within a node
-    # and across nodes (None: never ran so).
-    compute: tuple[float, float] = (0.0, 0.0)
-    single_sync: float = 0.0
-    intra: tuple[float, float] | None = None
-    inter: tuple[float, float] | None = None
-
-    def __post_init__(self) -> None:
-        self._fit()
-
-    @classmethod
-    def prior(cls, app: Application, tuned_local_bsz: int) -> StepModel:
-        single = app.placements[(1,)]
-        points = [
-            (float(b), step - sync) for b, (step, sync) in zip(single.local_bsz, single.times, strict=True)
-        ]
-        line = _line(points)
-        sync = sum(s for _, s in single.times) / len(single.times)
-        return cls(line, sync, line[0] + line[1] * tuned_local_bsz)
-
-    def observe(self, nodes: int, gpus: int, atomic_bsz: int, step_s: float, accum_s: float) -> None:
-        """A heartbeat: one step (the last micro-batch and the sync) and one accumulated micro-batch."""
-        if self.runs.get((nodes, gpus, atomic_bsz)) != (step_s, accum_s):
-            self.runs[nodes, gpus, atomic_bsz] = (step_s, accum_s)
-            self._fit()
-
-    @property
-    def most_gpus_run(self) -> int:
-        return max((gpus for _, gpus, _ in self.runs), default=0)
-
-    def compute_s(self, atomic_bsz: float) -> float:
-        return self.compute[0] + self.compute[1] * atomic_bsz
-
-    def sync_s(self, nodes: int, gpus: int) -> float:
-        if gpus == 1:
-            return self.single_sync
-        intra = None if self.intra is None else self.intra[0] + self.intra[1] * (gpus - 2)
-        if nodes == 1:
-            return intra if intra is not None else PRIOR_SYNC_SHARE_INTRA * self.reference_compute
-        if self.inter is not None:
-            return self.inter[0] + self.inter[1] * (gpus - 2)
-        # Across nodes is never assumed faster than what the job measured within one.
-        return max(PRIOR_SYNC_SHARE_INTER * self.reference_compute, intra or 0.0)
-
-    def step_s(self, nodes: int, gpus: int, atomic_bsz: int, accum_steps: int) -> float:
-        return self.compute_s(atomic_bsz) * (accum_steps + 1) + self.sync_s(nodes, gpus)
-
-    def _fit(self) -> None:
-        """Compute: its own line once it ran two local batches; before, the prior's line scaled to
-        the batch it ran (or the prior itself). Sync: a + b * (gpus - 2) per kind of link, the ring's
-        growth b only once two GPU counts of that kind ran (until then none is assumed)."""
-        points = [(float(b), accum) for (_, _, b), (_, accum) in self.runs.items()]
-        if len({b for b, _ in points}) >= 2:
-            self.compute = _line(points)
-        else:
-            a, k = self.prior_compute
-            scale = sum(accum / (a + k * b) for b, accum in points) / len(points) if points else 1.0
-            self.compute = (scale * a, scale * k)
-        single = [step - accum for (_, g, _), (step, accum) in self.runs.items() if g == 1]
-        self.single_sync = sum(single) / len(single) if single else self.prior_single_sync
-        self.intra, self.inter = (self._sync_line(across) for across in (False, True))
-
-    def _sync_line(self, across: bool) -> tuple[float, float] | None:
-        points = [
-            (float(g - 2), step - accum)
-            for (n, g, _), (step, accum) in self.runs.items()
-            if g > 1 and (n > 1) == across
-        ]
-        if not points:
-            return None
-        if len({x for x, _ in points}) >= 2:
-            return _line(points)
-        return sum(y for _, y in points) / len(points), 0.0
-
-
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares y = a + k x with a, k >= 0 (time never falls with more work)."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    k = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
-    if k < 0:
-        return my, 0.0
-    a = my - k * mx
-    if a < 0:
-        sx2 = sum(x * x for x, _ in points)
-        return 0.0, (sum(x * y for x, y in points) / sx2 if sx2 > 0 else 0.0)
-    return a, k
+def prior_model(app: Application, tuned_local_bsz: int) -> StepModel:
+    """The family prior: the application's 1-GPU row (its single-GPU benchmark), compute linear in
+    the local batch, and its mean sync; the prior syncs scaled to the tuned local batch."""
+    single = app.placements[(1,)]
+    points = [(float(b), step - sync) for b, (step, sync) in zip(single.local_bsz, single.times, strict=True)]
+    sync = sum(s for _, s in single.times) / len(single.times)
+    return StepModel(fit_line(points), sync, tuned_local_bsz)
 
 
 @dataclass(frozen=True)
@@ -189,17 +93,23 @@ class GpuyardSizing:
         node_size = max(node_gpus)
         runnable = self._runnable(jobs, sum(node_gpus), held)
         options = {job.name: self._options(job, now_s, node_size, sum(node_gpus)) for job in runnable}
-        sizes = _sizes(
+        chosen_sizes = sizes(
             [
-                (job.name, options[job.name], len(held.get(job.name, ())), self._keep_factor(job, now_s))
+                Sizing(
+                    job.name,
+                    {o.gpus: o.goodput for o in options[job.name]},
+                    len(held.get(job.name, ())),
+                    keep_factor(now_s - job.submitted_s, self.restart_s, self.interval_s),
+                    options[job.name][0].gpus,
+                )
                 for job in runnable
             ],
             sum(node_gpus),
         )
-        keep = {name: held[name] for name, gpus in sizes.items() if len(held.get(name, ())) == gpus}
-        allocations = _place({n: g for n, g in sizes.items() if n not in keep}, keep, node_gpus)
+        keep = {name: held[name] for name, gpus in chosen_sizes.items() if len(held.get(name, ())) == gpus}
+        allocations = _place({n: g for n, g in chosen_sizes.items() if n not in keep}, keep, node_gpus)
         for job in runnable:
-            chosen = next(o for o in options[job.name] if o.gpus == sizes[job.name])
+            chosen = next(o for o in options[job.name] if o.gpus == chosen_sizes[job.name])
             self._set_batch(job, chosen, job.name in keep)
         return allocations
 
@@ -209,11 +119,13 @@ class GpuyardSizing:
             if job.name not in self.models:
                 self.tuned[job.name] = (job.num_replicas, job.batch_size)
                 local = math.ceil(job.batch_size / job.num_replicas)
-                self.models[job.name] = StepModel.prior(job.app, min(local, job.app.max_local_bsz))
+                self.models[job.name] = prior_model(job.app, min(local, job.app.max_local_bsz))
                 self.attained_gpu_s[job.name] = 0.0
             if job.placement and job.name in held:
                 nodes, gpus = len(job.placement), sum(job.placement)
-                self.models[job.name].observe(nodes, gpus, job.atomic_bsz, job.step_s, job.accum_s)
+                whole = job.step_s + job.accum_s * job.accum_steps
+                measured = Measured(whole, job.accum_steps + 1, job.accum_s)
+                self.models[job.name].observe(nodes, gpus, job.atomic_bsz, measured)
                 self.attained_gpu_s[job.name] += gpus * (now_s - self.checked_s)
                 if self.adaptive_batch and not job.app.pinned:
                     sqr, var = job.app.grad_stats(job.trained_batch, job.epoch)
@@ -234,13 +146,6 @@ class GpuyardSizing:
         chosen = {job.name for job in sorted(jobs, key=served)[:gpus]}
         return [job for job in jobs if job.name in chosen]
 
-    def _keep_factor(self, job: ElasticJob, now_s: int) -> float:
-        """The share of the horizon a restart leaves: what a resize's speedup is worth. The horizon is
-        how long a size is expected to hold: `TURN_RESTARTS` restarts, less for a job younger than
-        that (what it ran so far is the best guess of what is left), at least an interval."""
-        horizon = max(min(now_s - job.submitted_s, TURN_RESTARTS * self.restart_s), self.interval_s)
-        return max(1.0 - self.restart_s / horizon, 0.0)
-
     def _options(self, job: ElasticJob, now_s: int, node_size: int, cluster: int) -> list[Option]:
         """The job's candidate sizes, each at its best batch, up to what it may grow to."""
         app, model = job.app, self.models[job.name]
@@ -249,7 +154,7 @@ class GpuyardSizing:
         tuned_gpus, tuned_batch = self.tuned[job.name]
         min_local = app.placements[(1,)].local_bsz[0]
         top_batch = app.max_batch_size if self.adaptive_batch else tuned_batch
-        limit = min(cluster, top_batch // min_local, max(tuned_gpus, GROWTH_FACTOR * model.most_gpus_run))
+        limit = min(cluster, top_batch // min_local, growth_limit(model, tuned_gpus))
         noise = self.noise.get(job.name)
         sizes = [g for g in (1, 2, 3) if g < node_size] + list(range(node_size, limit + 1, node_size))
         options = []
@@ -286,7 +191,9 @@ class GpuyardSizing:
             if atomic < min_local:
                 continue
             trained = gpus * atomic * (accum + 1)
-            goodput = _gain(trained / app.init_batch_size, noise) / model.step_s(nodes, gpus, atomic, accum)
+            goodput = _gain(trained / app.init_batch_size, noise) / model.step_s(
+                nodes, gpus, atomic, accum + 1
+            )
             if best is None or goodput > best.goodput:
                 best = Option(gpus, batch, goodput)
         return best
@@ -317,50 +224,6 @@ def _geometric(low: int, high: int) -> list[int]:
         return [low]
     ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
     return sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
-
-
-def _sizes(jobs: Sequence[tuple[str, list[Option], int, float]], gpus: int) -> dict[str, int]:
-    """GPUs per job: 1 each (its smallest option), then jumps by best gain per GPU while any gains.
-
-    A job's value at a size is -1 / speedup (the harmonic mean's term), its speedup over its 1-GPU
-    goodput times its keep factor for a size other than the held one (`held` of 0: starting anyway).
-    Jumps may skip sizes, so that a held size beyond a dip (the restart) is still reached.
-    """
-    values: dict[str, dict[int, float]] = {}
-    size: dict[str, int] = {}
-    for name, options, held, keep in jobs:
-        base = options[0].goodput
-        values[name] = {
-            o.gpus: -base / (o.goodput * (1.0 if o.gpus == held or not held else keep) or 1e-12)
-            for o in options
-        }
-        size[name] = options[0].gpus
-    free = gpus - sum(size.values())
-    heap: list[tuple[float, str, int]] = []
-
-    def push(name: str) -> None:
-        here = values[name][size[name]]
-        jumps = [
-            ((value - here) / (g - size[name]), g)
-            for g, value in values[name].items()
-            if size[name] < g <= size[name] + free
-        ]
-        if jumps:
-            gain, target = max(jumps)
-            if gain > 0:
-                heapq.heappush(heap, (-gain, name, target))
-
-    for name in size:
-        push(name)
-    while heap and free > 0:
-        _, name, target = heapq.heappop(heap)
-        if target <= size[name] or target - size[name] > free:
-            push(name)  # stale: its size or the GPUs left changed since it was pushed
-            continue
-        free -= target - size[name]
-        size[name] = target
-        push(name)
-    return size
 
 
 def _place(
