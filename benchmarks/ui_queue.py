@@ -85,9 +85,9 @@ def record_reasons(engine: Engine, fleet: Fleet) -> float:
     is reserved here, so every job stays waiting). Returns the milliseconds the writing took."""
     now = datetime.now(UTC)
     with engine.connect() as conn:
-        waiting, state = inputs.read(conn, FleetIndex(fleet), now)
+        waiting, pending, state = inputs.read(conn, FleetIndex(fleet), now)
     by_id = {job.id: job for job in waiting}
-    result = run_cycle([inputs.pending_job(job) for job in waiting], state, now, POLICIES["gpuyard"])
+    result = run_cycle(pending, state, now, POLICIES["gpuyard"])
     started = time.perf_counter()
     WaitRecorder(engine).record(reasons(result, by_id), by_id, at=now, lead=None)
     return (time.perf_counter() - started) * 1000

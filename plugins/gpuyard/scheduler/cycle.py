@@ -7,16 +7,18 @@ applies them to its virtual cluster. Both run this same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from gpuyard.domain.elastic import Sizing
 from gpuyard.domain.fleet import Node
 from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.scheduler.placements import Choose
 from gpuyard.scheduler.plugins import room_now
 from gpuyard.scheduler.policy import Policy
-from gpuyard.scheduler.preemption import Preemption
+from gpuyard.scheduler.preemption import SHRINK, Preemption
 from gpuyard.scheduler.sites import ANYWHERE, Where
+from gpuyard.scheduler.sizing import growth
 from gpuyard.scheduler.snapshot import (
     ClusterState,
     Cohorts,
@@ -38,6 +40,9 @@ NO_ROOM_AT_SITE = (
     "no domain of the site holding its checkpoint or data has room now, and it does not move yet"
 )
 STOPPING = "waiting for preempted attempts to stop"
+# A job waiting for one of these would be kept waiting by idle GPUs given to elastic jobs.
+FOR_ROOM = frozenset((NO_ROOM, NO_ROOM_AT_SITE, STOPPING))
+GROW = "grow"  # the rule an elastic job's resize to a larger size is evicted by
 
 
 @dataclass(frozen=True)
@@ -70,13 +75,18 @@ def admit(job: PendingJob, state: ClusterState, cohorts: Cohorts | None = None) 
 
     `cohorts` (`cohorts_of(state)`, kept up to date by the caller) may be passed precomputed.
     """
-    quota = state.quota(job.team)
-    if state.usage.get(job.team, 0) + job.gpus <= quota.gpu_quota:
+    return admit_gpus(job.team, job.gpus, state, cohorts)
+
+
+def admit_gpus(team: str, gpus: int, state: ClusterState, cohorts: Cohorts | None = None) -> str | None:
+    """`admit` for `gpus` more GPUs of `team`."""
+    quota = state.quota(team)
+    if state.usage.get(team, 0) + gpus <= quota.gpu_quota:
         return "nominal"
     if quota.cohort is None:
         return None
     cohort = (cohorts if cohorts is not None else cohorts_of(state))[quota.cohort]
-    return "borrow" if cohort.used + job.gpus <= cohort.nominal else None
+    return "borrow" if cohort.used + gpus <= cohort.nominal else None
 
 
 class _Eligibility:
@@ -131,10 +141,11 @@ class _Eligibility:
         """Domains with at least `gpus` free GPUs, fewest free first (best fit)."""
         return [d for count in sorted(self.buckets) if count >= gpus for d in self.buckets[count]]
 
-    def taken(self, placement: Placement) -> None:
+    def taken(self, placement: Placement, gpus: int | None = None) -> None:
+        """The placement's GPUs (or `gpus` of its domain: negative, given back) were taken."""
         domain = (placement.site, placement.cluster, placement.domain)
         before = self.domain_free[domain]
-        after = before - placement.gpus
+        after = before - (placement.gpus if gpus is None else gpus)
         del self.buckets[before][domain]
         self.buckets.setdefault(after, {})[domain] = None
         self.domain_free[domain] = after
@@ -288,6 +299,13 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
         demand=demand,
         min_run_s=policy.min_run_s,
     )
+    # Shrink before preempt: elastic jobs' surplus is searched first, by a search of its own.
+    sizing = policy.sizing_rule
+    shrinking = (
+        Preemption(state, now, (SHRINK,), quota=policy.quota, guard=None, starving=frozenset())
+        if sizing.shrinks and any(a.surplus for a in state.running)
+        else None
+    )
     held: set[str] = set()  # nodes reserved for a waiting job: nobody else may start there
     preempting = policy.preempts
     cohorts = cohorts_of(state)
@@ -339,14 +357,18 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
             continue
         found = None
         own, own_shape = searches[0]  # victims and reservations only at its own site
-        if preempting:
+        if shrinking is not None:
+            found = shrinking.victims(job, admitted, own_shape, own, held, cohorts)
+        if found is None and preempting:
             found = preemption.victims(job, admitted, own_shape, own, held, cohorts)
         if found is not None:
             nodes, victims = found
             for victim in victims:
                 if not victim.attempt.stopping:
                     result.evicted.append(Eviction(victim.attempt, job.id, victim.rule, victim.reason))
-            preemption.mark_stopping([v.attempt for v in victims])
+            for search in (preemption, shrinking):
+                if search is not None:
+                    search.mark_stopping([v.attempt for v in victims])
             held.update(nodes)
             result.reserved_for[job.id] = state.nodes[nodes[0]].domain_key
             result.waiting[job.id] = STOPPING
@@ -364,4 +386,121 @@ def run_cycle(pending: list[PendingJob], state: ClusterState, now: datetime, pol
                 result.reserved_for[job.id] = domain
         if not policy.backfill:
             break
+    if sizing.grows and not FOR_ROOM.intersection(result.waiting.values()):
+        _grow(result, state, now, eligibility, policy, cohorts)
     return result
+
+
+def _grow(
+    result: CycleResult,
+    state: ClusterState,
+    now: datetime,
+    eligibility: _Eligibility,
+    policy: Policy,
+    cohorts: Cohorts,
+) -> None:
+    """Idle GPUs to elastic jobs, once no job waits for room: `sizing.growth` says which sizes are
+    worth trying. A job placed this cycle (starting anyway) is placed again at the largest that finds
+    room by the policy's rule; a running attempt grows on its own nodes (each node its even share
+    more), asked to stop so that its next attempt starts at that size."""
+    placed = {p.job.id: i for i, p in enumerate(result.placed) if p.job.elastic is not None}
+    running = {a.job_id: a for a in state.running if a.elastic is not None and not a.stopping}
+    idle = sum(eligibility.domain_free.values())
+    if not (placed or running) or idle == 0:
+        return
+    rows = [
+        Sizing(p.job.id, dict(p.job.elastic.goodput), 0, p.job.elastic.keep, p.placement.gpus)
+        for p in (result.placed[i] for i in placed.values())
+        if p.job.elastic is not None and p.placement.gpus in dict(p.job.elastic.goodput)
+    ] + [
+        Sizing(a.job_id, dict(a.elastic.goodput), a.gpus, a.elastic.keep, a.gpus)
+        for a in running.values()
+        if a.elastic is not None and a.gpus in dict(a.elastic.goodput)
+    ]
+    sited = len(state.index.sites) > 1
+    for job_id, tries in growth(rows, idle).items():
+        if job_id in placed:
+            _replace_larger(result, placed[job_id], tries, state, now, eligibility, policy, cohorts, sited)
+        else:
+            _grow_in_place(result, running[job_id], tries, state, eligibility, policy, cohorts)
+
+
+def _replace_larger(
+    result: CycleResult,
+    index: int,
+    tries: list[int],
+    state: ClusterState,
+    now: datetime,
+    eligibility: _Eligibility,
+    policy: Policy,
+    cohorts: Cohorts,
+    sited: bool,
+) -> None:
+    """Place a job placed this cycle again at the first size of `tries` that is admitted and finds
+    room; else where it was."""
+    placed = result.placed[index]
+    job = placed.job
+    _give(state, eligibility, cohorts, job, placed.placement, placed.borrowed, back=True)
+    for gpus in tries:
+        larger = replace(job, gpus=gpus)
+        admitted = admit(larger, state, cohorts) if policy.quota else "nominal"
+        if admitted is None:
+            continue
+        where = policy.site_rule.where(larger, state, now) if sited else ANYWHERE
+        found = _find(larger, _searches(larger, where, eligibility), state, eligibility, set(), policy)
+        if found is not None:
+            _give(state, eligibility, cohorts, larger, found, admitted == "borrow", back=False)
+            result.placed[index] = Placed(larger, found, borrowed=admitted == "borrow")
+            return
+    _give(state, eligibility, cohorts, job, placed.placement, placed.borrowed, back=False)
+
+
+def _grow_in_place(
+    result: CycleResult,
+    attempt: RunningAttempt,
+    tries: list[int],
+    state: ClusterState,
+    eligibility: _Eligibility,
+    policy: Policy,
+    cohorts: Cohorts,
+) -> None:
+    """Ask a running attempt to stop for the first size of `tries` its nodes have room for (and its
+    team quota): the GPUs it will take are held for it in this cycle's snapshot."""
+    nodes = attempt.placement.slices
+    for gpus in tries:
+        more = gpus // len(nodes) - len(nodes[0].gpu_indices)
+        if any(len(state.free[piece.node]) < more for piece in nodes):
+            continue
+        if policy.quota and admit_gpus(attempt.team, gpus - attempt.gpus, state, cohorts) is None:
+            continue
+        extra = replace(
+            attempt.placement,
+            slices=tuple(NodeSlice(p.node, tuple(sorted(state.free[p.node])[:more])) for p in nodes),
+        )
+        state.take(attempt.team, extra, borrowed=False)
+        eligibility.taken(extra)
+        if (cohort := state.quota(attempt.team).cohort) is not None:
+            cohorts[cohort].used += extra.gpus
+        reason = f"resize: its elastic job grows from {attempt.gpus} to {gpus} GPUs"
+        result.evicted.append(Eviction(attempt, attempt.job_id, GROW, reason))
+        return
+
+
+def _give(
+    state: ClusterState,
+    eligibility: _Eligibility,
+    cohorts: Cohorts,
+    job: PendingJob,
+    placement: Placement,
+    borrowed: bool,
+    *,
+    back: bool,
+) -> None:
+    """Give `placement` back (`back`) or take it, in the snapshot, the free index and the cohort."""
+    if back:
+        state.give_back(job.team, placement, borrowed=borrowed, cpu=job.cpu, memory_gb=job.memory_gb)
+    else:
+        state.take(job.team, placement, borrowed=borrowed, cpu=job.cpu, memory_gb=job.memory_gb)
+    eligibility.taken(placement, -placement.gpus if back else placement.gpus)
+    if (cohort := state.quota(job.team).cohort) is not None:
+        cohorts[cohort].used += -placement.gpus if back else placement.gpus

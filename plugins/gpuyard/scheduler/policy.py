@@ -19,6 +19,7 @@ from gpuyard.scheduler.placements import PLACEMENTS, PlacementRule
 from gpuyard.scheduler.plugins import FILTERS, SCORES, Filter, Score
 from gpuyard.scheduler.preemption import MIN_RUN_S, RULES, Rule
 from gpuyard.scheduler.sites import SITE_RULES, SiteRule
+from gpuyard.scheduler.sizing import SIZINGS, SizingRule
 from gpuyard.scheduler.snapshot import ClusterState, PendingJob
 from gpuyard.scheduler.starvation import StarvationGuard
 
@@ -132,6 +133,7 @@ class Policy:
     starvation: StarvationGuard | None = None  # promotes jobs that waited past their bound
     placement: str = "best_fit"  # `placements.PLACEMENTS`: the gang's shape and the nodes it takes
     sites: str = "any"  # `sites.SITE_RULES`: at which site a job may start or resume
+    sizing: str = "min"  # `sizing.SIZINGS`: what size an elastic job runs at
     # A settled attempt (one fair-share rules may take) ran this long (`preemption.MIN_RUN_S`).
     min_run_s: float = MIN_RUN_S
     filter_plugins: tuple[Filter, ...] = field(init=False, repr=False, compare=False)
@@ -139,11 +141,13 @@ class Policy:
     rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
     placement_rule: PlacementRule = field(init=False, repr=False, compare=False)
     site_rule: SiteRule = field(init=False, repr=False, compare=False)
+    sizing_rule: SizingRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _known(self.name, "filter", self.filters, FILTERS)
         _known(self.name, "placement", (self.placement,), PLACEMENTS)
         _known(self.name, "site rule", (self.sites,), SITE_RULES)
+        _known(self.name, "sizing rule", (self.sizing,), SIZINGS)
         if self.min_run_s < 0:
             raise ValueError(f"policy {self.name!r}: min_run_s must be >= 0, got {self.min_run_s}")
         _known(self.name, "score", tuple(name for name, _ in self.scores), SCORES)
@@ -166,6 +170,7 @@ class Policy:
         )
         object.__setattr__(self, "placement_rule", PLACEMENTS[self.placement])
         object.__setattr__(self, "site_rule", SITE_RULES[self.sites])
+        object.__setattr__(self, "sizing_rule", SIZINGS[self.sizing])
 
     @property
     def preempts(self) -> bool:
@@ -205,6 +210,8 @@ POLICIES: dict[str, Policy] = {
             # Across sites: its own site first, another once the wait so far beats the checkpoint's
             # copy (scheduler/sites.py; a fleet of one site, or no WAN in the snapshot: any site).
             sites="move",
+            # Elastic jobs: shrink before preempt, grow into idle GPUs by marginal goodput.
+            sizing="goodput",
         ),
     )
 }

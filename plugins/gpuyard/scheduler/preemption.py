@@ -86,6 +86,9 @@ class Rule:
     # Victims taken by this rule must not together take another team below its nominal quota (with
     # its attempts already stopping): it would then be ordered first and evict its way back.
     keeps_quota: Callable[[Preemption, Claim], bool]
+    # It takes back what an elastic job consented to give (its GPUs above its min), from any attempt
+    # whatever its preemptible flag, and frees only those GPUs (`RunningAttempt.surplus`).
+    resizes: bool = False
 
 
 def _class(candidate: Candidate) -> float:
@@ -180,6 +183,21 @@ _TABLE = (
 )
 RULES: dict[str, Rule] = {rule.name: rule for rule in _TABLE}
 
+# Shrink before preempt (a policy's sizing rule, `scheduler/sizing.py`, turns it on): a job that does
+# not fit takes back the GPUs elastic jobs hold above their min, before any rule of the table is
+# looked at. Its own search (`Preemption` with this rule alone), never mixed with the table's: an
+# elastic job requeued by it comes back at its min at least, so the GPUs taken are only its surplus.
+SHRINK = Rule(
+    "shrink",
+    "resize: an elastic job gives back its GPUs above its minimum to a job that needs them",
+    settled=False,
+    victim_rank=lambda c: 1.0 if c.attempt.surplus else NEVER,
+    job_rank=lambda claim: 0.0,
+    allows=lambda claim, c, s, state: True,
+    keeps_quota=_never,
+    resizes=True,
+)
+
 
 class Preemption:
     """One cycle's victim searches. What they read of each running attempt (its ranks, its unsaved
@@ -225,14 +243,13 @@ class Preemption:
         """Each rule's rank of the candidate; NEVER where no rule could take it. Rules sharing a rank
         function (the two priority rules) compute it once."""
         ranks = [NEVER] * len(self.rules)
-        if candidate.attempt.preemptible:
-            computed: dict[Callable[[Candidate], float], float] = {}
-            for i, rule in enumerate(self.rules):
-                if candidate.settled or not rule.settled:
-                    rank = computed.get(rule.victim_rank)
-                    if rank is None:
-                        rank = computed[rule.victim_rank] = rule.victim_rank(candidate)
-                    ranks[i] = rank
+        computed: dict[Callable[[Candidate], float], float] = {}
+        for i, rule in enumerate(self.rules):
+            if (candidate.attempt.preemptible or rule.resizes) and (candidate.settled or not rule.settled):
+                rank = computed.get(rule.victim_rank)
+                if rank is None:
+                    rank = computed[rule.victim_rank] = rule.victim_rank(candidate)
+                ranks[i] = rank
         return tuple(ranks)
 
     def _held(self, attempt: RunningAttempt, now_s: float, weighted: dict[str, float]) -> bool:
@@ -268,6 +285,7 @@ class Preemption:
                     attempt.priority,
                     attempt.las,
                     attempt.borrowed,
+                    attempt.surplus > 0,
                 )
                 ranks = ranked.get(alike)
                 if ranks is None:
@@ -412,11 +430,12 @@ class Preemption:
                     leaving[team] = leaving.get(team, 0) + attempt.gpus
                 chosen.append(victim)
                 loss += max(cost, 0.0)
+                shrunk = victim.rule == SHRINK.name
                 if not attempt.stopping and attempt.team in members:
-                    given += attempt.gpus
+                    given += attempt.surplus if shrunk else attempt.gpus
                 for piece in attempt.placement.slices:
                     if piece.node in freed:
-                        freed[piece.node] += len(piece.gpu_indices)
+                        freed[piece.node] += len(piece.gpu_indices) - (attempt.kept_per_node if shrunk else 0)
             room = [name for name in names if freed[name] >= job.gpus_per_node]
             if beaten or len(room) < job.nodes or given < need or not chosen:
                 continue

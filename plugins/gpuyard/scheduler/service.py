@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine
@@ -148,14 +149,15 @@ class SchedulerService:
         (they wait for it), the cluster, the WAN and the copies under way on it; every job of the queue
         by id; and the transfers under way by job."""
         with self.engine.connect() as conn:
-            waiting, state = inputs.read(conn, self.fleet_index(), now, self.specs)
+            waiting, pending, state = inputs.read(conn, self.fleet_index(), now, self.specs)
             moving = {t.job_id: t for t in transfer_store.under_way(conn)}
             abandoned = transfer_store.abandoned_at(conn)
         state.wan = self.wan
         state.copies = dict(Counter((t.from_site, t.site) for t in moving.values()))
+        # A move given up: the job's wait at its own site counts again from then.
         pending = [
-            inputs.pending_job(job, queued_at=abandoned.get(job.id))
-            for job in waiting
+            replace(job, queued_at=abandoned[job.id]) if job.id in abandoned else job
+            for job in pending
             if job.id not in moving
         ]
         return pending, state, {job.id: job for job in waiting}, moving

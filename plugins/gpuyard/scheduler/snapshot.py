@@ -26,6 +26,18 @@ def las_queue(attained_gpu_s: float) -> int:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """An elastic job (`resources.gpus: {min, max}`) as the cycle sizes it: its predicted goodput
+    (steps per second) at each size it may take now, smallest first, and the share of a resize's
+    horizon its restart leaves (`domain.elastic.keep_factor`). `scheduler/sizing.py` builds it from
+    the step times its attempts reported."""
+
+    min_gpus: int  # its range's min: it never holds less, and what it holds above is its surplus
+    goodput: tuple[tuple[int, float], ...]
+    keep: float
+
+
+@dataclass(frozen=True)
 class PendingJob:
     """A job waiting for an attempt. Carries no duration: scheduling is non-clairvoyant."""
 
@@ -50,6 +62,7 @@ class PendingJob:
     checkpoint_bytes: float = 0.0  # the size of its newest checkpoint; 0: none, or not known
     data: tuple[Held, ...] = ()  # what it reads that some sites hold, with its size (0: not known)
     queued_at: datetime | None = None  # when it last joined the queue; None: at its submission
+    elastic: Elastic | None = None  # None: one size, `gpus`; else `gpus` is its min
     # What the filters read of the job, derived once: jobs of one shape fit (or not) on the same nodes.
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
     las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
@@ -116,6 +129,7 @@ class RunningAttempt:
     # When its job was submitted; None (a snapshot that does not carry it) ranks it as the youngest
     # job: never starving, and after any pending job in an age order.
     submitted_at: datetime | None = None
+    elastic: Elastic | None = None  # an elastic job's sizes (None: a fixed-size job)
     # Derived once (every cycle reads them for every attempt): GPUs, as POSIX seconds its start, its
     # job's submission and when its progress was last durable (its newest checkpoint, or its start),
     # and its 2D-LAS queue.
@@ -124,6 +138,10 @@ class RunningAttempt:
     age: tuple[float, str] = field(init=False, repr=False, compare=False)  # its job's, as PendingJob.age
     saved_s: float = field(init=False, repr=False, compare=False)
     las: int = field(init=False, repr=False, compare=False)  # its 2D-LAS queue
+    # An elastic job's min per node (its min split evenly over its nodes, as every size is), and the
+    # GPUs it holds above it: what a shrink takes back. 0 and 0 for a fixed-size job.
+    kept_per_node: int = field(init=False, repr=False, compare=False)
+    surplus: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         saved = max(self.started_at, self.last_checkpoint_at or self.started_at)
@@ -133,6 +151,10 @@ class RunningAttempt:
         submitted_s = self.submitted_at.timestamp() if self.submitted_at else math.inf
         object.__setattr__(self, "age", (submitted_s, self.job_id))
         object.__setattr__(self, "saved_s", saved.timestamp())
+        kept = self.elastic.min_gpus // len(self.placement.slices) if self.elastic is not None else 0
+        object.__setattr__(self, "kept_per_node", kept)
+        surplus = self.gpus - kept * len(self.placement.slices) if self.elastic is not None else 0
+        object.__setattr__(self, "surplus", max(surplus, 0))
 
     def unsaved_gpu_s(self, now: datetime) -> float:
         """Progress a preemption would lose now: GPU-seconds since the last durable checkpoint."""

@@ -517,6 +517,23 @@ def leased_by_team(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
     return held, borrowed
 
 
+def measured(conn: Connection, families: set[tuple[str, str]]) -> dict[tuple[str, str], list[Attempt]]:
+    """The attempts that reported a step time (the heartbeat's `throughput`), of the jobs of each
+    (team, name) of `families`, oldest first: what an elastic job's sizing fits its model to."""
+    if not families:
+        return {}
+    rows = conn.execute(
+        select(attempts, jobs.c.team.label("family_team"), jobs.c.name.label("family_name"))
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(tuple_(jobs.c.team, jobs.c.name).in_(sorted(families)), attempts.c.step_s.is_not(None))
+        .order_by(attempts.c.created_at)
+    )
+    found: dict[tuple[str, str], list[Attempt]] = {}
+    for row in rows:
+        found.setdefault((row.family_team, row.family_name), []).append(attempt_from_row(row))
+    return found
+
+
 def pending_jobs(conn: Connection, now: datetime, specs: SpecCache | None = None) -> list[Job]:
     """The jobs a pass may place, in submission order (their specs from `specs`)."""
     rows = conn.execute(
