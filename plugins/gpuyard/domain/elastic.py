@@ -113,8 +113,9 @@ class StepModel:
     def _fit(self) -> None:
         """Compute: its own line once it measured micro-batches at two sizes; before, the prior's line
         scaled to the micro-batches it measured, or (measuring whole steps only) scaled so that the
-        prior explains those steps. Sync: what a step took beyond its compute, a + b * (gpus - 2) per
-        kind of link, the ring's growth b only once two GPU counts of that kind ran."""
+        prior explains those steps (its 1-GPU ones where it has some). Sync: what a step took beyond
+        its compute, a + b * (gpus - 2) per kind of link, the ring's growth b only once two GPU counts
+        of that kind ran."""
         apart = [
             (float(b), m.micro_batch_s) for (_, _, b), m in self.runs.items() if m.micro_batch_s is not None
         ]
@@ -126,10 +127,11 @@ class StepModel:
             scale = sum(s / (a + k * b) for b, s in apart) / len(apart)
             self.compute = (scale * a, scale * k)
         else:
-            if self.runs:
-                self.prior_scale = sum(
-                    m.step_s / self._prior_step(run, m.micro_batches) for run, m in self.runs.items()
-                ) / len(self.runs)
+            # Its 1-GPU steps hold no sync to guess: they alone set the scale where it ran so.
+            whole = [(run, m) for run, m in self.runs.items() if run[1] == 1] or list(self.runs.items())
+            if whole:
+                self.prior_scale = sum(m.step_s / self._prior_step(run, m.micro_batches) for run, m in whole)
+                self.prior_scale /= len(whole)
             self.compute = (self.prior_scale * a, self.prior_scale * k)
         single = [
             self._sync(run, m) for run, m in self.runs.items() if run[1] == 1 and m.micro_batch_s is not None
