@@ -10,7 +10,8 @@ included, costs a restart during which the job holds its GPUs and makes no progr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gpuyard.sim.elastic.profiles import Application, Placement, row_error, whol
 from gpuyard.sim.trace import csv_rows
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+BATCH_CANDIDATES = 10  # global batches its agent tries per size, geometric between the bounds
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,22 @@ class ElasticJob:
             raise ValueError(
                 f"{self.name}: {self.app.name} trains on {self.app.pinned[0]} GPU(s), not {replicas}"
             )
-        self.atomic_bsz, self.accum_steps = self.app.batch_split(replicas, self.batch_size)
-        self.step_s, sync_s = self.app.times(self.placement, self.atomic_bsz)
-        self.accum_s = self.step_s - sync_s
+        self._split()
         self.restart_left_s = restart_s
         self.allocations += 1
+
+    def rebatch(self, batch_size: int, *, kept: bool) -> None:
+        """Its agent trains at global `batch_size`: on the GPUs it keeps (`kept`), from now, re-split
+        between two steps without a restart, as adaptdl does; else from its next allocation."""
+        self.batch_size = batch_size
+        if kept and self.placement:
+            self._split()
+
+    def _split(self) -> None:
+        """Its batch over the GPUs it holds, and the step that makes on its placement."""
+        self.atomic_bsz, self.accum_steps = self.app.batch_split(sum(self.placement), self.batch_size)
+        self.step_s, sync_s = self.app.times(self.placement, self.atomic_bsz)
+        self.accum_s = self.step_s - sync_s
 
     def advance(self, start_s: float, seconds: float) -> None:
         """Train for `seconds` from `start_s`; `completed_s` is set when the last epoch ends.
@@ -106,6 +119,58 @@ class ElasticJob:
             if self.epoch == self.app.epochs:
                 self.completed_s = now
                 return
+
+
+def best_batch(
+    app: Application,
+    gpus: int,
+    step_s: Callable[[int, int], float],
+    noise: float | None,
+    fixed: int | None = None,
+) -> tuple[int, float] | None:
+    """A job's agent: the global batch that makes the most progress per second on `gpus` GPUs, and
+    that progress (steps at the initial batch per second), or None where no batch fits them.
+
+    `step_s(atomic batch, micro-batches)`: the step its model predicts; `noise`: the gradient noise
+    (var / sqr) it measured last (None: not yet); `fixed`: the one batch it keeps (no adaptive batch).
+    With adaptive batch it tries batches geometric between the smallest its GPUs take and the largest
+    measured; before it measured its noise a larger batch is assumed worth no more than one small
+    step (efficiency 1 / scale): it takes the smallest.
+    """
+    min_local = app.placements[(1,)].local_bsz[0]
+    if fixed is not None:
+        batches = [fixed]
+    else:
+        low = max(app.init_batch_size, gpus * min_local)
+        batches = _geometric(low, app.max_batch_size) if noise is not None else [low]
+    best: tuple[int, float] | None = None
+    for batch in batches:
+        if batch > app.max_batch_size:
+            continue
+        atomic, accum = app.batch_split(gpus, batch)
+        if atomic < min_local:
+            continue
+        trained = gpus * atomic * (accum + 1)
+        goodput = _gain(trained / app.init_batch_size, noise) / step_s(atomic, accum + 1)
+        if best is None or goodput > best[1]:
+            best = (batch, goodput)
+    return best
+
+
+def _gain(scale: float, noise: float | None) -> float:
+    """Progress of one step at `scale` times the initial batch: (noise + 1) / (noise / scale + 1)."""
+    if noise is None:
+        return 1.0
+    if math.isinf(noise):
+        return scale
+    return (noise + 1) / (noise / scale + 1)
+
+
+def _geometric(low: int, high: int) -> list[int]:
+    if low >= high:
+        return [low]
+    ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
+    return sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
 
 
 def read_workload(path: Path, apps: Mapping[str, Application]) -> list[Submission]:

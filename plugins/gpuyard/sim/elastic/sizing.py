@@ -28,12 +28,10 @@ from gpuyard.domain.elastic import (
     keep_factor,
     sizes,
 )
-from gpuyard.sim.elastic.jobs import ElasticJob
+from gpuyard.sim.elastic.jobs import ElasticJob, best_batch
 from gpuyard.sim.elastic.profiles import Application
 
 Allocation = tuple[int, ...]  # the node of each GPU a job holds (as policies.Allocation)
-
-BATCH_CANDIDATES = 10  # global batches tried per size, geometric between the bounds
 
 
 def prior_model(app: Application, tuned_local_bsz: int) -> StepModel:
@@ -110,7 +108,8 @@ class GpuyardSizing:
         allocations = _place({n: g for n, g in chosen_sizes.items() if n not in keep}, keep, node_gpus)
         for job in runnable:
             chosen = next(o for o in options[job.name] if o.gpus == chosen_sizes[job.name])
-            self._set_batch(job, chosen, job.name in keep)
+            if chosen.batch != job.batch_size:
+                job.rebatch(chosen.batch, kept=job.name in keep)
         return allocations
 
     def _heartbeats(self, now_s: int, jobs: Sequence[ElasticJob], held: Mapping[str, Allocation]) -> None:
@@ -160,70 +159,20 @@ class GpuyardSizing:
         options = []
         for gpus in (g for g in sizes if g <= limit):
             nodes = math.ceil(gpus / node_size)
-            best = self._best_batch(job, model, nodes, gpus, min_local, tuned_batch, noise)
+            best = self._best_batch(job, model, nodes, gpus, tuned_batch, noise)
             if best is not None:
                 options.append(best)
         return options
 
     def _best_batch(
-        self,
-        job: ElasticJob,
-        model: StepModel,
-        nodes: int,
-        gpus: int,
-        min_local: int,
-        tuned_batch: int,
-        noise: float | None,
+        self, job: ElasticJob, model: StepModel, nodes: int, gpus: int, tuned_batch: int, noise: float | None
     ) -> Option | None:
-        app = job.app
-        if self.adaptive_batch:
-            low = max(app.init_batch_size, gpus * min_local)
-            # Before the job measured its gradient noise a larger batch is assumed worth no more than
-            # one small step (efficiency 1/scale): it starts at the smallest batch its GPUs take.
-            batches = _geometric(low, app.max_batch_size) if noise is not None else [low]
-        else:
-            batches = [tuned_batch]
-        best: Option | None = None
-        for batch in batches:
-            if batch > app.max_batch_size:
-                continue
-            atomic, accum = app.batch_split(gpus, batch)
-            if atomic < min_local:
-                continue
-            trained = gpus * atomic * (accum + 1)
-            goodput = _gain(trained / app.init_batch_size, noise) / model.step_s(
-                nodes, gpus, atomic, accum + 1
-            )
-            if best is None or goodput > best.goodput:
-                best = Option(gpus, batch, goodput)
-        return best
+        def step_s(atomic: int, micro_batches: int) -> float:
+            return model.step_s(nodes, gpus, atomic, micro_batches)
 
-    def _set_batch(self, job: ElasticJob, option: Option, kept: bool) -> None:
-        """The job's own agent: the batch of its new size; a job kept on its GPUs re-splits its batch
-        without a restart, as adaptdl does between steps (the replay restarts only resized jobs)."""
-        if option.batch == job.batch_size:
-            return
-        job.batch_size = option.batch
-        if kept and job.placement:
-            restart_left_s, allocations = job.restart_left_s, job.allocations
-            job.reallocate(job.placement, restart_left_s)
-            job.allocations = allocations
-
-
-def _gain(scale: float, noise: float | None) -> float:
-    """Progress of one step at `scale` times the initial batch: (noise + 1) / (noise / scale + 1)."""
-    if noise is None:
-        return 1.0
-    if math.isinf(noise):
-        return scale
-    return (noise + 1) / (noise / scale + 1)
-
-
-def _geometric(low: int, high: int) -> list[int]:
-    if low >= high:
-        return [low]
-    ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
-    return sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
+        fixed = None if self.adaptive_batch else tuned_batch
+        best = best_batch(job.app, gpus, step_s, noise, fixed)
+        return None if best is None else Option(gpus, *best)
 
 
 def _place(
