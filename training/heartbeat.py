@@ -118,7 +118,7 @@ class Overheads:
 @dataclass(frozen=True)
 class Throughput:
     """How fast the attempt's steps run, at what batch: what an elastic job's sizing reads (the
-    simulator's `sim/elastic/sizing.py` fits its step-time model from such reports)."""
+    scheduler fits each job's step-time model to such reports: gpuyard.domain.elastic)."""
 
     step_s: float  # one optimizer step (its micro-batches' forward, backward and sync; the update)
     local_batch: int  # each worker's micro-batch
