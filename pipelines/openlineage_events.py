@@ -4,7 +4,8 @@ training set -> (the training jobs, gpuyard_provider) -> model versions.
 A step hands the listener its lineage with `attach` as it ends; the listener asks for it only where
 a deployment configured OpenLineage (docs/airflow.md), and only then are these built and
 openlineage.client imported (gpuyard_provider/openlineage.py). Names: the data root's tables as
-`file` + path (or `s3://<bucket>` + key), dated ones with the days read or written as partitions;
+`file` + path (or `s3://<bucket>` + key), dated ones with the days read or written as partitions
+(which tables a step reads and writes: the pipeline's data source, pipelines/sources.py);
 MLflow models as the tracking URI + `models/<model>/<version>`.
 """
 
@@ -16,18 +17,6 @@ from typing import Any
 
 from pipelines import storage
 from pipelines.definition import PipelineDefinition
-
-DATED = ("flights", "weather")  # raw tables partitioned by day (pipelines/ingest.py)
-REFERENCE = ("planes", "airlines", "airports")
-# each Spark job's raw tables and the prepared tables it writes (spark_jobs/); the pandas engine runs all
-JOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "prepare_flights": (
-        ("flights", "airports"),
-        ("labels", "flight_schedule", "carrier_delay_stats", "route_delay_stats"),
-    ),
-    "prepare_weather": (("weather", "airports"), ("origin_weather",)),
-    "prepare_planes": (("planes",), ("plane_attributes",)),
-}
 
 
 def attach(task: Any, build: Callable[..., Any], *args: Any) -> None:
@@ -57,23 +46,29 @@ def ingest(definition: PipelineDefinition, landed: Iterable[str]) -> Any:
     """The raw tables landed: the dated ones with the days written (the run's partition the last)."""
     from gpuyard_provider import openlineage as ol
 
-    written = sorted(landed)
+    source, written = definition.source, sorted(landed)
     return ol.operator_lineage(
-        outputs=[ol.wrote(*_raw(definition, t), written if t in DATED else ()) for t in (*DATED, *REFERENCE)]
+        outputs=[
+            ol.wrote(*_raw(definition, t), written if t in source.dated else ())
+            for t in (*source.dated, *source.reference)
+        ]
     )
 
 
-def prepare(definition: PipelineDefinition, read: Iterable[str], jobs: Iterable[str] = tuple(JOBS)) -> Any:
-    """The raw tables the jobs read (dated ones: the days, the windows' look-back first) and the
-    prepared tables they wrote."""
+def prepare(definition: PipelineDefinition, read: Iterable[str], jobs: Iterable[str] | None = None) -> Any:
+    """The raw tables the Spark jobs `jobs` read (dated ones: the days, the look-back first) and the
+    prepared tables they wrote; without `jobs`, the pandas engine's, which computes what every Spark
+    job does (a source without Spark jobs: from all its raw tables, all its prepared ones)."""
     from gpuyard_provider import openlineage as ol
 
-    wanted = list(jobs)
-    sources = sorted({t for job in wanted for t in JOBS[job][0]})
+    source = definition.source
+    chosen = list(source.spark_jobs) if jobs is None else [source.job(job) for job in jobs]
+    raw = sorted({t for job in chosen for t in job.reads} or {*source.dated, *source.reference})
+    prepared = [t for job in chosen for t in job.writes] or list(source.prepared)
     read_days = list(read)
     return ol.operator_lineage(
-        inputs=[ol.read(*_raw(definition, t), read_days if t in DATED else ()) for t in sources],
-        outputs=[ol.wrote(*_prepared(definition, t)) for job in wanted for t in JOBS[job][1]],
+        inputs=[ol.read(*_raw(definition, t), read_days if t in source.dated else ()) for t in raw],
+        outputs=[ol.wrote(*_prepared(definition, t)) for t in prepared],
     )
 
 
@@ -93,9 +88,8 @@ def training_set(definition: PipelineDefinition, built: Mapping[str, Mapping[str
     """The prepared tables the point-in-time join read (Feast's sources) and the sets it wrote."""
     from gpuyard_provider import openlineage as ol
 
-    tables = [t for _, written in JOBS.values() for t in written]
     return ol.operator_lineage(
-        inputs=[ol.read(*_prepared(definition, t)) for t in tables],
+        inputs=[ol.read(*_prepared(definition, t)) for t in definition.source.prepared],
         outputs=[ol.wrote(*ol.storage_name(built[part]["data_url"])) for part in ("train", "holdout")],
     )
 

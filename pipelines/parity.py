@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines import features, storage, training_set
+from pipelines import features, sources, storage, training_set
 from pipelines.config import PipelineConfig
 from pipelines.errors import DataPipelineError, MissingDataError
 
@@ -97,8 +97,10 @@ def sample_entities(config: PipelineConfig, as_of: dt.datetime, size: int, seed:
     """Flights of the run's last day still served at ``as_of`` (their schedule view's TTL), sampled."""
     day = config.end_date
     labels = storage.read_partitions(storage.join(config.data_root, "prepared", "labels"), [day], "labels")
-    frame = labels[[*training_set.ENTITY_COLUMNS, "event_timestamp"]].copy()
-    frame["tailnum"] = frame["tailnum"].fillna(training_set.UNKNOWN_TAILNUM)
+    source = sources.of(config)
+    frame = labels[[*source.entity_columns, "event_timestamp"]].copy()
+    for column, value in source.entity_fill.items():
+        frame[column] = frame[column].fillna(value)
     served = frame[
         pd.to_datetime(frame["event_timestamp"], utc=True) > pd.Timestamp(as_of) - pd.Timedelta(days=1)
     ]
@@ -107,7 +109,7 @@ def sample_entities(config: PipelineConfig, as_of: dt.datetime, size: int, seed:
             f"no flight of {day} is still served at {as_of.isoformat()}: nothing to compare"
         )
     picked = served.sample(n=min(size, len(served)), random_state=seed)
-    return picked.sort_values("flight_id").reset_index(drop=True)
+    return picked.sort_values(source.key_column).reset_index(drop=True)
 
 
 def _matrix(values: Mapping[str, Sequence[Any]] | pd.DataFrame, manifest: Mapping[str, Any]) -> np.ndarray:
@@ -148,11 +150,13 @@ def check(
         )
     as_of = features.serving_instant(config)
     entities = sample_entities(config, as_of, size, seed)
-    rows = entities[list(training_set.ENTITY_COLUMNS)].to_dict("records")
+    source = sources.of(config)
+    rows = entities[list(source.entity_columns)].to_dict("records")
     online = store.get_online_features(features=service, entity_rows=rows).to_dict()
-    offline_df = entities[list(training_set.ENTITY_COLUMNS)].assign(event_timestamp=pd.Timestamp(as_of))
+    offline_df = entities[list(source.entity_columns)].assign(event_timestamp=pd.Timestamp(as_of))
     offline = training_set.historical_features(config, offline_df, service)
-    offline = offline.set_index("flight_id").loc[entities["flight_id"]].reset_index()
+    key = source.key_column
+    offline = offline.set_index(key).loc[entities[key]].reset_index()
     mismatches, worst = compare(entities, online, offline, keys)
     mlflow.set_tracking_uri(tracking_uri)
     model = mlflow.pyfunc.load_model(model_uri)

@@ -55,12 +55,14 @@ def deployment(variable: str, default: str) -> str:
 
 
 def raw_asset(definition: PipelineDefinition) -> Asset:
-    """The landing zone of raw flights: an event on it with partition key D (the raw day D landed)
-    triggers a retraining run for D; with ``extra={"correction": true}`` it says the raw day D was
-    landed again with corrections (pipelines/corrections.py)."""
+    """The landing zone of the source's announced raw table (flights' flights): an event on it with
+    partition key D (the raw day D landed) triggers a retraining run for D; with
+    ``extra={"correction": true}`` it says the raw day D was landed again with corrections
+    (pipelines/corrections.py)."""
+    table = definition.source.announced
     return Asset(
-        name=f"{definition.name}/raw/flights",
-        uri=storage.join(definition.data.root, "raw", "flights"),
+        name=f"{definition.name}/raw/{table}",
+        uri=storage.join(definition.data.root, "raw", table),
         group="raw",
     )
 
@@ -74,7 +76,7 @@ def model_asset(definition: PipelineDefinition, environment: str | None = None) 
 
 
 def schedule(definition: PipelineDefinition) -> PartitionedAssetTimetable:
-    """One run per raw flights partition announced on the raw asset: by its producer, or by the
+    """One run per raw partition announced on the raw asset: by its producer, or by the
     pipeline's landing check on the definition's schedule (pipelines/landings.py). A partition key
     is a day (identity mapping): the run for key D trains through D."""
     return PartitionedAssetTimetable(assets=raw_asset(definition))
@@ -258,7 +260,7 @@ def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
             name=f"{definition.name}-{job}",
             env_vars={"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
         )
-        for job in definition.spark.jobs
+        for job in definition.spark.jobs or ()
     ]
     for job in jobs:  # their lineage, from the run's window, if OpenLineage's listener asks
         job.get_openlineage_facets_on_complete = functools.partial(

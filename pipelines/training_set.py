@@ -1,11 +1,12 @@
 """Training-set step: point-in-time join of labels and feature service, written as parquet + manifest.
 
-The labels of ``training_start_date..training_end_date`` are the entity rows; Feast's
-``get_historical_features`` attaches, for each label, the newest feature row at or before the label's
-``event_timestamp`` (the scheduled departure) within each view's TTL. Missing values are filled with the
-column median of this training set (recorded in the manifest). Output, under
-``<data_root>/training/<feature_service>/<start>_<end>/``: ``data.parquet`` (``flight_id``,
-``event_timestamp``, numeric feature columns, the binary label) and ``manifest.json``, written last.
+The labels of ``training_start_date..training_end_date`` (the source's ``prepared/labels``) are the
+entity rows; Feast's ``get_historical_features`` attaches, for each label, the newest feature row at or
+before the label's ``event_timestamp`` (for flights, the scheduled departure) within each view's TTL.
+Missing values are filled with the column median of this training set (recorded in the manifest).
+Output, under ``<data_root>/training/<feature_service>/<start>_<end>/``: ``data.parquet`` (the
+source's key column, ``event_timestamp``, numeric feature columns, the label: an integer 0/1 for a
+source of binary labels, else a float) and ``manifest.json``, written last.
 A run builds two: the training labels and its held-out days (the same join, later dates).
 """
 
@@ -25,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import features, storage
+from pipelines import features, sources, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import DataPipelineError
 from spark_jobs import layout
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from feast import FeatureService
 
 log = logging.getLogger(__name__)
-
-ENTITY_COLUMNS = ("flight_id", "carrier", "route", "origin", "tailnum")
-UNKNOWN_TAILNUM = "UNKNOWN"
 
 
 @dataclass(frozen=True)
@@ -69,13 +67,17 @@ def snapshot_id(frame: pd.DataFrame) -> str:
 
 
 def entity_frame(config: PipelineConfig, start: dt.date, end: dt.date) -> pd.DataFrame:
+    """The labels of ``start..end`` as Feast's entity rows: the source's entity columns, the time, the
+    label and the day."""
+    source = sources.of(config)
     labels_url = storage.join(config.data_root, "prepared", "labels")
     labels = storage.read_partitions(labels_url, layout.days(start, end), "labels")
     # `date` (the label's local day) rides along through the join: it splits the parts afterwards.
-    frame = labels[[*ENTITY_COLUMNS, "event_timestamp", config.label_column, "date"]].copy()
-    frame["tailnum"] = frame["tailnum"].fillna(UNKNOWN_TAILNUM)
+    frame = labels[[*source.entity_columns, "event_timestamp", config.label_column, "date"]].copy()
+    for column, value in source.entity_fill.items():
+        frame[column] = frame[column].fillna(value)
     frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
-    return frame.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
+    return frame.sort_values(["event_timestamp", source.key_column]).reset_index(drop=True)
 
 
 def historical_features(
@@ -120,7 +122,7 @@ def build_training_sets(
     missing = [c for c in (*columns, label) if c not in joined.columns]
     if missing:
         raise DataPipelineError(f"Feast returned no column(s) {missing} for feature service {service.name!r}")
-    joined = joined.sort_values(["event_timestamp", "flight_id"]).reset_index(drop=True)
+    joined = joined.sort_values(["event_timestamp", sources.of(config).key_column]).reset_index(drop=True)
     for column in columns:
         joined[column] = pd.to_numeric(joined[column], errors="coerce").astype("float64")
     built: dict[str, TrainingSet] = {}
@@ -150,12 +152,14 @@ def _write(
     output_url: str,
     build_seconds: float,
 ) -> TrainingSet:
+    source = sources.of(config)
     label = config.label_column
     null_counts = {c: int(joined[c].isna().sum()) for c in columns}
-    data = joined[["flight_id", "event_timestamp"]].copy()
+    data = joined[[source.key_column, "event_timestamp"]].copy()
     for column in columns:
         data[column] = joined[column].fillna(fills[column])
-    data[label] = joined[label].astype("int64")
+    binary = source.binary_label
+    data[label] = joined[label].astype("int64" if binary else "float64")
     fs, path = storage.filesystem(output_url)
     fs.makedirs(path, exist_ok=True)
     buffer = io.BytesIO()
@@ -167,10 +171,11 @@ def _write(
         "data_file": "data.parquet",
         "row_count": len(data),
         "label_column": label,
-        "label_definition": f"arrival delay > {config.late_threshold_minutes} minutes",
-        "positive_rate": float(data[label].mean()) if len(data) else 0.0,
+        "label_definition": source.label_definition(config),
+        "positive_rate": float(data[label].mean()) if binary and len(data) else None,
         "feature_columns": columns,
-        "key_columns": ["flight_id", "event_timestamp"],
+        "key_columns": [source.key_column, "event_timestamp"],
+        "source": source.name,
         "feature_service": {
             "name": service.name,
             "version": service.tags.get("version", "unversioned"),

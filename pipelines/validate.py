@@ -1,8 +1,9 @@
 """Validation step: Great Expectations 1.x suites for the raw tables, the feature tables and the training set.
 
-Each suite is a list of expectations built from the pipeline config (schema, nulls, ranges, key uniqueness,
-freshness, row-count bounds). :func:`run_suite` validates a pandas DataFrame through a file Data Context
-under ``<data_root>/reports/gx/`` laid out as Great Expectations lays it out: the suite in
+Each suite is a list of expectations its data source builds (pipelines/sources.py: schema, nulls, ranges,
+key uniqueness, freshness, row-count bounds), from the helpers here. :func:`run_suite` validates a
+pandas DataFrame through a file Data Context under ``<data_root>/reports/gx/`` laid out as Great
+Expectations lays it out: the suite in
 ``expectations/``, its validation definition and checkpoint in ``validation_definitions/`` and
 ``checkpoints/``, the results and the Data Docs site in ``uncommitted/`` (the checkpoint's
 UpdateDataDocsAction renders them). It raises :class:`ValidationFailed` naming every failing
@@ -14,13 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from pipelines import ingest, storage
+from pipelines import ingest, sources, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import ConfigError, ValidationFailed
 from spark_jobs import layout
@@ -31,13 +32,6 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 Expectation = Any  # a great_expectations.expectations.Expectation instance
-FEATURE_TABLES = (
-    "flight_schedule",
-    "carrier_delay_stats",
-    "route_delay_stats",
-    "origin_weather",
-    "plane_attributes",
-)
 
 
 @dataclass(frozen=True)
@@ -51,158 +45,47 @@ class SuiteReport:
     report_url: str
 
 
-def _gxe() -> Any:
+def expectations() -> Any:
+    """Great Expectations' expectations module (imported when a suite is built, never before)."""
     import great_expectations.expectations as gxe
 
     return gxe
 
 
-def _utc(value: dt.datetime) -> pd.Timestamp:
-    return pd.Timestamp(value).tz_localize("UTC") if value.tzinfo is None else pd.Timestamp(value)
-
-
-def _day_window_utc(start: dt.date, end: dt.date) -> tuple[pd.Timestamp, pd.Timestamp]:
-    """UTC bounds of the local (New York) days ``start..end``, with an hour of slack each side."""
-    first = pd.Timestamp(start).tz_localize("America/New_York").tz_convert("UTC") - pd.Timedelta(hours=1)
-    last = pd.Timestamp(end + dt.timedelta(days=1)).tz_localize("America/New_York").tz_convert("UTC")
+def day_window_utc(start: dt.date, end: dt.date, timezone: str) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """UTC bounds of the local days ``start..end`` in ``timezone``, with an hour of slack each side."""
+    first = pd.Timestamp(start).tz_localize(timezone).tz_convert("UTC") - pd.Timedelta(hours=1)
+    last = pd.Timestamp(end + dt.timedelta(days=1)).tz_localize(timezone).tz_convert("UTC")
     return first, last + pd.Timedelta(hours=1)
 
 
-def _dates(start: dt.date, end: dt.date) -> list[str]:
+def dates(start: dt.date, end: dt.date) -> list[str]:
+    """The days ``start..end`` as the ``date`` column holds them (freshness: every one landed)."""
     return [d.isoformat() for d in pd.date_range(start, end, freq="D").date]
 
 
-# ---------------------------------------------------------------- suites
-
-
-def raw_flights_suite(config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
-    gxe = _gxe()
-    days = (end - start).days + 1
-    columns = [
-        "year",
-        "month",
-        "day",
-        "sched_dep_time",
-        "sched_arr_time",
-        "carrier",
-        "flight",
-        "origin",
-        "dest",
-    ]
-    return [
-        *(
-            gxe.ExpectColumnToExist(column=c)
-            for c in (*columns, "dep_delay", "arr_delay", "tailnum", "distance")
-        ),
-        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in columns),
-        gxe.ExpectColumnValuesToBeBetween(column="sched_dep_time", min_value=0, max_value=2400),
-        gxe.ExpectColumnValuesToBeBetween(column="month", min_value=1, max_value=12),
-        gxe.ExpectColumnValuesToBeBetween(column="distance", min_value=1, max_value=6000),
-        gxe.ExpectColumnValuesToBeBetween(column="dep_delay", min_value=-240, max_value=2880, mostly=0.999),
-        gxe.ExpectColumnValuesToBeBetween(column="arr_delay", min_value=-240, max_value=2880, mostly=0.999),
-        gxe.ExpectColumnValuesToMatchRegex(column="origin", regex=r"^[A-Z0-9]{3}$"),
-        gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"]
-        ),
-        gxe.ExpectTableRowCountToBeBetween(
-            min_value=config.min_flights_per_day * days, max_value=config.max_flights_per_day * days
-        ),
-        # freshness: every requested date has landed
-        gxe.ExpectColumnDistinctValuesToContainSet(column="date", value_set=_dates(start, end)),
-    ]
-
-
-def raw_weather_suite(config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
-    gxe = _gxe()
-    days = (end - start).days + 1
-    return [
-        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ("origin", "year", "month", "day", "hour")),
-        gxe.ExpectColumnValuesToBeBetween(column="hour", min_value=0, max_value=23),
-        gxe.ExpectColumnValuesToBeBetween(column="temp", min_value=-60, max_value=130, mostly=0.99),
-        gxe.ExpectColumnValuesToBeBetween(column="humid", min_value=0, max_value=100, mostly=0.99),
-        gxe.ExpectColumnValuesToBeBetween(column="wind_speed", min_value=0, max_value=150, mostly=0.99),
-        gxe.ExpectCompoundColumnsToBeUnique(column_list=["origin", "year", "month", "day", "hour"]),
-        gxe.ExpectTableRowCountToBeBetween(min_value=24 * days, max_value=24 * 10 * days),
-        gxe.ExpectColumnDistinctValuesToContainSet(column="date", value_set=_dates(start, end)),
-    ]
-
-
-def _feature_common(
-    keys: Sequence[str], start: dt.date, end: dt.date, min_rows: int, max_rows: int
+def feature_table(
+    keys: Sequence[str],
+    start: dt.date,
+    end: dt.date,
+    rows: tuple[int, int],
+    timezone: str,
+    fresh_hours: int = 26,
 ) -> list[Expectation]:
-    gxe = _gxe()
-    first, last = _day_window_utc(start, end)
+    """What every prepared table keeps: keys and timestamps present, one row per key and time, the
+    times within the local days ``start..end`` and the newest of the last day (within ``fresh_hours``
+    of its end), and ``rows`` (min, max) rows."""
+    gxe = expectations()
+    first, last = day_window_utc(start, end, timezone)
     return [
         *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in (*keys, "event_timestamp")),
         gxe.ExpectCompoundColumnsToBeUnique(column_list=[*keys, "event_timestamp"]),
         gxe.ExpectColumnMinToBeBetween(column="event_timestamp", min_value=first, max_value=last),
         # freshness: the newest row belongs to the last requested day
         gxe.ExpectColumnMaxToBeBetween(
-            column="event_timestamp", min_value=last - pd.Timedelta(hours=26), max_value=last
+            column="event_timestamp", min_value=last - pd.Timedelta(hours=fresh_hours), max_value=last
         ),
-        gxe.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows),
-    ]
-
-
-def feature_suite(table: str, config: PipelineConfig, start: dt.date, end: dt.date) -> list[Expectation]:
-    gxe = _gxe()
-    days = (end - start).days + 1
-    between = gxe.ExpectColumnValuesToBeBetween
-    if table == "labels":
-        return [
-            *_feature_common(["flight_id"], start, end, days * 10, days * config.max_flights_per_day),
-            *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ("carrier", "origin", "route", "is_late")),
-            gxe.ExpectColumnValuesToBeInSet(column="is_late", value_set=[0, 1]),
-            gxe.ExpectColumnValuesToBeUnique(column="flight_id"),
-        ]
-    if table == "flight_schedule":
-        return [
-            *_feature_common(["flight_id"], start, end, days * 10, days * config.max_flights_per_day),
-            between(column="distance", min_value=1, max_value=6000),
-            between(column="sched_dep_hour", min_value=0, max_value=24),
-            between(column="sched_dep_weekday", min_value=1, max_value=7),
-            between(column="month", min_value=1, max_value=12),
-            between(column="sched_block_minutes", min_value=10, max_value=24 * 60, mostly=0.999),
-        ]
-    if table in ("carrier_delay_stats", "route_delay_stats"):
-        entity = table.split("_", 1)[0]
-        return [
-            *_feature_common([entity], start, end, days * 3, days * 25 * 5000),
-            between(column=f"{entity}_flights", min_value=0, max_value=100_000),
-            between(column=f"{entity}_late_share", min_value=0, max_value=1),
-            between(column=f"{entity}_mean_arr_delay", min_value=-240, max_value=2880),
-        ]
-    if table == "origin_weather":
-        return [
-            *_feature_common(["origin"], start, end, days * 20, days * 25 * 10),
-            between(column="temp", min_value=-60, max_value=130),
-            between(column="humid", min_value=0, max_value=100),
-            between(column="wind_speed", min_value=0, max_value=150),
-            between(column="visib", min_value=0, max_value=100),
-            gxe.ExpectColumnProportionOfNonNullValuesToBeBetween(column="temp", min_value=0.9),
-        ]
-    if table == "plane_attributes":
-        return [
-            *_feature_common(["tailnum"], start, end, days, days * 100_000),
-            between(column="plane_age_years", min_value=0, max_value=100),
-            between(column="seats", min_value=1, max_value=1000),
-        ]
-    raise ValueError(f"no validation suite for table {table!r}; expected labels or one of {FEATURE_TABLES}")
-
-
-def training_set_suite(
-    feature_columns: Sequence[str], label: str, min_rows: int = 1, max_rows: int = 100_000_000
-) -> list[Expectation]:
-    gxe = _gxe()
-    return [
-        gxe.ExpectColumnValuesToBeUnique(column="flight_id"),
-        gxe.ExpectColumnValuesToNotBeNull(column=label),
-        gxe.ExpectColumnValuesToBeInSet(column=label, value_set=[0, 1]),
-        *(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in feature_columns),
-        gxe.ExpectColumnValuesToBeBetween(column="carrier_late_share", min_value=0, max_value=1),
-        gxe.ExpectColumnValuesToBeBetween(column="route_late_share", min_value=0, max_value=1),
-        gxe.ExpectColumnValuesToBeBetween(column="distance", min_value=1, max_value=6000),
-        gxe.ExpectTableRowCountToBeBetween(min_value=min_rows, max_value=max_rows),
+        gxe.ExpectTableRowCountToBeBetween(min_value=rows[0], max_value=rows[1]),
     ]
 
 
@@ -307,37 +190,27 @@ def _validate_tables(
     config: PipelineConfig,
     start: dt.date,
     end: dt.date,
-    tables: Sequence[tuple[str, str, Callable[[], list[Expectation]]]],
+    tables: Sequence[tuple[str, str, list[Expectation]]],
 ) -> list[SuiteReport]:
     reports = []
-    for suite_name, table_url, build in tables:
+    for suite_name, table_url, expected in tables:
         frame = storage.read_partitions(table_url, layout.days(start, end), suite_name.split(".", 1)[-1])
         frame["date"] = frame["date"].astype(str)
-        reports.append(run_suite(suite_name, frame, build(), gx_root(config.data_root)))
+        reports.append(run_suite(suite_name, frame, expected, gx_root(config.data_root)))
     return reports
 
 
 def validate_raw(
     config: PipelineConfig, start: dt.date | None = None, end: dt.date | None = None
 ) -> list[SuiteReport]:
-    """The Airflow-callable step: raw ``flights`` and ``weather`` of ``start..end``."""
+    """The Airflow-callable step: the source's dated raw tables of ``start..end``."""
     start, end = start or config.start_date, end or config.end_date
+    suites = sources.of(config).raw_suites(config, start, end)
     return _validate_tables(
         config,
         start,
         end,
-        [
-            (
-                "raw.flights",
-                ingest.raw_url(config.data_root, "flights"),
-                lambda: raw_flights_suite(config, start, end),
-            ),
-            (
-                "raw.weather",
-                ingest.raw_url(config.data_root, "weather"),
-                lambda: raw_weather_suite(config, start, end),
-            ),
-        ],
+        [(f"raw.{t}", ingest.raw_url(config.data_root, t), expected) for t, expected in suites.items()],
     )
 
 
@@ -350,15 +223,13 @@ def validate_features(
 ) -> list[SuiteReport]:
     """The Airflow-callable step: the labels and every feature table of ``start..end``."""
     start, end = start or config.start_date, end or config.end_date
-    tables = [
-        (
-            f"features.{table}",
-            prepared_url(config.data_root, table),
-            (lambda t=table: feature_suite(t, config, start, end)),
-        )
-        for table in ("labels", *FEATURE_TABLES)
-    ]
-    return _validate_tables(config, start, end, tables)
+    suites = sources.of(config).feature_suites(config, start, end)
+    return _validate_tables(
+        config,
+        start,
+        end,
+        [(f"features.{t}", prepared_url(config.data_root, t), expected) for t, expected in suites.items()],
+    )
 
 
 def validate_training_set(manifest_url: str) -> SuiteReport:
@@ -375,6 +246,8 @@ def validate_training_set(manifest_url: str) -> SuiteReport:
     return run_suite(
         "training_set",
         frame,
-        training_set_suite(manifest["feature_columns"], manifest["label_column"]),
+        sources.get(manifest["source"]).training_set_suite(
+            manifest["feature_columns"], manifest["label_column"]
+        ),
         gx_root(manifest["data_root"]),
     )

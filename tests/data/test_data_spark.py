@@ -66,7 +66,7 @@ def _independent_arrivals(config) -> pd.DataFrame:
     days = layout.days(RAW_START, PREP_END)
     raw = storage.read_partitions(ingest.raw_url(config.data_root, "flights"), days, "flights")
     airports = storage.read_table(ingest.raw_url(config.data_root, "airports"), "airports")
-    tz = dict(zip(airports["faa"], airports["tzone"], strict=True)) | dict(config.timezone_overrides)
+    tz = dict(zip(airports["faa"], airports["tzone"], strict=True)) | dict(config.features.timezone_overrides)
     raw = raw[raw["arr_delay"].notna()].copy()
     local_day = pd.to_datetime(raw[["year", "month", "day"]])
     dep_wall = local_day + pd.to_timedelta(

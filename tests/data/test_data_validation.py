@@ -10,6 +10,8 @@ import pytest
 
 from pipelines import ingest, storage, validate
 from pipelines.errors import ValidationFailed
+from pipelines.flights_delay import suites
+from pipelines.flights_delay.source import Nycflights13, flight_bounds
 
 pytestmark = pytest.mark.slow  # Great Expectations on the Spark-prepared sample
 
@@ -37,7 +39,7 @@ def _fails(suite, frame, expectations, tmp_path) -> ValidationFailed:
 
 def test_raw_suite_passes_on_real_data(landed_config, raw_day, tmp_path) -> None:
     result = validate.run_suite(
-        "raw.flights", raw_day, validate.raw_flights_suite(landed_config, DAY, DAY), str(tmp_path)
+        "raw.flights", raw_day, suites.raw_flights(flight_bounds(landed_config), DAY, DAY), str(tmp_path)
     )
     assert result.success and result.evaluated > 20 and not result.failures
     assert "Succeeded" in _page(result.report_url)
@@ -56,7 +58,7 @@ def test_raw_suite_fails_on_planted_bad_batch(landed_config, raw_day, tmp_path) 
     bad.loc[bad.index[:3], "carrier"] = None  # nulls
     bad.loc[bad.index[3:8], "dep_delay"] = 99999.0  # out of range (more than the 0.1% allowed)
     bad = pd.concat([bad, bad.iloc[[10]]])  # duplicate key
-    error = _fails("raw.flights", bad, validate.raw_flights_suite(landed_config, DAY, DAY), tmp_path)
+    error = _fails("raw.flights", bad, suites.raw_flights(flight_bounds(landed_config), DAY, DAY), tmp_path)
     message = str(error)
     assert "expect_column_values_to_not_be_null(column='carrier'): 3 of" in message
     assert "expect_column_values_to_be_between(column='dep_delay'" in message and "99999.0" in message
@@ -69,7 +71,7 @@ def test_raw_suite_checks_freshness_and_row_counts(landed_config, raw_day, tmp_p
     error = _fails(
         "raw.flights",
         stale,
-        validate.raw_flights_suite(landed_config, DAY, DAY + dt.timedelta(days=1)),
+        suites.raw_flights(flight_bounds(landed_config), DAY, DAY + dt.timedelta(days=1)),
         tmp_path,
     )
     assert "expect_column_distinct_values_to_contain_set" in str(error)
@@ -79,7 +81,7 @@ def test_raw_suite_checks_freshness_and_row_counts(landed_config, raw_day, tmp_p
 def test_weather_suite(landed_config, tmp_path) -> None:
     weather = storage.read_partitions(ingest.raw_url(landed_config.data_root, "weather"), [DAY], "weather")
     weather["date"] = weather["date"].astype(str)
-    suite = validate.raw_weather_suite(landed_config, DAY, DAY)
+    suite = suites.raw_weather(DAY, DAY)
     assert validate.run_suite("raw.weather", weather, suite, str(tmp_path)).success
     bad = weather.copy()
     bad.loc[bad.index[:5], "humid"] = 250.0
@@ -88,7 +90,7 @@ def test_weather_suite(landed_config, tmp_path) -> None:
 
 def test_feature_suites_pass_on_prepared_tables(prepared_config) -> None:
     reports = validate.validate_features(prepared_config)
-    assert [r.suite for r in reports] == [f"features.{t}" for t in ("labels", *validate.FEATURE_TABLES)]
+    assert [r.suite for r in reports] == [f"features.{t}" for t in Nycflights13.prepared]
     assert all(r.success for r in reports)
     assert "Succeeded" in _page(reports[0].report_url)
 
@@ -101,7 +103,7 @@ def test_feature_suite_fails_on_planted_bad_batch(prepared_config, tmp_path) -> 
     bad.loc[bad.index[0], "carrier_late_share"] = 1.5
     bad.loc[bad.index[1], "carrier"] = None
     bad = pd.concat([bad, bad.iloc[[5]]])
-    suite = validate.feature_suite("carrier_delay_stats", prepared_config, days[0], days[0])
+    suite = suites.feature("carrier_delay_stats", flight_bounds(prepared_config), days[0], days[0])
     message = str(_fails("features.carrier_delay_stats", bad, suite, tmp_path))
     assert "column='carrier_late_share'" in message and "1.5" in message
     assert "expect_column_values_to_not_be_null(column='carrier')" in message
@@ -112,8 +114,8 @@ def test_feature_suite_checks_freshness(prepared_config, tmp_path) -> None:
     url = storage.join(prepared_config.data_root, "prepared", "origin_weather")
     weather = storage.read_partitions(url, [dt.date(2013, 1, 10)], "origin_weather")
     # claims to cover up to 2013-01-12 but holds only 2013-01-10: stale
-    suite = validate.feature_suite(
-        "origin_weather", prepared_config, dt.date(2013, 1, 10), dt.date(2013, 1, 12)
+    suite = suites.feature(
+        "origin_weather", flight_bounds(prepared_config), dt.date(2013, 1, 10), dt.date(2013, 1, 12)
     )
     assert "expect_column_max_to_be_between(column='event_timestamp'" in str(
         _fails("features.origin_weather", weather, suite, tmp_path)
@@ -132,11 +134,11 @@ def test_training_set_suite(tmp_path) -> None:
         }
     )
     columns = ["distance", "carrier_late_share", "route_late_share"]
-    suite = validate.training_set_suite(columns, "is_late")
+    suite = suites.training_set(columns, "is_late")
     assert validate.run_suite("training_set", good, suite, str(tmp_path)).success
     bad = good.copy()
     bad.loc[0, "distance"] = np.nan
     bad.loc[1, "is_late"] = 2
     bad.loc[2, "flight_id"] = "f3"
-    message = str(_fails("training_set", bad, validate.training_set_suite(columns, "is_late"), tmp_path))
+    message = str(_fails("training_set", bad, suites.training_set(columns, "is_late"), tmp_path))
     assert "column='distance'" in message and "column='is_late'" in message and "'f3'" in message

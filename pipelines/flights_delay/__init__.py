@@ -1,0 +1,1 @@
+"""flights_delay's folder: its definition (pipeline.yaml) and its data source, 2013 New York flights."""
