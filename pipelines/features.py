@@ -116,8 +116,10 @@ def _utc(value: dt.datetime | dt.date) -> dt.datetime:
 
 
 def serving_instant(config: PipelineConfig) -> dt.datetime:
-    """Where a run's materialization ends (UTC): 06:00 after its last day, every arrival of it in."""
-    return dt.datetime.combine(config.end_date + dt.timedelta(days=1), dt.time(6, 0), tzinfo=dt.UTC)
+    """Where a run's materialization ends (UTC): the source's `served_after` past midnight UTC after
+    its last day, when every feature row of that day is in (flights: 06:00, every arrival of it)."""
+    midnight = dt.datetime.combine(config.end_date + dt.timedelta(days=1), dt.time(0, 0), tzinfo=dt.UTC)
+    return midnight + sources.of(config).served_after
 
 
 def materialize(

@@ -75,6 +75,9 @@ class Source(ABC):
     """A label's unique id: a training set's rows are keyed by it and `event_timestamp`."""
     entity_columns: ClassVar[tuple[str, ...]]
     """The labels' columns Feast joins the views on (the key first)."""
+    served_after: ClassVar[dt.timedelta] = dt.timedelta(hours=6)
+    """How long after midnight UTC ending a day every feature row of that day is stamped (a run
+    materializes up to then)."""
     binary_label: ClassVar[bool] = True
     """Its labels are 0/1 (a classifier's); else values (a regressor's)."""
     entity_fill: ClassVar[Mapping[str, str]] = {}

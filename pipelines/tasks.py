@@ -55,7 +55,7 @@ def deployment(variable: str, default: str) -> str:
 
 
 def raw_asset(definition: PipelineDefinition) -> Asset:
-    """The landing zone of the source's announced raw table (flights' flights): an event on it with
+    """The landing zone of the source's announced raw table (for flights, raw flights): an event on it with
     partition key D (the raw day D landed) triggers a retraining run for D; with
     ``extra={"correction": true}`` it says the raw day D was landed again with corrections
     (pipelines/corrections.py)."""

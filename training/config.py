@@ -29,10 +29,11 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     kind: str = "mlp"
-    """A model kind of `training.workloads.KINDS`: `mlp` (the flight-delay classifier on the parquet
-    training set) or `transformer` (a decoder-only transformer on synthetic token sequences)."""
+    """A model kind of `training.workloads.KINDS`: `mlp` (a binary classifier on the parquet training set,
+    the flight-delay model), `mlp_regressor` (a regressor on one, the temperature forecast) or
+    `transformer` (a decoder-only transformer on synthetic token sequences)."""
     hidden: tuple[int, ...] = (64, 64)
-    """The MLP's hidden widths."""
+    """The MLPs' hidden widths."""
     dropout: float = 0.0
     vocab: int = 64
     """The transformer's vocabulary, width, attention heads, blocks and sequence length."""

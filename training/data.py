@@ -29,7 +29,7 @@ class Dataset:
     features: torch.Tensor
     """float32 [n, d]"""
     labels: torch.Tensor
-    """float32 [n], 0.0 or 1.0"""
+    """float32 [n]: 0.0 or 1.0 for a classifier, the value for a regressor"""
     feature_names: tuple[str, ...]
 
     def __len__(self) -> int:
@@ -54,8 +54,9 @@ def _manifest_features(fs: Any, root: str) -> list[str] | None:
     return list(columns) if isinstance(columns, list) else None
 
 
-def read_parquet(cfg: DataConfig) -> Dataset:
-    """Read every parquet file under `cfg.path`; keep numeric features and a binary label; drop null rows."""
+def read_parquet(cfg: DataConfig, binary: bool = True) -> Dataset:
+    """Read every parquet file under `cfg.path`; keep numeric features and the label (0/1 where `binary`,
+    else any number); drop null rows."""
     if cfg.path is None:
         raise DataError("data.path: missing required field (the parquet training set)")
     fs, root = fsspec.core.url_to_fs(cfg.path)
@@ -92,7 +93,7 @@ def read_parquet(cfg: DataConfig) -> Dataset:
     x = np.stack(columns, axis=1) if columns else np.zeros((len(label), 0))
     keep = ~(np.isnan(x).any(axis=1) | np.isnan(label))
     x, label = x[keep], label[keep]
-    bad = set(np.unique(label).tolist()) - {0.0, 1.0}
+    bad = set(np.unique(label).tolist()) - {0.0, 1.0} if binary else set()
     if bad:
         raise DataError(
             f"data.label_column {cfg.label_column!r}: expected 0/1 or booleans, found {sorted(bad)[:5]}"

@@ -1,4 +1,5 @@
-"""The model: a multilayer perceptron for binary classification, with feature standardization built in."""
+"""The model: a multilayer perceptron with one output (a classifier's logit, a regressor's standardized
+value), with feature standardization built in, and its served forms."""
 
 from __future__ import annotations
 
@@ -63,6 +64,19 @@ class MLPClassifier(nn.Module):
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class Rescaled(nn.Module):
+    """The served form of a regressor trained on standardized targets: its output in the target's units."""
+
+    def __init__(self, regressor: nn.Module, mean: float, std: float) -> None:
+        super().__init__()
+        self.regressor = regressor
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.regressor(x) * self.std + self.mean
 
 
 class Probability(nn.Module):

@@ -2,8 +2,10 @@
 the configured (or planned) parallel strategy, a step's loss on this rank, its evaluation at checkpoints
 and its export at the end. A kind is an entry of `KINDS`; a new one is an addition.
 
-- `mlp`: the flight-delay classifier (training/model.py) on the parquet training set (training/data.py),
-  with DDP or FSDP (training/distributed.py); `auto` asks `planner.runtime_strategy`;
+- `mlp`: a binary classifier (training/model.py, the flight-delay model) on the parquet training set
+  (training/data.py), with DDP or FSDP (training/distributed.py); `auto` asks `planner.runtime_strategy`;
+- `mlp_regressor`: the same network as a regressor (the temperature forecast), served in the label's
+  units;
 - `transformer`: the decoder-only transformer (training/transformer.py) on synthetic token sequences
   from the seed and the step, in any layout of training/layouts.py; `auto` takes the layout the
   planner's `plan` chooses for the model's shape, the gang's devices and interconnect, and the batch.
@@ -35,7 +37,7 @@ from training.config import Config, ConfigError, ModelConfig
 from training.data import Dataset, StepSampler, feature_stats, read_parquet, split
 from training.layouts import LAYOUT_FIELDS, LAYOUTS, SCHEDULES, LayoutSpec, degrees, from_plan, parallelize
 from training.mlflow_tracking import Tracker
-from training.model import MLPClassifier, Probability, count_parameters
+from training.model import MLPClassifier, Probability, Rescaled, count_parameters
 from training.transformer import Transformer, TransformerSpec, synthetic_tokens
 
 
@@ -140,23 +142,26 @@ def gather_full_state(model: nn.Module, world: distributed.World) -> dict[str, t
     return {name: tensor for part in parts or [] for name, tensor in part.items()}
 
 
-@kind("mlp")
-class Classifier(Workload):
-    """The MLP on the parquet training set: `StepSampler`'s global batch of each step, each rank its
-    slice; validation loss and accuracy; exported as served (raw features in, probability out)."""
+class TabularMLP(Workload):
+    """An MLP on the parquet training set: `StepSampler`'s global batch of each step, each rank its
+    slice, in micro-batches; a subclass says what its label is, its loss, its validation metrics and
+    its served form."""
 
     strategies = distributed.STRATEGIES
+    binary: ClassVar[bool]
+    """Its labels are 0/1."""
 
     @classmethod
     def check(cls, cfg: Config) -> None:
         if cfg.data.path is None:
+            kind = cfg.model.kind
             raise ConfigError(
-                "data.path: missing required field: model.kind mlp trains on a parquet training set"
+                f"data.path: missing required field: model.kind {kind} trains on a parquet training set"
             )
 
     def __init__(self, cfg: Config, world: distributed.World) -> None:
         super().__init__(cfg, world)
-        self.data = split(read_parquet(cfg.data), cfg.data.val_fraction, cfg.seed)
+        self.data = split(read_parquet(cfg.data, self.binary), cfg.data.val_fraction, cfg.seed)
         self.sampler = StepSampler(len(self.data.train), cfg.train.global_batch_size, cfg.seed)
         self.split = batching.split(cfg.train.global_batch_size, world.world_size, cfg.train.micro_batch_size)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -174,6 +179,14 @@ class Classifier(Workload):
     def n_features(self) -> int:
         return int(self.data.train.features.shape[1])
 
+    @abstractmethod
+    def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of the model's outputs against the labels."""
+
+    @abstractmethod
+    def served(self, network: nn.Module) -> nn.Module:
+        """The trained network as it is served (raw features in)."""
+
     def forward_backward(self, step: int) -> tuple[float, float]:
         """This rank's share of the step's global batch, in micro-batches of `split.local_batch`."""
         share = self.sampler.local_batch(step, self.world.rank, self.world.world_size)
@@ -183,15 +196,12 @@ class Classifier(Workload):
             x = self.data.train.features[idx].to(self.world.device)
             y = self.data.train.labels[idx].to(self.world.device)
             with distributed.micro_batch(self.model, last=i == len(pieces) - 1):
-                loss = F.binary_cross_entropy_with_logits(self.model(x), y)
+                loss = self.loss(self.model(x), y)
                 loss.backward()
             total += loss.item() * len(idx)
         if len(pieces) > 1:
             distributed.scale_gradients(self.model, 1.0 / len(pieces))
         return total, float(len(share))
-
-    def evaluate(self) -> dict[str, float]:
-        return evaluate_classifier(self.model, self.data.val, self.world.device)
 
     def export(self, tracker: Tracker) -> None:
         full = gather_full_state(self.model, self.world)
@@ -199,7 +209,63 @@ class Classifier(Workload):
             return
         plain = MLPClassifier(self.n_features, self.cfg.model.hidden, self.cfg.model.dropout)
         plain.load_state_dict(full)
-        tracker.log_model(Probability(plain).eval(), self.data.train.features[:5])
+        tracker.log_model(self.served(plain).eval(), self.data.train.features[:5])
+
+
+@kind("mlp")
+class Classifier(TabularMLP):
+    """The MLP as a binary classifier: a logit per row, binary cross-entropy; validation loss and
+    accuracy; served as the probability of the positive class."""
+
+    binary = True
+
+    def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(output, labels)
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate_classifier(self.model, self.data.val, self.world.device)
+
+    def served(self, network: nn.Module) -> nn.Module:
+        return Probability(network)
+
+
+@kind("mlp_regressor")
+class Regressor(TabularMLP):
+    """The MLP as a regressor: it learns the label standardized by the training rows' mean and
+    deviation (mean squared error); validation loss (in those units) and mean absolute error (in the
+    label's); served in the label's units."""
+
+    binary = False
+
+    def __init__(self, cfg: Config, world: distributed.World) -> None:
+        super().__init__(cfg, world)
+        labels = self.data.train.labels
+        self.label_mean = float(labels.mean())
+        self.label_std = float(labels.std(unbiased=False)) or 1.0
+
+    def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(output, (labels - self.label_mean) / self.label_std)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Every rank runs it (an FSDP forward is collective)."""
+        val = self.data.val
+        if len(val) == 0:
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        output = torch.cat(
+            [self.model(c.to(self.world.device)).float().cpu() for c in torch.split(val.features, 65536)]
+        )
+        self.model.train(was_training)
+        predicted = output * self.label_std + self.label_mean
+        return {
+            "val_loss": self.loss(output, val.labels).item(),
+            "val_mae": (predicted - val.labels).abs().mean().item(),
+        }
+
+    def served(self, network: nn.Module) -> nn.Module:
+        return Rescaled(network, self.label_mean, self.label_std)
 
 
 @torch.no_grad()
