@@ -516,3 +516,48 @@ def test_the_tutorial_adds_a_second_pipeline_from_scratch(world: World) -> None:
     champion = mlflow.get_model_version_by_alias(tutorial.promotion.model, "champion")
     assert champion.tags["airflow.dag_id"] == name
     assert mlflow.get_model_version_by_alias("flights-delay", "champion")  # the first pipeline's stays
+
+
+# The second pipeline of another kind on small data: three weeks of Seattle's weather, one training job.
+FORECAST_SLICE: dict[str, Any] = {
+    "data": {"run_date": "2013-03-31", "history_days": 24, "training_days": 16, "holdout_days": 7},
+    "job": {"max_steps": 40, "grid": [{}]},
+    "training": {"train": {"log_every": 10}, "checkpoint": {"interval_steps": 20}},
+    "promotion": {"threshold": 6.0},  # 16 days to learn from: a looser bar than the year's 3.5 C
+}
+
+
+def test_a_pipeline_of_another_kind_runs_end_to_end(world: World) -> None:
+    name = "seattle_temperature"
+    raw = merge(yaml.safe_load(load_definition(name).path.read_text()), FORECAST_SLICE)
+    definition = world.root / "definitions" / name / "pipeline.yaml"
+    definition.parent.mkdir(parents=True)
+    definition.write_text(yaml.safe_dump(raw, sort_keys=False))
+    dag_file((ROOT / "dags" / f"{name}.py").read_text(), name, definition, world.dags)
+
+    run = dags_test(world.env, name)
+    assert run.code == 0 and "DagRun Finished" in run.log, run.log[-5000:]
+    states = run.states(name)
+    assert set(states.values()) == {"success"}, (
+        states
+    )  # land, check, prepare, Feast, train, evaluate, publish
+    assert "prepare_pandas" in states and "train[0]" in states
+    forecast = load_definition(definition)
+    sets = run.xcom(name, "training_set")
+    manifest = json.loads(Path(storage.local_path(sets["train"]["manifest_url"])).read_text())
+    assert (manifest["source"], manifest["label_column"], manifest["row_count"]) == (
+        "seattle_weather",
+        "next_temp_max",
+        16,
+    )
+    assert (
+        manifest["positive_rate"] is None and manifest["feature_service"]["name"] == "temperature_forecast_v1"
+    )
+    verdict = run.xcom(name, "evaluate")  # the forecast's mean absolute error, in degrees C
+    assert verdict["metric"] == "mae" and verdict["promote"] and 0.0 < verdict["candidate"]["value"] <= 6.0
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(forecast.tracking_uri)
+    champion = mlflow.get_model_version_by_alias("seattle-temperature", "champion")
+    assert champion.version == verdict["candidate"]["version"] and champion.tags["airflow.dag_id"] == name
+    assert mlflow.get_model_version_by_alias("flights-delay", "champion")  # the first pipeline's stays
