@@ -134,6 +134,36 @@ def test_flights_delay_runs_its_steps_in_order(folder: dict[str, Any]) -> None:
     assert folder["dags"]["flights_delay"]["mapped"] == ["train"]
 
 
+def test_seattle_temperature_runs_the_shared_steps_on_its_own_source(folder: dict[str, Any]) -> None:
+    dag = folder["dags"]["seattle_temperature"]
+    tasks = dag["tasks"]
+    order = [
+        ("start", "ingest"),
+        ("ingest", "validate_raw"),
+        ("validate_raw", "prepare_pandas"),  # spark.engine: pandas, no branch, no Spark job
+        ("prepare_pandas", "validate_features"),
+        ("validate_features", "feast_apply"),
+        ("feast_apply", "materialize"),
+        ("materialize", "training_set"),
+        ("training_set", "validate_training_set"),
+        ("validate_training_set", "train"),
+        ("train", "pick_best"),
+        ("pick_best", "evaluate"),
+        ("evaluate", "publish"),
+        ("publish", "finish"),
+    ]
+    for upstream, downstream in order:
+        assert upstream in tasks[downstream], f"{upstream} must run before {downstream}"
+    assert not {"choose_engine", "prepare_flights", "reprepare_corrections", "training_serving_parity"} & set(
+        tasks
+    )
+    root = load_definition("seattle_temperature").data.root
+    assert [uri.rstrip("/") for uri in dag["assets"]] == [f"{root}/raw/observations"]
+    assert dag["outlets"]["publish"] == ["seattle-temperature@champion"]
+    landings = folder["dags"]["seattle_temperature_landings"]
+    assert landings["outlets"] == {"announce": ["seattle_temperature/raw/observations"]}
+
+
 def test_flights_delay_s_run_state_is_its_work_s_and_a_failure_is_reported(folder: dict[str, Any]) -> None:
     dag = folder["dags"]["flights_delay"]
     # start opens the MLflow run, finish closes it whatever happened, and decides nothing
