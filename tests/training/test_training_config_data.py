@@ -11,6 +11,7 @@ import torch
 
 from training.config import ConfigError, DataConfig, from_dict, load
 from training.data import DataError, StepSampler, read_parquet, split
+from training.model import Rescaled
 from training.workloads import check
 
 
@@ -67,6 +68,33 @@ def test_bad_labels_and_missing_columns_are_refused(tmp_path: Path) -> None:
         read_parquet(DataConfig(path=str(tmp_path / "d.parquet"), label_column="arr_delay"))
     with pytest.raises(DataError, match="not in columns"):
         read_parquet(DataConfig(path=str(tmp_path / "d.parquet"), label_column="is_delayed"))
+    # a regressor's label is any number
+    values = read_parquet(
+        DataConfig(path=str(tmp_path / "d.parquet"), label_column="arr_delay"), binary=False
+    )
+    assert values.labels.tolist() == [3.0, 40.0]
+
+
+def test_a_regressor_is_served_in_its_label_s_units() -> None:
+    network = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        network.weight.copy_(torch.tensor([[1.0, -1.0]]))
+        network.bias.zero_()
+    served = Rescaled(StandardOutput(network), mean=12.0, std=4.0)
+    assert served(torch.tensor([[1.5, 0.5], [0.0, 0.0]])).tolist() == [16.0, 12.0]
+    with pytest.raises(ConfigError, match=r"data\.path: missing required field: model\.kind mlp_regressor"):
+        check(from_dict({"model": {"kind": "mlp_regressor"}}))
+
+
+class StandardOutput(torch.nn.Module):
+    """A network with one output per row, as the MLP returns it."""
+
+    def __init__(self, linear: torch.nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).squeeze(-1)
 
 
 def test_split_is_deterministic_and_disjoint(flights_parquet: Path) -> None:
