@@ -37,7 +37,7 @@ from .workload import Client, Plan, plan
 # campaign is shorter. Job arrivals are random: the floors below hold for all but a rare draw.
 CAMPAIGNS = {
     "local": {"fault_s": 50.0, "rate_per_s": 0.3, "quiesce_s": 150.0},
-    "kubernetes": {"fault_s": 30.0, "rate_per_s": 0.3, "quiesce_s": 150.0},
+    "kubernetes": {"fault_s": 25.0, "rate_per_s": 0.3, "quiesce_s": 150.0},
 }
 
 
