@@ -27,9 +27,11 @@ from gpuyard.domain.checkpoint_roots import (
     not_an_object_store,
 )
 from gpuyard.domain.feasibility import TeamQuota
-from gpuyard.domain.fleet import Fleet, load_fleet, local_fleet
+from gpuyard.domain.fleet import Fleet, Site, load_fleet, local_fleet
+from gpuyard.domain.spec import Name
 from gpuyard.domain.tokens import TokenPolicy
 from gpuyard.settings.kubernetes import KubernetesConfig
+from gpuyard.settings.sites import SiteSettings, check_sites, with_shared_kubernetes
 
 # Bounds on waiting (docs/faults.md), the defaults of RedisStreamsBus and DbBounds too.
 BUS_TIMEOUT_S = 5.0
@@ -162,6 +164,11 @@ class Settings(BaseSettings):
         "parts are composed.",
     )
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    sites: dict[Name, SiteSettings] = Field(
+        default_factory=dict,
+        description="Sites over several clusters, each its own Kubernetes API (`kubernetes` overriding the "
+        "shared settings), checkpoint store and data prefixes (settings/sites.py); none: one cluster.",
+    )
     moves: MoveSettings = Field(default_factory=MoveSettings)
     api_url: str | None = Field(
         None, description="URL workers use to reach the API; default: where it listens."
@@ -191,6 +198,11 @@ class Settings(BaseSettings):
             raise SettingsError(f"GPUYARD_CONFIG points at {path}, which does not exist")
         return (init_settings, env_settings, _YamlFile(settings_cls, path))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _site_clusters(cls, data: Any) -> Any:
+        return with_shared_kubernetes(data)
+
     @model_validator(mode="after")
     def _resolve(self) -> Settings:
         production = self.profile == "production"
@@ -218,7 +230,25 @@ class Settings(BaseSettings):
             self.checkpoint_store = checked_store("checkpoint_store", self.checkpoint_store, self)
         if self.fleet_file is not None and not self.fleet_file.exists():
             raise ValueError(f"fleet_file: {self.fleet_file} does not exist")
+        if self.sites:
+            if self.launcher == "local":
+                raise ValueError(
+                    "sites: each site is a cluster reached through its own Kubernetes API; the local "
+                    "launcher runs on this machine (launcher: kubernetes)"
+                )
+            check_sites(self.sites, self.lease_seconds)
+            for name, site in self.sites.items():
+                if site.checkpoint_store is not None:
+                    checked_store(f"sites.{name}.checkpoint_store", site.checkpoint_store, self)
         return self
+
+    def site_entries(self) -> tuple[Site, ...]:
+        """The `sites` that name a checkpoint store, as the fleet carries them."""
+        return tuple(
+            Site(name=name, checkpoint_store=site.checkpoint_store)
+            for name, site in self.sites.items()
+            if site.checkpoint_store is not None
+        )
 
     def checkpoint_stores(self, fleet: Fleet) -> CheckpointStores:
         """The fleet's sites' checkpoint stores and this platform's default; production requires roots."""
@@ -235,11 +265,18 @@ class Settings(BaseSettings):
         return str(self.database_url).startswith("sqlite")
 
     def fleet(self) -> Fleet:
-        """The fleet file's fleet (its sites' checkpoint stores checked as `checkpoint_store` is), else
-        this machine's."""
+        """The fleet file's fleet (its sites' checkpoint stores checked as `checkpoint_store` is; or
+        the `sites` setting's, which then name the sites), else this machine's."""
         if not self.fleet_file:
             return local_fleet(self.local_slots)
         fleet = load_fleet(self.fleet_file)
+        if self.sites:
+            if fleet.sites:
+                raise SettingsError(
+                    f"fleet_file {self.fleet_file}: names sites, and so does the `sites` setting: name "
+                    "them in one place"
+                )
+            return fleet.model_copy(update={"sites": self.site_entries()})
         for site in fleet.sites:
             where = f"fleet_file {self.fleet_file}: sites.{site.name}.checkpoint_store"
             try:

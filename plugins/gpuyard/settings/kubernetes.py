@@ -44,6 +44,10 @@ class KubernetesConfig(BaseModel):
         None,
         description="The kubeconfig file when not in the cluster; default $KUBECONFIG, else ~/.kube/config.",
     )
+    context: StrictStr | None = Field(
+        None,
+        description="The kubeconfig's context (a file may name several clusters); default: its current one.",
+    )
     worker_service_account: Name = Field(
         "gpuyard-worker", description="Service account of worker pods: it must hold no rights."
     )

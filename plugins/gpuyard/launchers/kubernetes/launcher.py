@@ -50,12 +50,15 @@ class LaunchError(RuntimeError):
 
 
 def load_api(config: KubernetesConfig) -> k8s.CoreV1Api:
-    """The API client for this process: its pod's service account in a cluster, else ~/.kube/config."""
+    """A client of the API `config` names: its pod's service account in a cluster, else a kubeconfig's
+    context. A client of its own, never the module's default: each site's reaches its own cluster."""
     if config.in_cluster:
-        kubeconfig.load_incluster_config()
-    else:  # read $KUBECONFIG now: the client reads it once, when first imported
-        kubeconfig.load_kube_config(config_file=config.kubeconfig or os.environ.get("KUBECONFIG"))
-    return k8s.CoreV1Api()
+        configuration = k8s.Configuration()
+        kubeconfig.load_incluster_config(client_configuration=configuration)
+        return k8s.CoreV1Api(k8s.ApiClient(configuration))
+    # $KUBECONFIG read now: the client reads it once, when first imported
+    path = config.kubeconfig or os.environ.get("KUBECONFIG")
+    return k8s.CoreV1Api(kubeconfig.new_client_from_config(config_file=path, context=config.context))
 
 
 @dataclass

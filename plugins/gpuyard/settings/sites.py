@@ -1,0 +1,88 @@
+"""Sites of a platform over several clusters: each its own Kubernetes API, checkpoint store and data.
+
+`sites:` names them. A site's `kubernetes` is the shared `kubernetes` settings with the fields it
+gives overridden (how its API is reached: `in_cluster`, `kubeconfig`, `context`; its MLflow server,
+`mlflow_tracking_uri`; its `request_timeout_s`, ...), its `checkpoint_store` the store a team's
+default root there lies in (`<store>/<team>`), its `data_prefixes` the URL prefixes of the data its
+nodes read. Every node its API lists is at that site, whatever the node's site label says.
+
+Plain values and pure checks; each error names the field (`sites.<name>.<field>`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from gpuyard.settings.kubernetes import KubernetesConfig
+
+
+class SiteSettings(BaseModel):
+    """One site: a cluster with its own Kubernetes API, its checkpoint store and the data it reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig,
+        description="The shared `kubernetes` settings, with the fields given here overridden for this "
+        "site's cluster (in_cluster, kubeconfig, context, mlflow_tracking_uri, request_timeout_s, ...).",
+    )
+    checkpoint_store: StrictStr | None = Field(
+        None,
+        description="fsspec URL of the site's checkpoint store; unset: the `checkpoint_store` setting's.",
+    )
+    data_prefixes: tuple[StrictStr, ...] = Field(
+        (), description="URL prefixes of the data the site's nodes read; empty: they reach all data."
+    )
+
+
+def with_shared_kubernetes(data: Any) -> Any:
+    """The raw settings with each site's `kubernetes` laid over the shared `kubernetes` settings, so
+    that a site's cluster is validated whole, its errors at `sites.<name>.kubernetes.<field>`."""
+    if not isinstance(data, dict) or not isinstance(data.get("sites"), Mapping):
+        return data
+    shared = data.get("kubernetes") or {}
+    if isinstance(shared, KubernetesConfig):
+        shared = shared.model_dump(exclude_unset=True)
+    if not isinstance(shared, Mapping):
+        return data  # the shared settings' own error is reported at `kubernetes`
+    sites: dict[Any, Any] = {}
+    for name, site in data["sites"].items():
+        if isinstance(site, Mapping) and isinstance(site.get("kubernetes", {}), Mapping):
+            site = {**site, "kubernetes": {**shared, **(site.get("kubernetes") or {})}}
+        sites[name] = site
+    return {**data, "sites": sites}
+
+
+def check_sites(sites: Mapping[str, SiteSettings], lease_s: float) -> None:
+    """ValueError naming the field when the sites cannot be told apart or one could stall the lead:
+    two sites in the cluster this process runs in, two reaching the same API, or a site's request
+    timeout over half the lease (a call inside a fenced transaction holds the lead's lease row; half
+    a lease is how long the lead may go unrenewed)."""
+    in_cluster = [name for name, site in sites.items() if site.kubernetes.in_cluster]
+    if len(in_cluster) > 1:
+        raise ValueError(
+            f"sites: {', '.join(in_cluster)} all say in_cluster: true, but only one site can be the "
+            "cluster this process runs in; reach the others through `kubernetes: {in_cluster: false, "
+            "kubeconfig: ..., context: ...}`"
+        )
+    reached: dict[tuple[str | None, str | None], str] = {}
+    for name, site in sites.items():
+        config = site.kubernetes
+        if config.request_timeout_s > lease_s / 2:
+            raise ValueError(
+                f"sites.{name}.kubernetes.request_timeout_s: {config.request_timeout_s:g} s is over half "
+                f"the lease ({lease_s / 2:g} s): a site that stops answering would hold the lead that long"
+            )
+        if config.in_cluster:
+            continue
+        where = (config.kubeconfig, config.context)
+        if where in reached:
+            raise ValueError(
+                f"sites.{name}.kubernetes: reaches the same API as site {reached[where]} (kubeconfig "
+                f"{config.kubeconfig or 'default'}, context {config.context or 'current'}); give each "
+                "site its own kubeconfig or context"
+            )
+        reached[where] = name
