@@ -151,7 +151,8 @@ class GpuyardUp:
 
 
 class TcpProxy:
-    """A TCP proxy the test can cut and restore: the network between a service and its database."""
+    """A TCP proxy the test can cut and restore, or black-hole (connections accepted, nothing passed
+    either way) and heal: the network between a service and its database, or its cluster's API."""
 
     def __init__(self, target_host: str, target_port: int):
         self.target = (target_host, target_port)
@@ -159,6 +160,16 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._passing = threading.Event()
+        self._passing.set()
+
+    def black_hole(self) -> None:
+        """From now on, every byte either way is held: requests are taken and never answered."""
+        self._passing.clear()
+
+    def heal(self) -> None:
+        """Bytes pass again (those held too: a client that gave up has closed its connection)."""
+        self._passing.set()
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -200,10 +211,10 @@ class TcpProxy:
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                self._passing.wait()
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)

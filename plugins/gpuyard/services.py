@@ -244,9 +244,11 @@ def log_reader(settings: Settings) -> Callable[[str, bool], Iterator[str]] | Non
         raise SettingsError(str(error)) from error
 
 
-def build_launcher(settings: Settings, clock: Clock) -> Launcher:
+def build_launcher(settings: Settings, clock: Clock, fleet: Callable[[], Fleet]) -> Launcher:
+    """The launcher, built with the fleet source its scheduler reads (over several sites, it calls no
+    site the fleet's reads found down)."""
     try:
-        return launcher_kind(settings).build(settings, clock)
+        return launcher_kind(settings).build(settings, clock, fleet)
     except registry.LauncherUnavailable as error:
         raise SettingsError(str(error)) from error
 
@@ -260,10 +262,11 @@ def build_scheduler(
     """The scheduler and its launcher, on one clock: the database's (a report stamped by this
     machine's wall clock, skewed, once recorded an attempt's start after its end)."""
     clock = database_clock(engine)
+    source = fleet if callable(fleet) else (lambda: fleet)
     return SchedulerService(
         engine,
-        build_launcher(settings, clock),
-        fleet,
+        build_launcher(settings, clock, source),
+        source,
         api_url=api_url,
         policy=scheduler_policy(settings),
         clock=clock,

@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import NAMESPACE, Cluster
 from gpuyard.clock import utcnow
+from gpuyard.domain.fleet import Fleet
 from gpuyard.launchers.kubernetes.launcher import KubernetesLauncher
 from gpuyard.launchers.registry import LAUNCHERS
 from gpuyard.services import build_launcher, check_names, fleet_source, launcher_kind
 from gpuyard.settings import SettingsError, load_settings
+
+NO_FLEET = lambda: Fleet(nodes=())  # noqa: E731  (what a launcher is built with where no fleet matters)
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def test_the_kubernetes_launcher_is_built_and_its_fleet_follows_the_nodes_api(
     )
     for name in ("gpu-a", "gpu-b", "gpu-c"):
         cluster.add_node(name)
-    launcher = build_launcher(settings, utcnow)
+    launcher = build_launcher(settings, utcnow, fleet_source(settings))
     assert isinstance(launcher, KubernetesLauncher)
     launcher.close()
     fleet = fleet_source(settings)
@@ -52,7 +55,7 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     settings = load_settings(home=tmp_path / "home", launcher="kubernetes", kubernetes={"in_cluster": False})
     with pytest.raises(SettingsError, match="launcher: kubernetes needs a reachable Kubernetes API"):
-        build_launcher(settings, utcnow)
+        build_launcher(settings, utcnow, NO_FLEET)
 
 
 def test_the_launcher_setting_takes_any_registered_name_and_refuses_others(
@@ -60,7 +63,7 @@ def test_the_launcher_setting_takes_any_registered_name_and_refuses_others(
 ) -> None:
     settings = load_settings(home=tmp_path, launcher="slurm")  # a name: checked where parts are composed
     refused = r"launcher: expected one of \['kubernetes', 'local'\], got 'slurm'"
-    for compose in (check_names, lambda s: build_launcher(s, utcnow), fleet_source):
+    for compose in (check_names, lambda s: build_launcher(s, utcnow, NO_FLEET), fleet_source):
         with pytest.raises(SettingsError, match=refused):
             compose(settings)
     monkeypatch.setitem(LAUNCHERS, "slurm", LAUNCHERS["local"])  # a new launcher: one entry, no other edit

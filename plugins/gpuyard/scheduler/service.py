@@ -491,14 +491,22 @@ class SchedulerService:
     def deliver_stops(self) -> None:
         """Signal every live attempt asked to stop (by the cycle, a cancel, a limit or an admin): the
         workers get SIGTERM and `grace_s` to checkpoint. Once per attempt per process; a new leader
-        delivers again, as a level-triggered controller would."""
+        delivers again, as a level-triggered controller would. A signal the launcher could not deliver
+        (its site does not answer) is tried again next pass, and stops none of the others."""
         with self.engine.connect() as conn:
             asked = attempt_store.asked_to_stop(conn)
-        for attempt_id in asked - self._signalled:
-            with attempt_context(attempt_id), self.fenced():
-                self.launcher.cancel(attempt_id, grace_s=self.grace_s)
         self._signalled &= asked
-        self._signalled |= asked
+        for attempt_id in sorted(asked - self._signalled):
+            with attempt_context(attempt_id):
+                try:
+                    with self.fenced():
+                        self.launcher.cancel(attempt_id, grace_s=self.grace_s)
+                except NotLeading:
+                    raise
+                except Exception as error:  # its site does not answer, say: the others' go on
+                    log.warning("attempt %s: stop not delivered (%s); again next pass", attempt_id, error)
+                    continue
+            self._signalled.add(attempt_id)
 
     def reap(self) -> None:
         """Attempts whose lease passed (neither their workers nor their launcher renewed it) are LOST,

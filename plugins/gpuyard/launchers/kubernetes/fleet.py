@@ -82,3 +82,14 @@ def fleet_from_nodes(api: k8s.CoreV1Api, config: KubernetesConfig) -> Fleet:
     items = json.loads(response.data).get("items") or ()
     nodes = [node for obj in items if (node := node_from_k8s(obj, config)) is not None]
     return Fleet(nodes=tuple(sorted(nodes, key=lambda node: node.name)))
+
+
+def site_nodes(
+    api: k8s.CoreV1Api, config: KubernetesConfig, site: str, data_prefixes: tuple[str, ...]
+) -> tuple[Node, ...]:
+    """The nodes of one site's Nodes API: each at that site whatever its site label says, and reading
+    the site's data unless it names its own."""
+    return tuple(
+        node.model_copy(update={"site": site, "data_prefixes": node.data_prefixes or data_prefixes})
+        for node in fleet_from_nodes(api, config).nodes
+    )
