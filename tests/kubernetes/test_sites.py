@@ -267,3 +267,25 @@ def test_the_team_namespaces_are_rendered_for_each_sites_cluster(
     refused = namespaces("--site", "c")
     assert refused.exit_code != 0
     assert "--site: no such site in the `sites` setting: c (sites: a, b)" in refused.output
+
+
+def stopping(cluster: Cluster, attempt_id: str) -> bool:
+    """Every pod of the attempt deleted (terminating: the launcher's finalizer holds it for its exit)."""
+    pods = [pod for pod in cluster.pods() if pod["metadata"]["name"] in pods_of(cluster, attempt_id)]
+    return bool(pods) and all(pod["metadata"].get("deletionTimestamp") for pod in pods)
+
+
+def test_a_stop_at_a_silent_site_waits_for_it_and_holds_up_no_other(
+    sites: TwoSites, service: SchedulerService, engine: Engine
+) -> None:
+    at_a, at_b = submit_at(engine, "a"), submit_at(engine, "b")
+    attempt_a, attempt_b = run_at(sites.a, service, engine, at_a), run_at(sites.b, service, engine, at_b)
+    sites.b_link.black_hole()
+    service.step()  # finds b silent (within its request timeout)
+    for job_id in (at_b, at_a):  # b's stop cannot be delivered: it fails neither the pass nor a's
+        job_store.cancel(engine, job_id, at=utcnow(), by="t")
+    assert timed_step(service) < B_TIMEOUT_S
+    assert stopping(sites.a, attempt_a)  # a's stop delivered
+    assert not stopping(sites.b, attempt_b)
+    sites.b_link.heal()
+    step_until(service, lambda: stopping(sites.b, attempt_b), "b's stop delivered once it answers", 30)
