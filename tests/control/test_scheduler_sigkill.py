@@ -1,8 +1,9 @@
 """`gpuyard scheduler` SIGKILLed between reserving an attempt and launching it, as a real process.
 
-The pause is deterministic: the job's newest checkpoint is at another site, so after the reserve
-commits the scheduler copies it before launching, and one of its files is a FIFO with no writer:
-opening it blocks in the kernel (`wait_for_partner`), which /proc shows, until the process is killed.
+The pause is deterministic: the job names a team secret, which the launcher reads as it launches
+(inside the transaction that claims the launch, after the reserve committed), and that secret's
+file is a FIFO with no writer: opening it blocks in the kernel (`wait_for_partner`), which /proc
+shows, until the process is killed.
 """
 
 from __future__ import annotations
@@ -19,71 +20,50 @@ import pytest
 import yaml
 from gpuyard.clock import utcnow
 from gpuyard.domain.feasibility import TeamQuota
-from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.domain.spec import parse_spec
 from gpuyard.domain.states import AttemptState, JobState
 from gpuyard.launchers.local import _processes_of
-from gpuyard.store import attempts as attempt_store
+from gpuyard.secrets.files import home_store
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
-from gpuyard.store.reservations import Reservation, reserve_batch
 from servers import production_settings, wait_until
 from sqlalchemy import Engine
-from stores import report_checkpoint
 
 from .conftest import EXAMPLE_SPEC
 
 pytestmark = pytest.mark.slow  # scheduler processes killed and restarted
 
-STEP = "step-000000010"
+SECRET = "launch-token"
 
 
 def fleet_file(tmp_path: Path) -> Path:
-    # east, where the job ran before, is drained for maintenance: the job can only go west.
     path = tmp_path / "fleet.yaml"
-    node = {"cluster": "c", "domain": "d", "gpu_type": "cpu", "gpus": 1}
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "nodes": [
-                    {**node, "name": "east-1", "site": "east", "taints": ["maintenance"]},
-                    {**node, "name": "west-1", "site": "west"},
-                ],
-                "sites": [
-                    {"name": "east", "checkpoint_store": (tmp_path / "east").as_uri()},
-                    {"name": "west", "checkpoint_store": (tmp_path / "west").as_uri()},
-                ],
-            }
-        )
-    )
+    node = {"name": "node-1", "site": "s", "cluster": "c", "domain": "d", "gpu_type": "cpu", "gpus": 1}
+    path.write_text(yaml.safe_dump({"nodes": [node]}))
     return path
 
 
-def job_with_a_checkpoint_in_the_east(engine: Engine, tmp_path: Path, marks: Path) -> tuple[str, Path]:
-    """A job whose first attempt checkpointed in the east and was lost; one checkpoint file is a FIFO."""
+def job_naming_a_fifo_secret(engine: Engine, home: Path, marks: Path) -> tuple[str, Path]:
+    """A job whose worker marks its attempt id; the team secret it names is a FIFO with no writer."""
     worker = f"import os; open({str(marks)!r}, 'a').write(os.environ['GPUYARD_ATTEMPT_ID'] + '\\n')"
     data: dict[str, Any] = {
         **EXAMPLE_SPEC,
-        "name": "resumer",
+        "name": "launch-held",
         "image": "local",
         "command": [sys.executable, "-c", worker],
         "resources": {"gpus": 1, "gpu_types": ["cpu"]},
-        "checkpoint": {"url": (tmp_path / "east" / "a" / "mine").as_uri()},  # team a's root
+        "env_from_secret": {"LAUNCH_TOKEN": SECRET},
     }
+    data.pop("checkpoint", None)
     with engine.begin() as conn:
         team_store.set_quota(conn, "a", TeamQuota(gpu_quota=2), utcnow())
+    store = home_store(home)
+    store.put("a", SECRET, "placeholder")  # the team's directory, as `gpuyard secrets set` makes it
+    fifo = store.root / "a" / SECRET
+    fifo.unlink()
+    os.mkfifo(fifo, 0o600)
     job, _ = job_store.submit(engine, parse_spec(data), idempotency_key=None, created_by="t", at=utcnow())
-    east = Placement("east", "c", "d", (NodeSlice("east-1", (0,)),))
-    (first,) = reserve_batch(engine, [Reservation(job.id, east, False)], at=utcnow(), lease_ttl_s=60)
-    assert first is not None
-    step = tmp_path / "east" / "a" / "mine" / STEP
-    step.mkdir(parents=True)
-    (step / "trainer.pt").write_bytes(b"trainer")
-    os.mkfifo(step / "weights.bin")
-    report_checkpoint(engine, first, step.as_uri(), 10, utcnow())
-    with engine.begin() as conn:
-        attempt_store.finish(conn, first.id, AttemptState.LOST, at=utcnow(), reason="node drained")
-    return job.id, step / "weights.bin"
+    return job.id, fifo
 
 
 @pytest.fixture
@@ -131,13 +111,14 @@ def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_a
 ) -> None:
     # the worker, maybe its team's user (worker_users), writes its marks where it can
     marks, log = open_dir / "launched.txt", tmp_path / "scheduler.log"
-    job_id, fifo = job_with_a_checkpoint_in_the_east(engine, tmp_path, marks)
+    job_id, fifo = job_naming_a_fifo_secret(engine, tmp_path / "home", marks)
 
     first = start_scheduler(scheduler_env, log)
     try:
-        wait_until(lambda: opening_a_fifo(first), timeout_s=60, what="the scheduler to copy the checkpoint")
-        reserved = [a for a in job_store.detail(engine, job_id).attempts if a.number == 2]  # type: ignore[union-attr]
-        assert [(a.state, a.placement["site"]) for a in reserved] == [(AttemptState.CREATED, "west")]
+        wait_until(lambda: opening_a_fifo(first), timeout_s=60, what="the launcher to read the job's secret")
+        reserved = job_store.detail(engine, job_id).attempts  # type: ignore[union-attr]
+        # reserved and committed; the launch's claim is not (it is the transaction around the read)
+        assert [a.state for a in reserved] == [AttemptState.CREATED]
         first.send_signal(signal.SIGKILL)
         assert first.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -145,9 +126,9 @@ def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_a
             first.kill()
     assert not marks.exists(), "a worker started before the launch step"
 
-    # The checkpoint file becomes an ordinary one; a new scheduler takes over and finishes the job.
+    # The secret becomes an ordinary file; a new scheduler takes over and finishes the job.
     fifo.unlink()
-    fifo.write_bytes(b"\x00weights" * 1000)
+    home_store(tmp_path / "home").put("a", SECRET, "a-token")
     second = start_scheduler(scheduler_env, log)
     try:
         wait_until(
@@ -168,5 +149,3 @@ def test_scheduler_killed_between_reserve_and_launch_launches_the_attempt_once_a
     assert by_id[launched[0]].state == AttemptState.SUCCEEDED
     if launched[0] != reserved[0].id:
         assert by_id[reserved[0].id].state in (AttemptState.LOST, AttemptState.FAILED)
-    copied = tmp_path / "west" / "a" / job_id / STEP / "weights.bin"
-    assert copied.read_bytes() == fifo.read_bytes()
