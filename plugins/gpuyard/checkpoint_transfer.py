@@ -9,6 +9,10 @@ manifest is copied last, so a reader never mistakes a half-copied checkpoint for
 A copy resumed (`landed`: the files an earlier copy verified, with their checksums) copies only the
 rest: the scheduler's mover keeps that list in the store, so a new leader does not copy again what
 the last one landed (scheduler/mover.py).
+
+Each end may be a store of its own (another site's S3 endpoint, with its credentials): its fsspec
+storage options (`source_options`, `destination_options`; settings
+`sites.<name>.checkpoint_store_options`) open it; without them, fsspec reads the environment.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 
@@ -83,13 +88,18 @@ def copy_checkpoint(
     landed: Mapping[str, str] | None = None,
     on_file: Callable[[Landed], None] | None = None,
     tag: str = "copy",
+    source_options: Mapping[str, Any] | None = None,
+    destination_options: Mapping[str, Any] | None = None,
 ) -> Copied:
     """Copy the checkpoint directory `source` to `destination` and verify every byte. The files of
     `landed` (path -> sha256) are not copied again where they lie at the destination; `on_file` hears
     of each file as it lands (an exception from it stops the copy). `tag` names the copier's part
-    files: two copiers (a leader and a stale one) never write the same part file."""
+    files: two copiers (a leader and a stale one) never write the same part file. `source_options`
+    and `destination_options`: the fsspec storage options of each end's store."""
     try:
-        return _copy(source, destination, dict(landed or {}), on_file, tag)
+        src = fsspec.core.url_to_fs(source, **(source_options or {}))
+        dst = fsspec.core.url_to_fs(destination, **(destination_options or {}))
+        return _copy(source, destination, src, dst, dict(landed or {}), on_file, tag)
     except OSError as error:  # an unreadable source, an unwritable or unreachable destination
         raise TransferError(f"copying {source} to {destination}: {error}") from error
 
@@ -97,12 +107,13 @@ def copy_checkpoint(
 def _copy(
     source: str,
     destination: str,
+    src: tuple[fsspec.AbstractFileSystem, str],
+    dst: tuple[fsspec.AbstractFileSystem, str],
     landed: dict[str, str],
     on_file: Callable[[Landed], None] | None,
     tag: str,
 ) -> Copied:
-    src_fs, src_root = fsspec.core.url_to_fs(source)
-    dst_fs, dst_root = fsspec.core.url_to_fs(destination)
+    (src_fs, src_root), (dst_fs, dst_root) = src, dst
     src_root, dst_root = src_root.rstrip("/"), dst_root.rstrip("/")
     if not src_fs.isdir(src_root):
         raise Corrupt(f"checkpoint {source} does not exist")

@@ -280,6 +280,7 @@ def build_scheduler(
             attempts=settings.moves.attempts,
             backoff_s=settings.moves.backoff_seconds,
         ),
+        store_options={name: site.checkpoint_store_options for name, site in settings.sites.items()},
     )
 
 

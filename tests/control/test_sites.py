@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 from gpuyard.checkpoint_transfer import Copied, Landed, TransferError, copy_checkpoint
 from gpuyard.domain.feasibility import TeamQuota
@@ -30,6 +32,7 @@ from gpuyard.store.leadership import NotLeading
 from gpuyard.store.reservations import Reservation, reserve_batch
 from gpuyard.store.tables import attempts, events, leases
 from gpuyard.store.transfers import CheckpointTransfer, TransferState
+from servers import S3Server, free_port
 from sqlalchemy import Engine, func, select
 from stores import report_checkpoint
 
@@ -96,6 +99,47 @@ def test_a_checkpoint_travels_to_an_object_store_and_back(tmp_path: Path, s3_buc
     assert again.copied_bytes == there.bytes - len(FILES[FIRST]) and again.sha256 == there.sha256
     with pytest.raises(TransferError, match="does not exist"):
         copy_checkpoint(f"{s3_bucket}/a/job-1/step-000000999", (tmp_path / "x").as_uri())
+
+
+def test_each_end_of_a_copy_is_opened_with_its_own_stores_options(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sites, two S3 endpoints: the copy reads the source's with its options and writes the
+    destination's with its own, where the environment reaches neither."""
+    for name, value in {**s3_server.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}.items():
+        monkeypatch.setenv(name, value)  # the environment's endpoint: nothing listens there
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    west_server = S3Server().start()
+    try:
+        east, west = (
+            server.create_bucket(f"ckpt-{uuid.uuid4().hex[:8]}") for server in (s3_server, west_server)
+        )
+        east_options, west_options = (store_options(server) for server in (s3_server, west_server))
+        local = write_checkpoint(tmp_path / "step-000000120", 120)
+        step = "a/job-1/step-000000120"
+        copy_checkpoint(local, f"{east}/{step}", destination_options=east_options)
+        copied = copy_checkpoint(
+            f"{east}/{step}", f"{west}/{step}", source_options=east_options, destination_options=west_options
+        )
+        assert copied.files == 4 and copied.copied_bytes == copied.bytes
+        there = fsspec.filesystem("s3", **west_options)
+        assert (
+            there.cat(f"{west}/{step}/manifest.json")
+            == (tmp_path / "step-000000120/manifest.json").read_bytes()
+        )
+        assert not fsspec.filesystem("s3", **east_options).exists(west)  # the bucket is the other endpoint's
+    finally:
+        west_server.stop()
+
+
+def store_options(server: S3Server) -> dict[str, str]:
+    """A site's `checkpoint_store_options` for the S3 endpoint `server`."""
+    credentials = server.CREDENTIALS
+    return {
+        "endpoint_url": server.url,
+        "key": credentials["AWS_ACCESS_KEY_ID"],
+        "secret": credentials["AWS_SECRET_ACCESS_KEY"],
+    }
 
 
 # -- moves under the scheduler -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.sites import SiteFleet, SiteLauncher
 from gpuyard.scheduler.service import SchedulerService
-from gpuyard.services import build_launcher, fleet_source
+from gpuyard.services import build_launcher, build_scheduler, fleet_source
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.settings.kubernetes import KubernetesConfig
 from gpuyard.store import jobs as job_store
@@ -94,6 +94,7 @@ def sites(tmp_path: Path, store_url: str) -> Iterator[TwoSites]:
                 "a": {
                     "kubernetes": {"kubeconfig": str(write_kubeconfig(a.url, tmp_path / "a.kubeconfig"))},
                     "checkpoint_store": "s3://ckpt-a",
+                    "checkpoint_store_options": {"endpoint_url": "http://s3.a:9000"},
                 },
                 "b": {
                     "kubernetes": {
@@ -176,6 +177,9 @@ def test_the_sites_setting_is_checked_field_by_field(tmp_path: Path) -> None:
             "a": {"kubernetes": {"request_timeout_s": 31}}
         },
         r"sites.a.checkpoint_store: expected": {"a": {"checkpoint_store": "ckpt"}},
+        r"sites.a.checkpoint_store_options: Input should be a valid dictionary": {
+            "a": {"checkpoint_store_options": ["endpoint_url"]}
+        },
     }
     for message, value in cases.items():
         with pytest.raises(SettingsError, match=message):
@@ -207,6 +211,17 @@ def test_each_site_is_read_from_its_own_api_and_a_launch_goes_to_its_sites_api(
     for cluster, attempt_id in ((sites.a, attempt_a), (sites.b, attempt_b)):
         assert [pod["metadata"]["name"] for pod in cluster.pods()] == pods_of(cluster, attempt_id) != []
     assert set(service.launcher.alive()) == {attempt_a, attempt_b}
+
+
+def test_the_mover_opens_each_sites_store_with_its_options(sites: TwoSites, engine: Engine) -> None:
+    fleet = fleet_source(sites.settings)
+    assert isinstance(fleet, SiteFleet)
+    service = build_scheduler(sites.settings, engine, fleet, api_url=lambda: "http://api")
+    try:  # b names none: the scheduler's environment's
+        assert service.mover.store_options == {"a": {"endpoint_url": "http://s3.a:9000"}, "b": {}}
+    finally:
+        service.launcher.close()
+        fleet.close()
 
 
 def test_a_site_that_stops_answering_is_drained_and_stalls_no_pass_on_the_other(

@@ -10,7 +10,9 @@ giving up are written under the lead the transfer was started or adopted with, a
 transfer is still that epoch's: once another replica leads (and adopted it), this copier's next
 write raises NotLeading or finds the transfer gone, and it stops. Once landed, the copy is the job's
 newest checkpoint, and a later pass places the job at its site like any other: the GPUs there are
-reserved only then.
+reserved only then. Each site's store is opened with its own storage options (its endpoint and
+credentials: settings `sites.<name>.checkpoint_store_options`), a site without any through the
+environment.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +65,18 @@ Copy = Callable[..., Copied]  # checkpoint_transfer.copy_checkpoint's signature
 class Mover:
     """Runs the transfers of this replica's lead, one thread each, started by `ensure`."""
 
-    def __init__(self, engine: Engine, clock: Clock, *, rules: CopyRules, hold_s: float):
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        *,
+        rules: CopyRules,
+        hold_s: float,
+        store_options: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        """`store_options`: the fsspec storage options of each site's checkpoint store, by site."""
         self.engine, self.clock, self.rules, self.hold_s = engine, clock, rules, hold_s
+        self.store_options: Mapping[str, Mapping[str, Any]] = store_options or {}
         self.copy: Copy = copy_checkpoint
         self._threads: dict[tuple[str, int], threading.Thread] = {}
         self._closed = threading.Event()  # interrupts a wait between tries
@@ -176,5 +188,7 @@ class Mover:
             landed=landed,
             on_file=on_file,
             tag=str(transfer.epoch),
+            source_options=self.store_options.get(transfer.from_site),
+            destination_options=self.store_options.get(transfer.site),
         )
         return copied

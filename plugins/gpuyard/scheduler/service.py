@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine
 
@@ -105,12 +106,14 @@ class SchedulerService:
         checkpoint_stores: Callable[[Fleet], CheckpointStores] | None = None,
         wan: Wan | None = None,
         copy_rules: CopyRules = CopyRules(),
+        store_options: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         """`checkpoint_stores`: the platform's stores for a fleet (`Settings.checkpoint_stores`); by
         default its sites' own, with no default store and no roots required. `wan`: the link between
         the fleet's sites, by which a move's copy is estimated (`move_pays`, its deadline); None: moves
         are not charged (the `move` site rule is then `any`). `copy_rules`: a move's deadline and
-        retries (settings `moves`)."""
+        retries (settings `moves`). `store_options`: by site, the fsspec storage options its mover opens
+        the site's checkpoint store with (settings `sites.<name>.checkpoint_store_options`)."""
         self.engine, self.launcher, self.policy = engine, launcher, policy
         self.checkpoint_stores = checkpoint_stores or Fleet.checkpoint_stores
         self.fleet_now: Callable[[], Fleet] = fleet if callable(fleet) else (lambda: fleet)
@@ -126,7 +129,9 @@ class SchedulerService:
         # keeps is the pending and live jobs' (store/specs.py).
         self.specs = SpecCache()
         self.wan = wan
-        self.mover = Mover(engine, clock, rules=copy_rules, hold_s=lease_ttl_s / 2)
+        self.mover = Mover(
+            engine, clock, rules=copy_rules, hold_s=lease_ttl_s / 2, store_options=store_options
+        )
 
     # -- one pass ----------------------------------------------------------------------------------
 

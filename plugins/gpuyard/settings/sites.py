@@ -3,7 +3,9 @@
 `sites:` names them. A site's `kubernetes` is the shared `kubernetes` settings with the fields it
 gives overridden (how its API is reached: `in_cluster`, `kubeconfig`, `context`; its MLflow server,
 `mlflow_tracking_uri`; its `request_timeout_s`, ...), its `checkpoint_store` the store a team's
-default root there lies in (`<store>/<team>`), its `data_prefixes` the URL prefixes of the data its
+default root there lies in (`<store>/<team>`), opened by the scheduler's copies between sites with
+its `checkpoint_store_options` (fsspec storage options: an S3 endpoint and its credentials), its
+`data_prefixes` the URL prefixes of the data its
 nodes read. Every node its API lists is at that site, whatever the node's site label says.
 
 Plain values and pure checks; each error names the field (`sites.<name>.<field>`).
@@ -32,6 +34,12 @@ class SiteSettings(BaseModel):
     checkpoint_store: StrictStr | None = Field(
         None,
         description="fsspec URL of the site's checkpoint store; unset: the `checkpoint_store` setting's.",
+    )
+    checkpoint_store_options: dict[StrictStr, Any] = Field(
+        default_factory=dict,
+        description="fsspec storage options the scheduler opens the site's checkpoint store with when it "
+        "copies a checkpoint to or from the site (s3: endpoint_url, key, secret, ...); empty: fsspec "
+        "reads the scheduler's environment.",
     )
     data_prefixes: tuple[StrictStr, ...] = Field(
         (), description="URL prefixes of the data the site's nodes read; empty: they reach all data."
