@@ -32,6 +32,19 @@ MANIFEST = "manifest.json"
 CHUNK = 4 << 20
 
 
+def _store_errors() -> tuple[type[Exception], ...]:
+    """What a store's client raises when a store is unreachable or refuses: OSError, and botocore's
+    own errors, which s3fs lets through (a connection refused, no credentials)."""
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:  # no S3 client installed: no S3 store either
+        return (OSError,)
+    return (OSError, BotoCoreError)
+
+
+STORE_ERRORS = _store_errors()
+
+
 class TransferError(Exception):
     """The checkpoint could not be copied, or the copy does not match its source."""
 
@@ -100,7 +113,7 @@ def copy_checkpoint(
         src = fsspec.core.url_to_fs(source, **(source_options or {}))
         dst = fsspec.core.url_to_fs(destination, **(destination_options or {}))
         return _copy(source, destination, src, dst, dict(landed or {}), on_file, tag)
-    except OSError as error:  # an unreadable source, an unwritable or unreachable destination
+    except STORE_ERRORS as error:  # an unreadable source, an unwritable or unreachable destination
         raise TransferError(f"copying {source} to {destination}: {error}") from error
 
 

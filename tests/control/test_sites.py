@@ -132,6 +132,19 @@ def test_each_end_of_a_copy_is_opened_with_its_own_stores_options(
         west_server.stop()
 
 
+def test_an_unreachable_store_fails_the_copy_as_a_transfer_error(tmp_path: Path, s3_server: S3Server) -> None:
+    """The S3 client raises its own errors for an endpoint nothing answers at (not OSError): the
+    copy names it as a TransferError, which the mover retries, rather than a crash of its thread."""
+    local = write_checkpoint(tmp_path / "step-000000120", 120)
+    nowhere: dict[str, object] = {
+        **store_options(s3_server),
+        "endpoint_url": f"http://127.0.0.1:{free_port()}",
+        "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},  # fail at once
+    }
+    with pytest.raises(TransferError, match="Could not connect"):
+        copy_checkpoint(local, "s3://ckpt-nowhere/a/job-1/step-000000120", destination_options=nowhere)
+
+
 def store_options(server: S3Server) -> dict[str, str]:
     """A site's `checkpoint_store_options` for the S3 endpoint `server`."""
     credentials = server.CREDENTIALS
