@@ -10,13 +10,14 @@ included, costs a restart during which the job holds its GPUs and makes no progr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuyard.sim.elastic.profiles import Application, Placement, row_error, whole_number
 from gpuyard.sim.trace import csv_rows
+
+from training.efficiency import GradStats, gain
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 BATCH_CANDIDATES = 10  # global batches its agent tries per size, geometric between the bounds
@@ -125,14 +126,14 @@ def best_batch(
     app: Application,
     gpus: int,
     step_s: Callable[[int, int], float],
-    noise: float | None,
+    noise: GradStats | None,
     fixed: int | None = None,
 ) -> tuple[int, float] | None:
     """A job's agent: the global batch that makes the most progress per second on `gpus` GPUs, and
     that progress (steps at the initial batch per second), or None where no batch fits them.
 
-    `step_s(atomic batch, micro-batches)`: the step its model predicts; `noise`: the gradient noise
-    (var / sqr) it measured last (None: not yet); `fixed`: the one batch it keeps (no adaptive batch).
+    `step_s(atomic batch, micro-batches)`: the step its model predicts; `noise`: the gradient's
+    statistics it measured last (None: not yet); `fixed`: the one batch it keeps (no adaptive batch).
     With adaptive batch it tries batches geometric between the smallest its GPUs take and the largest
     measured; before it measured its noise a larger batch is assumed worth no more than one small
     step (efficiency 1 / scale): it takes the smallest.
@@ -151,19 +152,11 @@ def best_batch(
         if atomic < min_local:
             continue
         trained = gpus * atomic * (accum + 1)
-        goodput = _gain(trained / app.init_batch_size, noise) / step_s(atomic, accum + 1)
+        progress = 1.0 if noise is None else gain(trained / app.init_batch_size, noise.sqr, noise.var)
+        goodput = progress / step_s(atomic, accum + 1)
         if best is None or goodput > best[1]:
             best = (batch, goodput)
     return best
-
-
-def _gain(scale: float, noise: float | None) -> float:
-    """Progress of one step at `scale` times the initial batch: (noise + 1) / (noise / scale + 1)."""
-    if noise is None:
-        return 1.0
-    if math.isinf(noise):
-        return scale
-    return (noise + 1) / (noise / scale + 1)
 
 
 def _geometric(low: int, high: int) -> list[int]:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from gpuyard.sim.trace import TraceError, csv_rows
 
+from training.efficiency import gain
+
 Placement = tuple[int, ...]  # GPUs on each node the job holds
 Times = tuple[float, float]  # (step_time, sync_time) in seconds
 
@@ -130,11 +132,11 @@ class Application:
 
         A step at `scale` times the initial batch is worth up to `scale` small steps, less where the
         gradient's noise (var) is small beside its signal (sqr): the study's statistical efficiency
-        `gain / scale`, 1 at the initial batch.
+        `gain / scale`, 1 at the initial batch (`training.efficiency.gain`, which the runtime's adaptive
+        batch shares).
         """
         sqr, var = self.grad_stats(batch_size, epoch)
-        scale = batch_size / self.init_batch_size
-        return (var + sqr) / (var / scale + sqr)
+        return gain(batch_size / self.init_batch_size, sqr, var)
 
     def batch_split(self, num_replicas: int, batch_size: int) -> tuple[int, int]:
         """(atomic_bsz, accum_steps): how `num_replicas` GPUs compute a global `batch_size`, each

@@ -31,6 +31,8 @@ from gpuyard.domain.elastic import (
 from gpuyard.sim.elastic.jobs import ElasticJob, best_batch
 from gpuyard.sim.elastic.profiles import Application
 
+from training.efficiency import GradStats
+
 Allocation = tuple[int, ...]  # the node of each GPU a job holds (as policies.Allocation)
 
 
@@ -81,7 +83,7 @@ class GpuyardSizing:
         self.models: dict[str, StepModel] = {}
         self.tuned: dict[str, tuple[int, int]] = {}  # (GPUs, batch) the user tuned
         self.attained_gpu_s: dict[str, float] = {}
-        self.noise: dict[str, float] = {}  # the gradient noise each job measured last
+        self.noise: dict[str, GradStats] = {}  # the gradient's statistics each job measured last
         self.checked_s = 0
 
     def allocate(
@@ -127,8 +129,7 @@ class GpuyardSizing:
                 self.models[job.name].observe(nodes, gpus, job.atomic_bsz, measured)
                 self.attained_gpu_s[job.name] += gpus * (now_s - self.checked_s)
                 if self.adaptive_batch and not job.app.pinned:
-                    sqr, var = job.app.grad_stats(job.trained_batch, job.epoch)
-                    self.noise[job.name] = var / sqr if sqr > 0 else math.inf
+                    self.noise[job.name] = GradStats(*job.app.grad_stats(job.trained_batch, job.epoch))
         self.checked_s = now_s
 
     def _runnable(
@@ -165,7 +166,13 @@ class GpuyardSizing:
         return options
 
     def _best_batch(
-        self, job: ElasticJob, model: StepModel, nodes: int, gpus: int, tuned_batch: int, noise: float | None
+        self,
+        job: ElasticJob,
+        model: StepModel,
+        nodes: int,
+        gpus: int,
+        tuned_batch: int,
+        noise: GradStats | None,
     ) -> Option | None:
         def step_s(atomic: int, micro_batches: int) -> float:
             return model.step_s(nodes, gpus, atomic, micro_batches)
