@@ -44,6 +44,20 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class AdaptiveBatchConfig:
+    """Opt-in adaptive batch size (training/adaptive.py): every `every_steps` steps the global batch
+    becomes the one within [min, max] with the most goodput, measured throughput x statistical
+    efficiency, as Pollux chooses it."""
+
+    min: int
+    max: int
+    every_steps: int = 10
+    """Steps between choices (the same steps on every worker)."""
+    smoothing: float = 0.9
+    """The moving average's weight on the past of the gradient's statistics, per step."""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     max_steps: int = 100
     global_batch_size: int = 64
@@ -53,6 +67,9 @@ class TrainConfig:
     """The most examples a worker takes in one forward and backward: a worker whose share of the
     global batch is larger accumulates gradients over micro-batches (the largest divisor of its share
     within this bound). Null: its whole share at once."""
+    adaptive_batch: AdaptiveBatchConfig | None = None
+    """Null (the default): the global batch stays `global_batch_size`. Set: it starts there and moves
+    within the bounds; the learning rate follows it by the square-root rule."""
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_steps: int = 0
@@ -152,6 +169,8 @@ class Config:
             raise ConfigError(f"train.global_batch_size: expected >= 1, got {t.global_batch_size}")
         if t.micro_batch_size is not None and t.micro_batch_size < 1:
             raise ConfigError(f"train.micro_batch_size: expected >= 1 or null, got {t.micro_batch_size}")
+        if t.adaptive_batch is not None:
+            _check_adaptive(t.adaptive_batch, t.global_batch_size)
         if not 0.0 <= self.data.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction: expected in [0, 1), got {self.data.val_fraction}")
         c = self.checkpoint
@@ -174,6 +193,21 @@ class Config:
             value = getattr(p, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"parallel.{name}: expected > 0 or null, got {value}")
+
+
+def _check_adaptive(a: AdaptiveBatchConfig, start: int) -> None:
+    if a.min < 1:
+        raise ConfigError(f"train.adaptive_batch.min: expected >= 1, got {a.min}")
+    if not a.min <= start <= a.max:
+        field = "min" if start < a.min else "max"
+        raise ConfigError(
+            f"train.adaptive_batch.{field}: the bounds must hold train.global_batch_size ({start}), "
+            f"the batch a run starts at; got min {a.min}, max {a.max}"
+        )
+    if a.every_steps < 1:
+        raise ConfigError(f"train.adaptive_batch.every_steps: expected >= 1, got {a.every_steps}")
+    if not 0.0 <= a.smoothing < 1.0:
+        raise ConfigError(f"train.adaptive_batch.smoothing: expected in [0, 1), got {a.smoothing}")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:

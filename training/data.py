@@ -121,10 +121,16 @@ def split(data: Dataset, val_fraction: float, seed: int) -> Split:
 class StepSampler:
     """Indices of each step's batch: epoch-wise shuffles of the training set, read as one endless stream."""
 
-    def __init__(self, n: int, global_batch_size: int, seed: int) -> None:
+    def __init__(
+        self, n: int, global_batch_size: int, seed: int, first_step: int = 0, first_position: int = 0
+    ) -> None:
+        """`first_position`: where in the stream step `first_step` starts (an adaptive batch's change
+        of size re-anchors the stream where the steps before it left it)."""
         self.n = n
         self.global_batch_size = global_batch_size
         self.seed = seed
+        self.first_step = first_step
+        self.first_position = first_position
         self._perms: dict[int, torch.Tensor] = {}
 
     def _perm(self, epoch: int) -> torch.Tensor:
@@ -136,7 +142,7 @@ class StepSampler:
 
     def global_batch(self, step: int) -> torch.Tensor:
         """Indices of the samples consumed by step `step` (0-based), across all ranks."""
-        start = step * self.global_batch_size
+        start = self.first_position + (step - self.first_step) * self.global_batch_size
         positions = torch.arange(start, start + self.global_batch_size)
         epochs, offsets = positions // self.n, positions % self.n
         out = torch.empty(self.global_batch_size, dtype=torch.long)

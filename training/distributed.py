@@ -102,6 +102,28 @@ def scale_gradients(model: nn.Module, factor: float) -> None:
             parameter.grad.mul_(factor)
 
 
+@torch.no_grad()
+def average_gradients(model: nn.Module) -> None:
+    """Average every gradient over the ranks: what DDP's synced micro-batch does, for a step whose
+    micro-batches all stayed local (an adaptive batch measures each one's gradient)."""
+    world_size = dist.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            parameter.grad.div_(world_size)
+
+
+@torch.no_grad()
+def flat_gradient(model: nn.Module) -> torch.Tensor:
+    """This rank's gradients as one float64 vector (zeros where none was computed yet)."""
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().flatten()
+            for p in model.parameters()
+        ]
+    )
+
+
 def all_sum(values: list[float], device: torch.device) -> list[float]:
     """Sum a few floats over all ranks (the per-step control exchange)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)

@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,11 @@ from typing import Any
 import torch
 
 from training import distributed, exit_codes, workloads
+from training.adaptive import AdaptiveBatch
 from training.checkpoint import Checkpointer, CheckpointStore
 from training.config import Config, load
 from training.control import CheckpointSchedule, Preemption, decide, local_action, votes
+from training.efficiency import GradStats, estimate
 from training.heartbeat import Action, HeartbeatAgent, HeartbeatClient, LauncherEnv, Overheads, Throughput
 from training.mlflow_tracking import Tracker, make_tracker
 
@@ -43,17 +45,35 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def lr_lambda(cfg: Config) -> Any:
-    """Linear warm-up, then cosine decay to 10% of the peak rate."""
+def lr_lambda(cfg: Config, scale: Callable[[], float] = lambda: 1.0) -> Any:
+    """Linear warm-up, then cosine decay to 10% of the peak rate; times `scale()` (an adaptive
+    batch's learning-rate scale, training/adaptive.py)."""
     warmup, total = cfg.train.warmup_steps, cfg.train.max_steps
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
-            return (step + 1) / warmup
+            return (step + 1) / warmup * scale()
         progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))) * scale()
 
     return factor
+
+
+def step_stats(
+    pieces: workloads.Pieces | None, piece_batch: int, start: int, world: distributed.World, step_s: float
+) -> tuple[GradStats | None, float, float]:
+    """One step's gradient statistics (None: fewer than two micro-batches over the gang) and its
+    seconds and forward-and-backward seconds, averaged over the ranks: the same on every rank."""
+    if pieces is None:
+        raise RuntimeError("train.adaptive_batch: the workload measured no micro-batch gradients")
+    sqr_sum, count, step_sum, compute_sum = distributed.all_sum(
+        [pieces.sqr_sum, pieces.count, step_s, pieces.compute_s], world.device
+    )
+    n = round(count)
+    stats = None
+    if n >= 2:
+        stats = estimate(sqr_sum / n, pieces.mean_sqr, n, piece_batch, start)
+    return stats, step_sum / world.world_size, compute_sum / world.world_size
 
 
 class EventLog:
@@ -76,6 +96,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
     workload = workloads.build(cfg, world)  # seeds the initial weights alike on every rank
     model, strategy, why, n_params = workload.model, workload.strategy, workload.reason, workload.n_parameters
     split = workload.split
+    bounds = cfg.train.adaptive_batch
+    adaptive = None
+    if bounds is not None:
+        start = cfg.train.global_batch_size
+        adaptive = AdaptiveBatch(bounds, start, split.replicas, cfg.train.micro_batch_size)
     if leader:
         log.info("model %s, %d parameters, strategy %s: %s", cfg.model.kind, n_params, strategy, why)
         log.info(
@@ -86,7 +111,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             split.local_batch,
         )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    def lr_scale() -> float:
+        return adaptive.lr_scale if adaptive is not None else 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lr_scale))
 
     # Fenced like the leases: this attempt writes only folders named with its own token (checkpoint.py).
     token = int(env.fencing_token) if env.fencing_token else None
@@ -101,7 +130,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         best_metric=cfg.checkpoint.keep_best_metric,
         best_mode=cfg.checkpoint.best_mode,
     )
-    step, run_id = 0, None
+    step, run_id, samples_seen = 0, None, 0
     restore_began = time.perf_counter()
     restored_step: int | None = None
     manifest = ckpt.find_latest(cfg.checkpoint.verify_checksums, recorded=env.resume_url)
@@ -109,6 +138,11 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         restored = ckpt.restore(manifest, model, optimizer)
         scheduler.load_state_dict(restored.trainer["scheduler"])
         step = int(restored.trainer["step"])
+        samples_seen = int(restored.trainer.get("samples_seen", step * cfg.train.global_batch_size))
+        if adaptive is not None:
+            if "adaptive" in restored.trainer:
+                adaptive.load_state_dict(restored.trainer["adaptive"])
+            workload.rebatch(adaptive.global_batch, step, samples_seen)
         restored_step = step
         run_id = manifest.run.get("mlflow_run_id")
         if not restored.rng_restored:
@@ -157,20 +191,23 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
         strategy=strategy,
         strategy_reason=why,
         n_parameters=n_params,
-        global_batch=split.global_batch,
-        local_batch=split.local_batch,
-        accum_steps=split.accum_steps,
+        global_batch=workload.split.global_batch,
+        local_batch=workload.split.local_batch,
+        accum_steps=workload.split.accum_steps,
     )
 
     def save(current: int, train_loss: float | None, *, force_sync: bool = False) -> None:
         metrics = workload.evaluate()
         if train_loss is not None:
             metrics["train_loss_window"] = train_loss
+        state: dict[str, Any] = {"scheduler": scheduler.state_dict(), "samples_seen": samples_seen}
+        if adaptive is not None:
+            state["adaptive"] = adaptive.state_dict()
         ckpt.save(
             current,
             model,
             optimizer,
-            {"scheduler": scheduler.state_dict(), "samples_seen": current * cfg.train.global_batch_size},
+            state,
             metrics,
             run_ids,
             force_sync=force_sync,
@@ -189,13 +226,38 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
             began = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss_rows, rows = workload.forward_backward(step)
+            lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
-            scheduler.step()
             step_times.append(time.perf_counter() - began)
+            trained = workload.split
+            samples_seen += trained.global_batch
             # Replaced whole, never changed in place: the heartbeat thread reads it.
             progress["throughput"] = Throughput(
-                statistics.median(step_times), split.local_batch, split.accum_steps, split.global_batch
+                statistics.median(step_times), trained.local_batch, trained.accum_steps, trained.global_batch
             )
+            if adaptive is not None:
+                stats, step_s, compute_s = step_stats(
+                    workload.pieces, trained.local_batch, adaptive.start, world, step_times[-1]
+                )
+                adaptive.observe(stats, step_s, compute_s, trained.share)
+                if adaptive.due(step + 1) and adaptive.choose():
+                    workload.rebatch(adaptive.global_batch, step + 1, samples_seen)
+                    step_times.clear()  # the throughput reported is the new batch's
+                    now = workload.split
+                    noise = adaptive.noise.stats()
+                    events.write(
+                        "batch",
+                        after_step=step + 1,
+                        global_batch=now.global_batch,
+                        local_batch=now.local_batch,
+                        accum_steps=now.accum_steps,
+                        lr_scale=adaptive.lr_scale,
+                        grad_sqr=noise.sqr if noise else None,
+                        grad_var=noise.var if noise else None,
+                    )
+                    if leader:
+                        log.info("adaptive batch: global batch %d after step %d", now.global_batch, step + 1)
+            scheduler.step()  # the next step's rate: at the batch just chosen
             if cfg.train.step_sleep_s:
                 time.sleep(cfg.train.step_sleep_s)
             step += 1
@@ -223,7 +285,7 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
                         "step %d/%d loss %.4f (%.1f steps/s)", step, cfg.train.max_steps, decision.loss, rate
                     )
                 t_last = now
-            events.write("step", step=step, loss=decision.loss)
+            events.write("step", step=step, loss=decision.loss, global_batch=trained.global_batch, lr=lr)
             if decision.action == Action.STOP:
                 log.error(
                     "attempt refused (ended, or a stale token) at step %d: exiting without writing", step

@@ -21,8 +21,10 @@ same steps.
 from __future__ import annotations
 
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -41,6 +43,16 @@ from training.model import MLPClassifier, Probability, Rescaled, count_parameter
 from training.transformer import Transformer, TransformerSpec, synthetic_tokens
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """One step's micro-batch gradients on this rank, for an adaptive batch's noise (training/adaptive.py)."""
+
+    sqr_sum: float  # the sum over this rank's micro-batches of each one's gradient's squared norm
+    count: int  # this rank's micro-batches
+    mean_sqr: float  # the squared norm of the step's gradient (their mean over every rank)
+    compute_s: float  # this rank's seconds of forward and backward
+
+
 class Workload(ABC):
     """One rank's part of a training run of one model kind, built as `kind(cfg, world)`: what the loop
     steps, checkpoints, evaluates and exports."""
@@ -57,6 +69,10 @@ class Workload(ABC):
     """Why this strategy: the config named it, or the planner's reasons."""
     split: BatchSplit
     """How each step's global batch splits over the gang's data-parallel workers."""
+    adaptive: ClassVar[bool] = False
+    """Whether the kind takes `train.adaptive_batch` (`rebatch`, `pieces`)."""
+    pieces: Pieces | None = None
+    """With an adaptive batch: the last step's micro-batch gradients."""
 
     def __init__(self, cfg: Config, world: distributed.World) -> None:
         self.cfg = cfg
@@ -73,6 +89,11 @@ class Workload(ABC):
         leaving the gradient of the step's mean loss, returning (loss x rows, rows), rows being the
         samples its loss stands for; the step's loss is the sum of the first over the ranks divided by
         the sum of the second."""
+
+    def rebatch(self, global_batch: int, step: int, position: int) -> None:
+        """Train at `global_batch` from step `step`, whose examples start at `position` of the stream
+        (an adaptive batch: the kinds with `adaptive`)."""
+        raise NotImplementedError(f"model.kind {self.cfg.model.kind} trains at a fixed global batch")
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
@@ -106,6 +127,14 @@ def check(cfg: Config) -> None:
             f"parallel.strategy: expected one of {names} for model.kind {model.kind}, "
             f"got {parallel.strategy!r}"
         )
+    if cfg.train.adaptive_batch is not None:
+        if not workload.adaptive:
+            takers = ", ".join(k for k, w in KINDS.items() if w.adaptive)
+            raise ConfigError(
+                f"train.adaptive_batch: model.kind {model.kind} trains at a fixed global batch; "
+                f"only {takers} take an adaptive one"
+            )
+        _check_adaptive_strategy(parallel.strategy)
     for name, takers in LAYOUT_FIELDS.items():
         if getattr(parallel, name) is not None and parallel.strategy not in takers:
             chosen = "auto (the planner chooses it)" if parallel.strategy == "auto" else parallel.strategy
@@ -113,6 +142,16 @@ def check(cfg: Config) -> None:
                 f"parallel.{name}: only strategy {' or '.join(takers)} takes it; the strategy is {chosen}"
             )
     workload.check(cfg)
+
+
+def _check_adaptive_strategy(strategy: str) -> None:
+    """An adaptive batch measures each worker's micro-batch gradients, which DDP leaves whole on each
+    worker and FSDP shards."""
+    if strategy == "fsdp":
+        raise ConfigError(
+            "parallel.strategy: train.adaptive_batch measures each worker's micro-batch gradients, which "
+            "fsdp shards: use ddp"
+        )
 
 
 def build(cfg: Config, world: distributed.World) -> Workload:
@@ -148,6 +187,7 @@ class TabularMLP(Workload):
     its served form."""
 
     strategies = distributed.STRATEGIES
+    adaptive = True
     binary: ClassVar[bool]
     """Its labels are 0/1."""
 
@@ -173,6 +213,8 @@ class TabularMLP(Workload):
             self.strategy, self.reason = planner.runtime_strategy(self.n_parameters, memory, world.world_size)
         else:
             self.strategy, self.reason = cfg.parallel.strategy, "set by config"
+        if cfg.train.adaptive_batch is not None:
+            _check_adaptive_strategy(self.strategy)
         self.model = distributed.wrap(base, self.strategy, world)
 
     @property
@@ -187,20 +229,37 @@ class TabularMLP(Workload):
     def served(self, network: nn.Module) -> nn.Module:
         """The trained network as it is served (raw features in)."""
 
+    def rebatch(self, global_batch: int, step: int, position: int) -> None:
+        self.sampler = StepSampler(len(self.data.train), global_batch, self.cfg.seed, step, position)
+        self.split = batching.split(global_batch, self.world.world_size, self.cfg.train.micro_batch_size)
+
     def forward_backward(self, step: int) -> tuple[float, float]:
-        """This rank's share of the step's global batch, in micro-batches of `split.local_batch`."""
+        """This rank's share of the step's global batch, in micro-batches of `split.local_batch`. With
+        an adaptive batch every micro-batch stays local (each one's gradient is measured: `pieces`)
+        and the gradients are averaged over the ranks after the last."""
         share = self.sampler.local_batch(step, self.world.rank, self.world.world_size)
         pieces = share.split(self.split.local_batch)
-        total = 0.0
+        measure = self.cfg.train.adaptive_batch is not None
+        total, sqr_sum = 0.0, 0.0
+        began = time.perf_counter()
         for i, idx in enumerate(pieces):
             x = self.data.train.features[idx].to(self.world.device)
             y = self.data.train.labels[idx].to(self.world.device)
-            with distributed.micro_batch(self.model, last=i == len(pieces) - 1):
+            before = distributed.flat_gradient(self.model) if measure else None
+            with distributed.micro_batch(self.model, last=not measure and i == len(pieces) - 1):
                 loss = self.loss(self.model(x), y)
                 loss.backward()
+            if before is not None:
+                sqr_sum += float((distributed.flat_gradient(self.model) - before).square().sum())
             total += loss.item() * len(idx)
+        compute_s = time.perf_counter() - began
+        if measure:
+            distributed.average_gradients(self.model)
         if len(pieces) > 1:
             distributed.scale_gradients(self.model, 1.0 / len(pieces))
+        if measure:
+            mean_sqr = float(distributed.flat_gradient(self.model).square().sum())
+            self.pieces = Pieces(sqr_sum, len(pieces), mean_sqr, compute_s)
         return total, float(len(share))
 
     def export(self, tracker: Tracker) -> None:
