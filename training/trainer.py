@@ -243,20 +243,20 @@ def train(cfg: Config, world: distributed.World, env: LauncherEnv, preemption: P
                 if adaptive.due(step + 1) and adaptive.choose():
                     workload.rebatch(adaptive.global_batch, step + 1, samples_seen)
                     step_times.clear()  # the throughput reported is the new batch's
-                    now = workload.split
+                    chosen = workload.split
                     noise = adaptive.noise.stats()
                     events.write(
                         "batch",
                         after_step=step + 1,
-                        global_batch=now.global_batch,
-                        local_batch=now.local_batch,
-                        accum_steps=now.accum_steps,
+                        global_batch=chosen.global_batch,
+                        local_batch=chosen.local_batch,
+                        accum_steps=chosen.accum_steps,
                         lr_scale=adaptive.lr_scale,
                         grad_sqr=noise.sqr if noise else None,
                         grad_var=noise.var if noise else None,
                     )
                     if leader:
-                        log.info("adaptive batch: global batch %d after step %d", now.global_batch, step + 1)
+                        log.info("adaptive batch: %d after step %d", chosen.global_batch, step + 1)
             scheduler.step()  # the next step's rate: at the batch just chosen
             if cfg.train.step_sleep_s:
                 time.sleep(cfg.train.step_sleep_s)

@@ -129,10 +129,10 @@ def check(cfg: Config) -> None:
         )
     if cfg.train.adaptive_batch is not None:
         if not workload.adaptive:
-            takers = ", ".join(k for k, w in KINDS.items() if w.adaptive)
+            adaptive = ", ".join(k for k, w in KINDS.items() if w.adaptive)
             raise ConfigError(
                 f"train.adaptive_batch: model.kind {model.kind} trains at a fixed global batch; "
-                f"only {takers} take an adaptive one"
+                f"only {adaptive} take an adaptive one"
             )
         _check_adaptive_strategy(parallel.strategy)
     for name, takers in LAYOUT_FIELDS.items():
