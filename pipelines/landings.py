@@ -63,17 +63,17 @@ def _announce(path: str) -> str:
     asset = raw_asset(definition)
     key = context.get("partition_key")  # None in a run triggered without one (`airflow dags test`)
     day = dt.date.fromisoformat(key) if key else context["dag_run"].run_after.date()
-    newest = newest_landed(definition, day)
+    newest, table = newest_landed(definition, day), definition.source.announced
     if newest is None:
-        raise AirflowSkipException(f"nothing new: no raw partition landed on or before {day}")
+        raise AirflowSkipException(f"nothing new: no raw {table} partition landed on or before {day}")
     runs = retraining_runs(context["inlet_events"][asset], newest, definition.name)
     if runs:
         raise AirflowSkipException(
-            f"nothing new: {newest}, the newest raw partition landed on or before {day}, "
+            f"nothing new: {newest}, the newest raw {table} partition landed on or before {day}, "
             f"already has retraining run(s) {', '.join(runs)}"
         )
     context["outlet_events"][asset].add_partitions(newest.isoformat())
-    log.info("announced raw partition %s, the newest landed on or before %s", newest, day)
+    log.info("announced raw %s partition %s, the newest landed on or before %s", table, newest, day)
     return newest.isoformat()
 
 
