@@ -206,8 +206,8 @@ class SiteLauncher:
             return False
         if found is None:  # not known here: every site must say so
             reachable = self._reachable()
-            released = [self._release_at(site, launcher, attempt_id) for site, launcher in reachable.items()]
-            return all(released) and len(reachable) == len(self._launchers)
+            every = [self._release_at(site, launcher, attempt_id) for site, launcher in reachable.items()]
+            return all(every) and len(reachable) == len(self._launchers)
         if released := self._release_at(*found, attempt_id):
             self._forget(attempt_id)
         return released
