@@ -30,9 +30,11 @@ with DAG(**step.retraining_dag(PIPELINE), doc_md=__doc__) as dag:
     candidates = step.train(PIPELINE, sets)  # one GPU job per grid entry
     best = step.pick_best(PIPELINE, sets, candidates)
     verdict = step.evaluate(PIPELINE, run, best, sets)
-    published = step.publish(PIPELINE, run, verdict)
+    gate = step.approval(PIPELINE) if PIPELINE.promotion.require_approval else None
+    published = step.publish(PIPELINE, run, verdict, gate.output if gate else None)
+    promoted = step.promotions(PIPELINE, published)  # approve_/promote_<env> after the first environment
     done = step.finish(PIPELINE, run)  # start's teardown: closes the MLflow run, whatever happened
 
     chain(landed, raw_checked, prepared, features_checked, applied, materialized, sets)
     chain(sets_checked, candidates)
-    chain(verdict, published, done)
+    chain(verdict, *([gate] if gate else []), published, *promoted, done)

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,6 +40,18 @@ class Parameters(BaseModel):
     """A source's `features:` or `validation:` section: immutable, and a misspelt key is an error."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+P = TypeVar("P", bound=Parameters)
+
+
+def section(config: PipelineConfig, name: Literal["features", "validation"], model: type[P]) -> P:
+    """A step config's `features:` or `validation:` section as its source's `model`; a config built
+    for another source is refused, naming the section."""
+    value = getattr(config, name)
+    if not isinstance(value, model):
+        raise ConfigError(f"{name}: source {config.source!r} takes its {model.__name__}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

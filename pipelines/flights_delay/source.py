@@ -21,8 +21,8 @@ import pandas as pd
 from pydantic import Field
 
 from pipelines.config import PipelineConfig
-from pipelines.errors import ConfigError, MissingDataError
-from pipelines.sources import Expectation, Parameters, Source, SparkJob, register
+from pipelines.errors import MissingDataError
+from pipelines.sources import Expectation, Parameters, Source, SparkJob, register, section
 
 if TYPE_CHECKING:
     from spark_jobs.prepare_flights import FlightJobParams
@@ -87,17 +87,11 @@ def load_table(name: str) -> pd.DataFrame:
 
 
 def flight_features(config: PipelineConfig) -> Features:
-    if not isinstance(config.features, Features):
-        raise ConfigError(f"features: the nycflights13 source takes its Features, got {config.features!r}")
-    return config.features
+    return section(config, "features", Features)
 
 
 def flight_bounds(config: PipelineConfig) -> Validation:
-    if not isinstance(config.validation, Validation):
-        raise ConfigError(
-            f"validation: the nycflights13 source takes its Validation, got {config.validation!r}"
-        )
-    return config.validation
+    return section(config, "validation", Validation)
 
 
 def flight_params(config: PipelineConfig) -> FlightJobParams:

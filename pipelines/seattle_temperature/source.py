@@ -29,8 +29,8 @@ from pydantic import Field
 
 from pipelines import storage, validate
 from pipelines.config import PipelineConfig
-from pipelines.errors import ConfigError, MissingDataError
-from pipelines.sources import Expectation, Parameters, Source, register
+from pipelines.errors import MissingDataError
+from pipelines.sources import Expectation, Parameters, Source, register, section
 from spark_jobs import layout
 
 STATION = "SEA"
@@ -60,17 +60,11 @@ class Validation(Parameters):
 
 
 def weather_features(config: PipelineConfig) -> Features:
-    if not isinstance(config.features, Features):
-        raise ConfigError(f"features: the seattle_weather source takes its Features, got {config.features!r}")
-    return config.features
+    return section(config, "features", Features)
 
 
 def weather_bounds(config: PipelineConfig) -> Validation:
-    if not isinstance(config.validation, Validation):
-        raise ConfigError(
-            f"validation: the seattle_weather source takes its Validation, got {config.validation!r}"
-        )
-    return config.validation
+    return section(config, "validation", Validation)
 
 
 def data_file() -> Path:

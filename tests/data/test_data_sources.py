@@ -18,10 +18,12 @@ from pipelines.seattle_temperature import source as weather
 
 
 def test_each_pipeline_folder_registers_its_source() -> None:
-    assert sources.get("seattle_weather").feature_views == "seattle_weather.py"  # found in its folder
-    assert {"nycflights13", "seattle_weather"} <= set(sources.SOURCES)
+    # An unknown name makes the registry import every folder's source.py (the module above imported
+    # seattle_temperature's already: the registry is filled lazily, in whatever order it is asked).
     with pytest.raises(ConfigError, match=r"no data source 'weather'; sources: \[.*'nycflights13'"):
         sources.get("weather")
+    assert {"nycflights13", "seattle_weather"} <= set(sources.SOURCES)
+    assert sources.get("seattle_weather").feature_views == "seattle_weather.py"  # found in its folder
 
 
 def _write(tmp_path: Path, name: str, change: dict) -> Path:
@@ -98,3 +100,14 @@ def test_regression_metrics_and_the_threshold_of_the_promotion_rule() -> None:
     promote, why = decide("mae", "min", poor, None, 0.05, threshold=3.5)
     assert not promote and why == "the candidate's mae 3.9000 misses the threshold: at most 3.5"
     assert not decide("roc_auc", "max", Scored("4", None, 0.6), None, 0.0, threshold=0.7)[0]
+
+
+def test_a_source_reads_only_a_config_of_its_own_sections() -> None:
+    from pipelines.flights_delay import source as flights
+
+    forecast = load_definition("seattle_temperature").step_config()
+    assert weather.weather_bounds(forecast).max_temp_c == 45.0
+    with pytest.raises(ConfigError, match="validation: source 'seattle_weather' takes its Validation"):
+        flights.flight_bounds(forecast)
+    with pytest.raises(ConfigError, match="features: source 'nycflights13' takes its Features"):
+        weather.weather_features(load_definition("flights_delay").step_config())

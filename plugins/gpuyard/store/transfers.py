@@ -128,11 +128,7 @@ def start(conn: Connection, transfer: CheckpointTransfer) -> bool:
     if found is None:
         conn.execute(checkpoint_transfers.insert().values(job_id=transfer.job_id, **values))
     else:
-        conn.execute(
-            update(checkpoint_transfers)
-            .where(checkpoint_transfers.c.job_id == transfer.job_id)
-            .values(**values)
-        )
+        _set(conn, transfer.job_id, **values)
     append_event(
         conn,
         type="job.transfer_started",
@@ -160,6 +156,10 @@ def adopt(conn: Connection, epoch: int, *, at: datetime) -> list[CheckpointTrans
     return under_way(conn)
 
 
+def _set(conn: Connection, job_id: str, **values: Any) -> None:
+    conn.execute(update(checkpoint_transfers).where(checkpoint_transfers.c.job_id == job_id).values(**values))
+
+
 def _owned(conn: Connection, job_id: str, epoch: int) -> CheckpointTransfer | None:
     """The job's transfer, locked, while it is under way and `epoch`'s; else None."""
     found = get(conn, job_id, lock=True)
@@ -176,11 +176,7 @@ def record_file(
     found = _owned(conn, job_id, epoch)
     if found is None:
         return False
-    conn.execute(
-        update(checkpoint_transfers)
-        .where(checkpoint_transfers.c.job_id == job_id)
-        .values(files={**found.files, name: sha256}, bytes_done=done, bytes_total=total, updated_at=at)
-    )
+    _set(conn, job_id, files={**found.files, name: sha256}, bytes_done=done, bytes_total=total, updated_at=at)
     append_event(
         conn,
         type="job.transfer_progress",
@@ -198,11 +194,7 @@ def land(conn: Connection, job_id: str, epoch: int, *, at: datetime, details: di
     found = _owned(conn, job_id, epoch)
     if found is None:
         return False
-    conn.execute(
-        update(checkpoint_transfers)
-        .where(checkpoint_transfers.c.job_id == job_id)
-        .values(state=TransferState.LANDED.value, updated_at=at)
-    )
+    _set(conn, job_id, state=TransferState.LANDED.value, updated_at=at)
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job_id)
@@ -224,11 +216,7 @@ def abandon(conn: Connection, job_id: str, epoch: int, *, at: datetime, reason: 
     found = _owned(conn, job_id, epoch)
     if found is None:
         return False
-    conn.execute(
-        update(checkpoint_transfers)
-        .where(checkpoint_transfers.c.job_id == job_id)
-        .values(state=TransferState.ABANDONED.value, updated_at=at, reason=reason)
-    )
+    _set(conn, job_id, state=TransferState.ABANDONED.value, updated_at=at, reason=reason)
     append_event(
         conn,
         type="job.transfer_abandoned",
