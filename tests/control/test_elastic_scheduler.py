@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 from gpuyard.domain.feasibility import TeamQuota
+from gpuyard.domain.placement import NodeSlice, Placement
 from gpuyard.launchers.base import LaunchRequest, Outcome, WorkerReport
 from gpuyard.scheduler.service import SchedulerService
+from gpuyard.store import attempts as attempt_store
 from gpuyard.store import teams as team_store
-from sqlalchemy import Engine
+from gpuyard.store.reservations import Reservation, reserve_batch
+from gpuyard.store.tables import attempts
+from sqlalchemy import Engine, update
 
 from .test_scheduler_service import FLEET, Clock, RecordingLauncher, beat, live_attempts, spec, state, submit
 
@@ -152,3 +156,29 @@ def test_an_elastic_job_is_not_resized_for_less_than_its_restart_costs(
     clock.advance(600)
     service.step()
     assert [a for a, _ in launcher.cancelled] == [first.attempt_id]
+
+
+def test_a_pass_reads_only_a_family_s_newest_measures(engine: Engine, clock: Clock) -> None:
+    """A pipeline's retrainings accumulate measured attempts for ever: a pass reads the newest of each
+    family (team, name), not its whole history."""
+    with engine.begin() as conn:
+        team_store.set_quota(conn, "a", TeamQuota(gpu_quota=4096), clock())
+    kept = attempt_store.MEASURES_PER_FAMILY
+    name = f"retrain-{clock().timestamp():.0f}"
+    made = []
+    for n in range(kept + 3):
+        clock.advance(1)
+        job_id = submit(engine, clock, elastic(name))
+        placement = Placement("s", "c", "d", (NodeSlice(f"n{n}", (0,)),))
+        (attempt,) = reserve_batch(
+            engine, [Reservation(job_id, placement, False)], at=clock(), lease_ttl_s=60
+        )
+        assert attempt is not None
+        with engine.begin() as conn:
+            conn.execute(update(attempts).where(attempts.c.id == attempt.id).values(step_s=1.0 + n))
+        made.append(attempt.id)
+    with engine.connect() as conn:
+        found = attempt_store.measured(conn, {("a", name), ("a", "nothing-measured")})
+    assert list(found) == [("a", name)]
+    assert [a.id for a in found["a", name]] == made[-kept:]  # the newest, oldest first
+    assert [a.step_s for a in found["a", name]] == [1.0 + n for n in range(3, kept + 3)]

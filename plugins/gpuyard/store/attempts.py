@@ -517,16 +517,30 @@ def leased_by_team(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
     return held, borrowed
 
 
+# The newest measured attempts of a family a pass reads: a pipeline's retrainings accumulate
+# attempts for ever, and the sizing needs the newest measure of each shape it ran, no history.
+MEASURES_PER_FAMILY = 32
+
+
 def measured(conn: Connection, families: set[tuple[str, str]]) -> dict[tuple[str, str], list[Attempt]]:
     """The attempts that reported a step time (the heartbeat's `throughput`), of the jobs of each
-    (team, name) of `families`, oldest first: what an elastic job's sizing fits its model to."""
+    (team, name) of `families`, the newest `MEASURES_PER_FAMILY` of each, oldest first: what an
+    elastic job's sizing fits its model to."""
     if not families:
         return {}
-    rows = conn.execute(
-        select(attempts, jobs.c.team.label("family_team"), jobs.c.name.label("family_name"))
+    newest = (
+        func.row_number()
+        .over(partition_by=(jobs.c.team, jobs.c.name), order_by=attempts.c.created_at.desc())
+        .label("newest")
+    )
+    ranked = (
+        select(attempts, jobs.c.team.label("family_team"), jobs.c.name.label("family_name"), newest)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(tuple_(jobs.c.team, jobs.c.name).in_(sorted(families)), attempts.c.step_s.is_not(None))
-        .order_by(attempts.c.created_at)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(ranked).where(ranked.c.newest <= MEASURES_PER_FAMILY).order_by(ranked.c.created_at)
     )
     found: dict[tuple[str, str], list[Attempt]] = {}
     for row in rows:
