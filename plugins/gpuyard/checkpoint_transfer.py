@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+from botocore.exceptions import BotoCoreError
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,9 @@ MANIFEST = "manifest.json"
 CHUNK = 4 << 20
 
 
-def _store_errors() -> tuple[type[Exception], ...]:
-    """What a store's client raises when a store is unreachable or refuses: OSError, and botocore's
-    own errors, which s3fs lets through (a connection refused, no credentials)."""
-    try:
-        from botocore.exceptions import BotoCoreError
-    except ImportError:  # no S3 client installed: no S3 store either
-        return (OSError,)
-    return (OSError, BotoCoreError)
-
-
-STORE_ERRORS = _store_errors()
+# What a store's client raises when a store is unreachable or refuses: OSError, and botocore's own
+# errors, which s3fs lets through (a connection refused, no credentials).
+STORE_ERRORS = (OSError, BotoCoreError)
 
 
 class TransferError(Exception):
