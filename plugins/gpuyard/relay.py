@@ -7,12 +7,19 @@ Replicas run side by side: `FOR UPDATE SKIP LOCKED` gives each a different batch
 The loop outlives every failure: an unreachable or refusing bus (READONLY, OOM), a database that is
 down, times out or deadlocks, or a bug in one batch only delay publishing, with a capped backoff;
 the outbox keeps the events meanwhile (docs/faults.md).
+
+An idle relay polls less and less often, up to `idle_poll_s`: a relay polling its database twenty
+times a second costs an idle control plane more than anything else it does. A commit that appended
+events in the relay's own process (`gpuyard up`) wakes it at once (`outbox.on_events_committed`);
+a relay of its own (production) finds them within `idle_poll_s`, and the scheduler, whom the events
+only wake, passes every second anyway.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -23,11 +30,22 @@ from gpuyard.clock import Clock, utcnow
 from gpuyard.store.outbox import claim_unpublished, mark_published
 
 log = logging.getLogger(__name__)
+STOP_CHECK_S = 0.25  # how soon a relay waiting for a wake-up notices `stop`
 
 
 class Relay:
-    def __init__(self, engine: Engine, bus: EventBus, *, batch_size: int = 200, clock: Clock = utcnow):
+    def __init__(
+        self,
+        engine: Engine,
+        bus: EventBus,
+        *,
+        batch_size: int = 200,
+        clock: Clock = utcnow,
+        wake: threading.Event | None = None,
+    ):
+        """`wake`: set when this process committed events (the relay then polls at once)."""
         self.engine, self.bus, self.batch_size, self.clock = engine, bus, batch_size, clock
+        self.wake = wake
 
     def run_once(self) -> int:
         """Publish one batch; returns how many events it published."""
@@ -45,10 +63,23 @@ class Relay:
         log.debug("relay: published %d events (seq %d..%d)", len(batch), batch[0].seq, batch[-1].seq)
         return len(batch)
 
-    def run(self, stop: threading.Event, *, poll_s: float = 0.05, max_backoff_s: float = 5.0) -> None:
-        """Until `stop` is set: drain, then poll. Outages of the bus or the database only delay."""
-        log.info("relay started: batches of %d, polling every %gs", self.batch_size, poll_s)
-        backoff, failures = poll_s, 0
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        poll_s: float = 0.05,
+        idle_poll_s: float = 1.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        """Until `stop` is set: drain, then poll, every `poll_s` after a batch and twice as long after
+        each empty poll, up to `idle_poll_s`. Outages of the bus or the database only delay."""
+        log.info(
+            "relay started: batches of %d, polling every %gs (%gs when idle)",
+            self.batch_size,
+            poll_s,
+            idle_poll_s,
+        )
+        backoff, failures, idle = poll_s, 0, poll_s
         while not stop.is_set():
             metrics.relay_loop.set_to_current_time()
             try:
@@ -65,5 +96,24 @@ class Relay:
             if failures:
                 log.info("relay: publishing again after %d failed tries", failures)
             backoff, failures = poll_s, 0
-            if published < self.batch_size:
-                stop.wait(poll_s)
+            if published == self.batch_size:
+                continue  # a full batch: more may wait
+            idle = next_wait(idle, published, poll_s=poll_s, idle_poll_s=idle_poll_s)
+            self._sleep(stop, idle)
+
+    def _sleep(self, stop: threading.Event, seconds: float) -> None:
+        """Wait `seconds`, or less: until `stop`, or until this process commits events (`wake`)."""
+        if self.wake is None:
+            stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self.wake.wait(min(left, STOP_CHECK_S)):
+                break
+        self.wake.clear()
+
+
+def next_wait(last_s: float, published: int, *, poll_s: float, idle_poll_s: float) -> float:
+    """The wait before the next poll: `poll_s` after one that published, else twice the last wait, at
+    most `idle_poll_s` (never less than `poll_s`)."""
+    return poll_s if published else min(last_s * 2, max(idle_poll_s, poll_s))

@@ -40,6 +40,7 @@ from gpuyard.scheduler.mover import CopyRules
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import MoveSettings, Settings, SettingsError, load_settings
+from gpuyard.store import outbox
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import DbBounds, make_engine, migrate, require_head
 from gpuyard.store.dbclock import database_clock
@@ -135,9 +136,19 @@ def background(name: str, loop: Callable[[threading.Event], None]) -> Any:
         thread.join(timeout=10)
 
 
-def relay_loop(engine: Engine, bus: EventBus, settings: Settings) -> Callable[[threading.Event], None]:
-    relay = Relay(engine, bus, batch_size=settings.relay_batch_size)
-    return lambda stop: relay.run(stop, poll_s=settings.relay_poll_seconds)
+def relay_loop(
+    engine: Engine, bus: EventBus, settings: Settings, *, in_process: bool = False
+) -> Callable[[threading.Event], None]:
+    """The relay's loop; `in_process`: the API writes events through the same engine (`gpuyard up`),
+    and each commit that appended some wakes the relay."""
+    wake = None
+    if in_process:
+        wake = threading.Event()
+        outbox.on_events_committed(engine, wake.set)
+    relay = Relay(engine, bus, batch_size=settings.relay_batch_size, wake=wake)
+    return lambda stop: relay.run(
+        stop, poll_s=settings.relay_poll_seconds, idle_poll_s=settings.relay_idle_poll_seconds
+    )
 
 
 class AnnouncingServer(uvicorn.Server):

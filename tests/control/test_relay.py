@@ -18,8 +18,9 @@ from gpuyard.bus.memory import MemoryBus
 from gpuyard.bus.redis_streams import RedisStreamsBus
 from gpuyard.clock import utcnow
 from gpuyard.domain.spec import parse_spec
-from gpuyard.relay import Relay
+from gpuyard.relay import Relay, next_wait
 from gpuyard.store import jobs as job_store
+from gpuyard.store import outbox
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import make_engine, migrate
 from gpuyard.store.tables import events
@@ -63,6 +64,40 @@ def test_relay_publishes_batches_and_marks_them(engine: Engine) -> None:
     assert [relay.run_once() for _ in range(4)] == [3, 3, 1, 0]
     assert unpublished(engine) == 0
     assert {d.message.event_seq for d in bus.read("g", "c", count=100, block_s=0)} == all_seqs(engine)
+
+
+def test_an_idle_relay_polls_half_as_often_each_time_up_to_its_idle_poll() -> None:
+    waits, last = [], 0.05
+    for published in (0, 0, 0, 0, 0, 0, 3, 0):
+        last = next_wait(last, published, poll_s=0.05, idle_poll_s=1.0)
+        waits.append(last)
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 0.05, 0.1]
+    assert next_wait(0.05, 0, poll_s=0.05, idle_poll_s=0.01) == 0.05  # never below its poll
+
+
+def test_a_commit_that_appended_events_wakes_the_relay_of_its_process_at_once(engine: Engine) -> None:
+    """The relay waits out a 60 s poll; the job submitted through its engine is published at once, and
+    a commit that appended nothing (a team's) does not wake it."""
+    bus, stop, wake = MemoryBus(), threading.Event(), threading.Event()
+    outbox.on_events_committed(engine, wake.set)
+    relay = Relay(engine, bus, wake=wake)
+    polls = []
+    run_once = relay.run_once
+    relay.run_once = lambda: polls.append(run_once()) or polls[-1]  # type: ignore[method-assign]
+    thread = threading.Thread(target=relay.run, args=(stop,), kwargs={"poll_s": 60.0, "idle_poll_s": 60.0})
+    thread.start()
+    try:
+        wait_until(lambda: polls == [0], what="the relay's first (empty) poll")
+        with engine.begin() as conn:
+            team_store.ensure_team(conn, "a", team_store.TeamQuota(), utcnow())
+        assert not wake.is_set() and polls == [0]
+        submit_jobs(engine, 1)
+        wait_until(lambda: unpublished(engine) == 0, timeout_s=20, what="the event published before the poll")
+        assert polls[:2] == [0, 1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()  # a stop ends its wait for a wake-up too
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ Echo = Callable[[str], None]
 class Campaign:
     seed: int
     fault_s: float = 75.0  # how long faults strike while jobs arrive
+    min_faults: int = 0  # ... and past it (at most as long again) until this many struck
     rate_per_s: float = 0.4  # job arrivals
     lease_s: float = 10.0
     quiesce_s: float = 240.0  # the longest wait for every job to end once the faults stop
@@ -93,7 +94,8 @@ class Report:
             *(f"    {v}" for v in self.violations),
             *(f"  refused submission: {r}" for r in self.rejected),
             f"  replay: python -m tests.faults.run --seed {c.seed} --campaigns 1 "
-            f"--fault-seconds {c.fault_s:g} --rate {c.rate_per_s:g} --launcher {c.launcher}",
+            f"--fault-seconds {c.fault_s:g} --min-faults {c.min_faults} --rate {c.rate_per_s:g} "
+            f"--launcher {c.launcher}",
         ]
         return "\n".join(lines)
 
@@ -146,7 +148,15 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
             stop=stop,
         )
         kinds = KUBERNETES_FAULTS if target.pods else FAULTS
-        injector = Injector(target, campaign.seed, until=began + campaign.fault_s, echo=echo, kinds=kinds)
+        injector = Injector(
+            target,
+            campaign.seed,
+            until=began + campaign.fault_s,
+            echo=echo,
+            kinds=kinds,
+            at_least=campaign.min_faults,
+            began=began,
+        )
         undo.callback(lambda: (run / "faults.log").write_text("\n".join(injector.log) + "\n"))
         threads = [
             threading.Thread(target=client.run, args=(began,), name="workload", daemon=True),

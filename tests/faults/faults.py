@@ -376,7 +376,9 @@ STALLS_THE_CONTROL_PLANE = frozenset(
 
 
 class Injector:
-    """Runs faults at random moments until `until` (monotonic); counts what it injected.
+    """Runs faults at random moments until `until` (monotonic), and past it (by at most as long again,
+    while the jobs that arrived still run) until it injected `at_least`; counts what it injected. On
+    a loaded machine most kinds may find nothing to act on in a short window (no pod running yet).
 
     Kinds are dealt from a seeded deck of every kind, shuffled again when it runs out: a campaign
     strikes with every kind before it repeats one, so a long run covers each kind about as often as
@@ -391,8 +393,13 @@ class Injector:
         echo: Callable[[str], None],
         gap_s: tuple[float, float] = (1.0, 4.0),
         kinds: Mapping[str, Fault] = FAULTS,
+        at_least: int = 0,
+        began: float | None = None,
     ):
+        """`began`: when the window opened (monotonic; default now): the window past `until` is as long."""
         self.target, self.until, self.echo, self.gap_s, self.kinds = target, until, echo, gap_s, kinds
+        self.at_least = at_least
+        self.last_chance = until + (until - (time.monotonic() if began is None else began))
         self.rng = random.Random(f"faults-{seed}")
         self.injected: Counter[str] = Counter()
         self.log: list[str] = []
@@ -400,7 +407,7 @@ class Injector:
 
     def run(self, stop: threading.Event) -> None:
         deck: list[str] = []
-        while not stop.wait(self.rng.uniform(*self.gap_s)) and time.monotonic() < self.until:
+        while not stop.wait(self.rng.uniform(*self.gap_s)) and self._striking(time.monotonic()):
             if not deck:
                 deck = sorted(self.kinds)
                 self.rng.shuffle(deck)
@@ -420,3 +427,9 @@ class Injector:
             line = f"{started:10.1f} {kind}: {done}"  # the monotonic clock, as the journal and the logs
             self.log.append(line)
             self.echo(f"  {line}")
+
+    def _striking(self, now: float) -> bool:
+        """Within the window, or past it while short of `at_least` and within as long again."""
+        if now < self.until:
+            return True
+        return sum(self.injected.values()) < self.at_least and now < self.last_chance

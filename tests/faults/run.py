@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="keep starting campaigns until this much time passed")
     parser.add_argument("--campaigns", type=int, help="run exactly this many campaigns")
     parser.add_argument("--fault-seconds", type=float, default=75.0, help="faults per campaign [75]")
+    parser.add_argument(
+        "--min-faults", type=int, default=0, help="strike past the window (as long again) until this many [0]"
+    )
     parser.add_argument("--rate", type=float, default=0.4, help="jobs submitted per second [0.4]")
     parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local", help="the launcher [local]")
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one of --minutes or --campaigns")
     if min(args.fault_seconds, args.rate, args.minutes or 1, args.campaigns or 1) <= 0:
         parser.error("--fault-seconds, --rate, --minutes and --campaigns must be positive")
+    if args.min_faults < 0:
+        parser.error("--min-faults must be at least 0")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     work = args.work
     if work is None:
@@ -72,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.minutes is not None and time.monotonic() - started >= args.minutes * 60:
             break
         report = run_campaign(
-            Campaign(seed=seed, fault_s=args.fault_seconds, rate_per_s=args.rate, launcher=args.launcher),
+            Campaign(
+                seed=seed,
+                fault_s=args.fault_seconds,
+                min_faults=args.min_faults,
+                rate_per_s=args.rate,
+                launcher=args.launcher,
+            ),
             work,
             echo=print,
         )

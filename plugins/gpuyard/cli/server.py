@@ -82,7 +82,7 @@ def up(
         ready,
     )
     try:
-        with background("relay", relay_loop(engine, bus, settings)):
+        with background("relay", relay_loop(engine, bus, settings, in_process=True)):
             server.run()
     finally:
         stop.set()

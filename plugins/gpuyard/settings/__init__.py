@@ -122,7 +122,10 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     relay_batch_size: int = Field(200, ge=1, le=10_000)
-    relay_poll_seconds: float = Field(0.05, gt=0)
+    relay_poll_seconds: float = Field(0.05, gt=0, description="The relay's poll after a batch.")
+    relay_idle_poll_seconds: float = Field(
+        1.0, gt=0, description="The longest an idle relay waits between polls (each empty poll doubles it)."
+    )
     db_pool_size: int = Field(16, ge=1)
     probe_host: str = Field("0.0.0.0", description="Where the scheduler and relay serve their probes.")
     scheduler_probe_port: int = Field(9101, ge=0, le=65535, description="The scheduler's probes and metrics.")

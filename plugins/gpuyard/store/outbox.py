@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, Engine, event, func, insert, select, update
 
 from gpuyard.domain.model import Event
 from gpuyard.store.tables import events
 
 _INSERT_EVENT = insert(events)
+_APPENDED = "gpuyard.outbox.appended"  # in a connection's `info`: its transaction appended events
+
+
+def on_events_committed(engine: Engine, callback: Callable[[], None]) -> None:
+    """Call `callback` after each transaction on `engine` that appended events commits (the relay of
+    the same process polls at once, not at its next idle poll)."""
+
+    def committed(conn: Connection) -> None:
+        if conn.info.pop(_APPENDED, False):
+            callback()
+
+    event.listen(engine, "commit", committed)
+    event.listen(engine, "rollback", lambda conn: conn.info.pop(_APPENDED, None))
 
 
 def append_event(
@@ -24,6 +37,7 @@ def append_event(
     data: dict[str, Any] | None = None,
 ) -> None:
     """Record an event; it becomes visible (and publishable) only if the caller's transaction commits."""
+    conn.info[_APPENDED] = True
     conn.execute(
         _INSERT_EVENT,
         {"type": type, "job_id": job_id, "attempt_id": attempt_id, "data": data or {}, "at": at},
@@ -33,6 +47,7 @@ def append_event(
 def append_events(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """`append_event` for many events at once (multi-row inserts): each row has its keyword arguments."""
     if rows:
+        conn.info[_APPENDED] = True
         conn.execute(
             _INSERT_EVENT,
             [{"attempt_id": None, "data": {}, **row} for row in rows],
