@@ -25,7 +25,8 @@ def _pending(pod: dict[str, Any]) -> bool:
 
 
 class Binder:
-    def __init__(self, api: k8s.CoreV1Api, every_s: float = 0.1):
+    def __init__(self, api: k8s.CoreV1Api, every_s: float = 0.25):
+        """`every_s`: a pass lists every node and pod; as often as the node agents' (`PASS_EVERY_S`)."""
         self.api = api
         self._told: dict[str, str] = {}  # pod uid -> the Unschedulable message last written
         self._loop = Periodic("binder", every_s, self.bind_pending)
