@@ -281,8 +281,8 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
         lambda: world.gpuyard.job(job["id"])["state"] == "CANCELLED", 240, 0.5, what="the job cancelled"
     )
     assert world.airflow.ti(dag, run, "train")["state"] == "failed"
-    # on_kill cancels the job, then logs it: the triggerer's log may reach the file after the job ended
-    said = f"gpuyard job {job['id']}: cancelled (the task was stopped by a user)"
+    # on_kill says so, then cancels the job: the triggerer's log may reach the file after the job ended
+    said = f"gpuyard job {job['id']}: cancelling it (the task was stopped by a user)"
 
     def told_it() -> str | None:
         text = "\n".join(world.airflow.logs(dag, run, "train").values())

@@ -123,10 +123,13 @@ class GpuJobTrigger(BaseTrigger):
         raise RuntimeError(f"gpuyard job {self.job_id}: its events stopped before it ended")
 
     async def on_kill(self) -> None:
+        # Said before the request: the task's log may be closed by the time the answer comes (a line
+        # written after it was lost once on a loaded machine, the job cancelled all the same).
+        self.log.info(f"gpuyard job {self.job_id}: cancelling it (the task was stopped by a user)")
         client = AsyncGpuyardClient(await GpuyardHook(self.gpuyard_conn_id).aendpoint())
         try:
             await client.cancel(self.job_id)
-            self.log.info(f"gpuyard job {self.job_id}: cancelled (the task was stopped by a user)")
+            self.log.info(f"gpuyard job {self.job_id}: cancelled")
         except ApiError as error:
             if error.status != 409:  # 409: it already ended
                 raise
