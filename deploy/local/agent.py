@@ -66,9 +66,8 @@ def _now() -> str:
 
 
 # A pass lists every pod of the cluster (kmock ignores field selectors). An idle cluster of four nodes
-# costs 19% of a core on the 2-core machine with the agents' and the binder's passes every 0.1 s, 11%
-# every 0.25 s (4% of it heartbeats and the node controller); a kubelet relists its containers every
-# second (PLEG).
+# cost 19% of a core on the 2-core machine with the agents' and the binder's passes every 0.1 s (and
+# the node controller's every 0.2 s), 9% with these; a kubelet relists its containers every second.
 PASS_EVERY_S = 0.25
 
 

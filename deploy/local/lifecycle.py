@@ -33,20 +33,19 @@ def silent_for(node: dict[str, Any], now: datetime.datetime) -> float | None:
 
 
 class NodeLifecycle:
-    def __init__(self, api: k8s.CoreV1Api, grace_s: float = 40.0, every_s: float = 0.2):
+    def __init__(self, api: k8s.CoreV1Api, grace_s: float = 40.0, every_s: float = 1.0):
+        """`every_s`: a pass lists every node and pod (Kubernetes' node controller looks every 5 s, its
+        pod garbage collector every 20 s; a node's grace here may be as short as 5 s)."""
         self.api, self.grace_s = api, grace_s
         self._loop = Periodic("node-lifecycle", every_s, self.pass_once)
 
     def pass_once(self) -> None:
-        self.mark_silent()
-        self.collect_orphans()
+        nodes = json.loads(self.api.list_node(_preload_content=False).data)["items"]
+        self.mark_silent(nodes)
+        self.collect_orphans({n["metadata"]["name"] for n in nodes})
 
-    def collect_orphans(self) -> list[str]:
-        """Force-delete the pods bound to a node that no longer exists; their names."""
-        nodes = {
-            n["metadata"]["name"]
-            for n in json.loads(self.api.list_node(_preload_content=False).data)["items"]
-        }
+    def collect_orphans(self, nodes: set[str]) -> list[str]:
+        """Force-delete the pods bound to a node not among `nodes` (those that exist); their names."""
         collected = []
         for pod in json.loads(self.api.list_pod_for_all_namespaces(_preload_content=False).data)["items"]:
             node, meta = pod.get("spec", {}).get("nodeName"), pod["metadata"]
@@ -66,11 +65,11 @@ class NodeLifecycle:
             collected.append(meta["name"])
         return collected
 
-    def mark_silent(self) -> list[str]:
-        """One pass; the nodes it marked Unknown."""
+    def mark_silent(self, nodes: list[dict[str, Any]]) -> list[str]:
+        """Marks Unknown those of `nodes` silent past their grace; their names."""
         now = datetime.datetime.now(datetime.UTC)
         marked = []
-        for node in json.loads(self.api.list_node(_preload_content=False).data)["items"]:
+        for node in nodes:
             silent = silent_for(node, now)
             if silent is not None and silent > self.grace_s:
                 name = node["metadata"]["name"]
