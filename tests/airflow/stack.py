@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import psutil
 from airflow_harness import PYTHON, ROOT, airflow_environment
-from servers import free_port, wait_until
+from servers import free_port, tls, wait_until
 
 GPUYARD = str(Path(PYTHON).parent / "gpuyard")
 AIRFLOW = str(Path(PYTHON).parent / "airflow")
@@ -85,7 +85,9 @@ class Gpuyard:
         return self
 
     def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"})
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, verify=tls()
+        )
 
     def jobs(self, name: str) -> list[dict[str, Any]]:
         with self.client(self.admin_token) as client:
@@ -128,6 +130,7 @@ class Gate:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
+        self.http = httpx.Client(base_url=upstream, timeout=120, verify=tls())  # shared by its threads
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._rules: list[tuple[Callable[[str, str, bytes], bool], Hold | None]] = []
@@ -145,8 +148,7 @@ class Gate:
                 headers = {
                     k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")
                 }
-                with httpx.Client(base_url=gate.upstream, timeout=120) as client:
-                    answer = client.request(self.command, self.path, content=body, headers=headers)
+                answer = gate.http.request(self.command, self.path, content=body, headers=headers)
                 hold = gate._match(self.command, self.path, body, self.client_address[1])
                 if hold is not None:
                     hold.arrived.set()
@@ -189,6 +191,7 @@ class Gate:
 
     def stop(self) -> None:
         self._server.shutdown()
+        self.http.close()
 
 
 class AirflowStack:
@@ -219,7 +222,7 @@ class AirflowStack:
             **env,
         )
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2", timeout=30)
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2", timeout=30, verify=tls())
 
     def start(self) -> AirflowStack:
         subprocess.run([AIRFLOW, "db", "migrate"], env=self.env, capture_output=True, check=True)

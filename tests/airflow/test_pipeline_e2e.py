@@ -262,7 +262,7 @@ class MakeUi:
             f"http://127.0.0.1:{self.ports['airflow']}/api/v2/monitor/health",
         )
         with contextlib.suppress(httpx.HTTPError):
-            served = all(httpx.get(url, timeout=2).status_code == 200 for url in urls)
+            served = all(self.api.get(url, timeout=2).status_code == 200 for url in urls)
             return served and self.api.get("/dags/flights_delay").status_code == 200
         return False
 
