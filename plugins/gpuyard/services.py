@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from gpuyard.scheduler.mover import CopyRules
 from gpuyard.scheduler.policy import POLICIES, Policy
 from gpuyard.scheduler.service import SchedulerService
 from gpuyard.settings import MoveSettings, Settings, SettingsError, load_settings
+from gpuyard.settings.sites import resolved_store_options
 from gpuyard.store import outbox
 from gpuyard.store import teams as team_store
 from gpuyard.store.db import DbBounds, make_engine, migrate, require_head
@@ -291,8 +292,20 @@ def build_scheduler(
             attempts=settings.moves.attempts,
             backoff_s=settings.moves.backoff_seconds,
         ),
-        store_options={name: site.checkpoint_store_options for name, site in settings.sites.items()},
+        store_options=site_store_options(settings),
     )
+
+
+def site_store_options(settings: Settings, env: Mapping[str, str] = os.environ) -> dict[str, dict[str, Any]]:
+    """Each site's checkpoint store options, their references read (`from_env`, `from_file`);
+    SettingsError naming the option that cannot be."""
+    try:
+        return {
+            name: resolved_store_options(name, site.checkpoint_store_options, env)
+            for name, site in settings.sites.items()
+        }
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
 
 
 def wan(moves: MoveSettings) -> Wan | None:

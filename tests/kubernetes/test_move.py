@@ -90,6 +90,9 @@ def two_sites(postgres_server: str, redis_url: str, tmp_path: Path) -> Iterator[
                 site: {"checkpoint_store": f"s3://ckpt-{site}", "checkpoint_store_options": store_options(s3)}
                 for site, s3 in stores.items()
             }
+            # b's secret as a Secret's envFrom gives it to the scheduler: the settings name it only
+            sites["b"]["checkpoint_store_options"]["secret"] = {"from_env": "SITE_B_S3_SECRET"}
+            plane.env["SITE_B_S3_SECRET"] = store_options(stores["b"])["secret"]
             # a: the platform's kubeconfig (KUBECONFIG); b: its own
             sites["b"]["kubernetes"] = {"kubeconfig": str(write_kubeconfig(b.url, tmp_path / "b.kubeconfig"))}
             plane.env |= {

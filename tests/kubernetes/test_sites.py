@@ -22,7 +22,7 @@ from gpuyard.domain.spec import parse_spec
 from gpuyard.launchers.kubernetes import manifests as m
 from gpuyard.launchers.sites import SiteFleet, SiteLauncher
 from gpuyard.scheduler.service import SchedulerService
-from gpuyard.services import build_launcher, build_scheduler, fleet_source
+from gpuyard.services import build_launcher, build_scheduler, fleet_source, site_store_options
 from gpuyard.settings import Settings, SettingsError, load_settings
 from gpuyard.settings.kubernetes import KubernetesConfig
 from gpuyard.store import jobs as job_store
@@ -180,6 +180,12 @@ def test_the_sites_setting_is_checked_field_by_field(tmp_path: Path) -> None:
         r"sites.a.checkpoint_store_options: Input should be a valid dictionary": {
             "a": {"checkpoint_store_options": ["endpoint_url"]}
         },
+        r"sites.a.checkpoint_store_options: .*secret: a reference is one of": {
+            "a": {"checkpoint_store_options": {"secret": {"from_env": "S", "from_file": "/s"}}}
+        },
+        r"sites.a.checkpoint_store_options: .*key: a reference is one of": {
+            "a": {"checkpoint_store_options": {"key": {"from_env": ""}}}
+        },
     }
     for message, value in cases.items():
         with pytest.raises(SettingsError, match=message):
@@ -194,6 +200,34 @@ def test_the_sites_setting_is_checked_field_by_field(tmp_path: Path) -> None:
     a, b = settings.sites["a"].kubernetes, settings.sites["b"].kubernetes
     assert (a.namespace, a.in_cluster, a.master_port) == ("gy", True, 30000)
     assert (b.namespace, b.in_cluster, b.context, b.master_port) == ("gy-b", False, "b", 30000)
+
+
+def test_a_sites_store_credentials_are_read_from_the_environment_or_a_file_as_the_scheduler_starts(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t\n")  # as a mounted Secret's file: its newline is not the secret's
+    options = {
+        "endpoint_url": "http://s3.b:9000",
+        "key": {"from_env": "SITE_B_KEY"},
+        "secret": {"from_file": str(secret)},
+    }
+    settings = load_settings(
+        home=tmp_path, launcher="kubernetes", sites={"b": {"checkpoint_store_options": options}}
+    )
+    assert settings.sites["b"].checkpoint_store_options == options  # the settings hold no credential
+    assert site_store_options(settings, {"SITE_B_KEY": "k"}) == {
+        "b": {"endpoint_url": "http://s3.b:9000", "key": "k", "secret": "s3cr3t"}
+    }
+    with pytest.raises(
+        SettingsError, match=r"sites.b.checkpoint_store_options.key: from_env SITE_B_KEY, which"
+    ):
+        site_store_options(settings, {})
+    secret.unlink()
+    with pytest.raises(
+        SettingsError, match=r"sites.b.checkpoint_store_options.secret: from_file .*No such file"
+    ):
+        site_store_options(settings, {"SITE_B_KEY": "k"})
 
 
 def test_each_site_is_read_from_its_own_api_and_a_launch_goes_to_its_sites_api(

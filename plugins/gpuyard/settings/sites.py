@@ -8,15 +8,21 @@ its `checkpoint_store_options` (fsspec storage options: an S3 endpoint and its c
 `data_prefixes` the URL prefixes of the data its
 nodes read. Every node its API lists is at that site, whatever the node's site label says.
 
+A store option's value may name where the secret is instead of holding it: `{from_env: NAME}` (a
+variable of the scheduler's environment, as a Kubernetes Secret's `envFrom` sets it) or `{from_file:
+PATH}` (a Secret mounted as files); the scheduler reads them as it starts (`resolved_store_options`),
+so the settings (a ConfigMap, a file in a repository) hold no credential.
+
 Plain values and pure checks; each error names the field (`sites.<name>.<field>`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from gpuyard.settings.kubernetes import KubernetesConfig
 
@@ -38,12 +44,62 @@ class SiteSettings(BaseModel):
     checkpoint_store_options: dict[StrictStr, Any] = Field(
         default_factory=dict,
         description="fsspec storage options the scheduler opens the site's checkpoint store with when it "
-        "copies a checkpoint to or from the site (s3: endpoint_url, key, secret, ...); empty: fsspec "
-        "reads the scheduler's environment.",
+        "copies a checkpoint to or from the site (s3: endpoint_url, key, secret, ...); a value may be "
+        "{from_env: NAME} or {from_file: PATH}, read as the scheduler starts; empty: fsspec reads the "
+        "scheduler's environment.",
     )
     data_prefixes: tuple[StrictStr, ...] = Field(
         (), description="URL prefixes of the data the site's nodes read; empty: they reach all data."
     )
+
+    @field_validator("checkpoint_store_options")
+    @classmethod
+    def _references_are_well_formed(cls, options: dict[str, Any]) -> dict[str, Any]:
+        for key, value in options.items():
+            if isinstance(value, Mapping) and set(value) & set(SOURCES):
+                reference(key, value)  # raises, naming the key
+        return options
+
+
+# Where a store option's secret may be read from (`{source: where}`).
+SOURCES = ("from_env", "from_file")
+
+
+def reference(key: str, value: Mapping[str, Any]) -> tuple[str, str]:
+    """(source, where) of an option's reference; ValueError naming the option when it is not one."""
+    if len(value) != 1 or not isinstance(where := next(iter(value.values())), str) or not where:
+        raise ValueError(
+            f"{key}: a reference is one of {{from_env: NAME}} or {{from_file: PATH}}, got {dict(value)}"
+        )
+    return next(iter(value)), where
+
+
+def resolved_store_options(
+    site: str,
+    options: Mapping[str, Any],
+    env: Mapping[str, str],
+    read: Callable[[Path], str] = Path.read_text,
+) -> dict[str, Any]:
+    """A site's store options with each reference replaced by what it names (a file's text without
+    its trailing newline); ValueError naming the option when the variable is unset or the file cannot
+    be read."""
+    resolved = {}
+    for key, value in options.items():
+        if not (isinstance(value, Mapping) and set(value) & set(SOURCES)):
+            resolved[key] = value
+            continue
+        source, where = reference(key, value)
+        field = f"sites.{site}.checkpoint_store_options.{key}"
+        if source == "from_env":
+            if where not in env:
+                raise ValueError(f"{field}: from_env {where}, which the scheduler's environment does not set")
+            resolved[key] = env[where]
+        else:
+            try:
+                resolved[key] = read(Path(where)).rstrip("\n")
+            except OSError as error:
+                raise ValueError(f"{field}: from_file {where}: {error.strerror or error}") from None
+    return resolved
 
 
 def with_shared_kubernetes(data: Any) -> Any:
