@@ -26,6 +26,9 @@ from local_cluster.services import RedisServer, S3Server, answers, free_port
 __all__ = ["RedisServer", "S3Server", "answers", "free_port"]  # the tests' names for the machine's servers
 
 
+SLOWEST_POLL_S = 0.2  # wait_until's longest pause between two polls (unless asked for longer)
+
+
 @functools.cache
 def tls() -> ssl.SSLContext:
     """One TLS context for the tests' HTTP clients (`verify=tls()`): httpx builds one for each client
@@ -40,12 +43,16 @@ def wait_until(
     interval_s: float = 0.05,
     what: str = "condition",
 ) -> Any:
-    """The predicate's first truthy answer."""
+    """The predicate's first truthy answer. Asked every `interval_s` at first, each pause then half as long
+    again as the one before, up to `SLOWEST_POLL_S` (or `interval_s` if longer): a long wait polling an API
+    twenty times a second spent a share of a core the suite's other tests needed."""
     deadline = time.monotonic() + timeout_s
+    slowest = max(interval_s, SLOWEST_POLL_S)
     while time.monotonic() < deadline:
         if found := predicate():
             return found
         time.sleep(interval_s)
+        interval_s = min(interval_s * 1.5, slowest)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
