@@ -1,12 +1,12 @@
 """Training/serving parity: the candidate model sees online exactly what its training set gave it.
 
-A sample of the evaluation period's flights (those whose schedule is still served at the end of the
+A sample of the evaluation period's rows (entities whose features are still served at the end of the
 run's materialization, `features.serving_instant`) is read twice at that instant: from the online
 store, as a serving path reads it (`get_online_features` of the feature service), and through the
 offline point-in-time join that builds training sets. Both go through the training set's own policy
 (its manifest's column order and fill values) and are scored by the candidate model loaded from
-MLflow. Any difference in a feature value or a prediction fails the step, naming the flight, the
-entity that keys the feature, the feature and both values; publication waits for this step.
+MLflow. Any difference in a feature value or a prediction fails the step, naming the row (its source's
+key), the entity that keys the feature, the feature and both values; publication waits for this step.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ class ParityFailed(DataPipelineError):
         lines = "\n".join(f"  - {m}" for m in mismatches[:SHOWN])
         more = f"\n  ... and {len(mismatches) - SHOWN} more" if len(mismatches) > SHOWN else ""
         super().__init__(
-            f"training/serving parity failed: {len(mismatches)} difference(s) over {compared} flights:\n"
+            f"training/serving parity failed: {len(mismatches)} difference(s) over {compared} rows:\n"
             f"{lines}{more}"
         )
 
 
 @dataclass(frozen=True)
 class ParityReport:
-    flights: int
+    rows: int
     features: int
     as_of: str
     max_feature_diff: float
@@ -57,7 +57,7 @@ class ParityReport:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "parity_flights": float(self.flights),
+            "parity_rows": float(self.rows),
             "parity_max_feature_diff": self.max_feature_diff,
             "parity_max_prediction_diff": self.max_prediction_diff,
         }
@@ -73,28 +73,35 @@ def _same(online: Any, offline: Any) -> tuple[bool, float]:
     return diff <= FEATURE_TOLERANCE * max(1.0, abs(float(offline))), diff
 
 
+def _shown(value: Any) -> str:
+    """A value as a person reads it: numpy's scalars as the Python values they hold (not np.float64(...))."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def compare(
     entities: pd.DataFrame,
     online: Mapping[str, Sequence[Any]],
     offline: pd.DataFrame,
     keys: Mapping[str, str],
+    key_column: str,
 ) -> tuple[list[str], float]:
-    """Feature by feature, flight by flight (rows aligned); ``keys`` names each feature's join key."""
+    """Feature by feature, row by row (rows aligned, each named by its ``key_column``); ``keys`` names
+    each feature's join key."""
     mismatches, worst = [], 0.0
-    for i, flight in enumerate(entities["flight_id"]):
+    for i, row in enumerate(entities[key_column]):
         for feature, key in keys.items():
             same, diff = _same(online[feature][i], offline[feature].iloc[i])
             worst = max(worst, diff)
             if not same:
                 mismatches.append(
-                    f"flight {flight} ({key}={entities[key].iloc[i]}): {feature} online "
-                    f"{online[feature][i]!r} != offline {offline[feature].iloc[i]!r}"
+                    f"{key_column} {row} ({key}={entities[key].iloc[i]}): {feature} online "
+                    f"{_shown(online[feature][i])} != offline {_shown(offline[feature].iloc[i])}"
                 )
     return mismatches, worst
 
 
 def sample_entities(config: PipelineConfig, as_of: dt.datetime, size: int, seed: int) -> pd.DataFrame:
-    """Flights of the run's last day still served at ``as_of`` (their schedule view's TTL), sampled."""
+    """Rows of the run's last day still served at ``as_of`` (their views' TTL), sampled."""
     day = config.end_date
     labels = storage.read_partitions(storage.join(config.data_root, "prepared", "labels"), [day], "labels")
     source = sources.of(config)
@@ -106,7 +113,7 @@ def sample_entities(config: PipelineConfig, as_of: dt.datetime, size: int, seed:
     ]
     if served.empty:
         raise MissingDataError(
-            f"no flight of {day} is still served at {as_of.isoformat()}: nothing to compare"
+            f"no {source.key_column} of {day} is still served at {as_of.isoformat()}: nothing to compare"
         )
     picked = served.sample(n=min(size, len(served)), random_state=seed)
     return picked.sort_values(source.key_column).reset_index(drop=True)
@@ -157,7 +164,7 @@ def check(
     offline = training_set.historical_features(config, offline_df, service)
     key = source.key_column
     offline = offline.set_index(key).loc[entities[key]].reset_index()
-    mismatches, worst = compare(entities, online, offline, keys)
+    mismatches, worst = compare(entities, online, offline, keys, key)
     mlflow.set_tracking_uri(tracking_uri)
     model = mlflow.pyfunc.load_model(model_uri)
     served = np.asarray(model.predict(_matrix(online, manifest)), dtype="float64").reshape(-1)
@@ -165,13 +172,12 @@ def check(
     gaps = np.abs(served - trained)
     for i in np.flatnonzero(gaps > PREDICTION_TOLERANCE):
         mismatches.append(
-            f"flight {entities['flight_id'].iloc[i]}: prediction online {served[i]:.6f} != "
-            f"offline {trained[i]:.6f}"
+            f"{key} {entities[key].iloc[i]}: prediction online {served[i]:.6f} != offline {trained[i]:.6f}"
         )
     if mismatches:
         raise ParityFailed(mismatches, len(entities))
     return ParityReport(
-        flights=len(entities),
+        rows=len(entities),
         features=len(keys),
         as_of=as_of.isoformat(),
         max_feature_diff=worst,

@@ -54,7 +54,7 @@ def private(feast_config, tmp_path_factory):
 def test_online_and_offline_agree_on_features_and_predictions(private) -> None:
     config, model_uri, manifest_url, tracking = private
     report = parity.check(config, model_uri, manifest_url, tracking, size=60)
-    assert report.flights == 60 and report.features == 22
+    assert report.rows == 60 and report.features == 22
     assert report.max_feature_diff <= 1e-9 and report.max_prediction_diff <= 1e-6
     assert report.as_of == "2013-01-13T06:00:00+00:00"
 
@@ -83,3 +83,12 @@ def test_a_value_served_wrong_online_fails_naming_it(private) -> None:
         assert len(wrong) == int((entities["carrier"] == carrier).sum())
     finally:
         features.materialize(config, features.serving_instant(config), start=config.start_date)
+
+
+def test_differences_are_named_by_the_sources_key_whatever_the_source() -> None:
+    entities = pd.DataFrame({"day": ["2013-03-30", "2013-03-31"], "station": ["SEA", "SEA"]})
+    online = {"temp_mean_7d": [9.5, 11.0]}
+    offline = pd.DataFrame({"temp_mean_7d": [9.5, 10.0]})
+    mismatches, worst = parity.compare(entities, online, offline, {"temp_mean_7d": "station"}, "day")
+    assert mismatches == ["day 2013-03-31 (station=SEA): temp_mean_7d online 11.0 != offline 10.0"]
+    assert worst == 1.0
