@@ -209,12 +209,13 @@ class SchedulerService:
         return leadership.fenced(self.engine, self.lead, now=self.clock(), hold_s=self.lease_ttl_s / 2)
 
     def keep_lead(self) -> bool:
-        """Renew the lead in the middle of a pass once a third of its period has passed: a pass (or a
-        recovery) longer than the period would otherwise lose it half way, and under load every pass
-        did, the lead passing from replica to replica with no pass completing. NotLeading when the
-        renewal finds it gone, or lapsed (a new epoch: in between nobody was sure to lead, and this
-        pass's reads may be stale; the next pass recovers under it). Never inside a fenced
-        transaction: the renewal writes the lease row that transaction holds."""
+        """Renew the lead once a third of its period has passed, between passes and in the middle of
+        one: a pass (or a recovery) longer than the period would otherwise lose it half way, and under
+        load every pass did, the lead passing from replica to replica with no pass completing. True
+        while leading (False without a lead); NotLeading when the renewal finds it gone, or lapsed (a
+        new epoch: in between nobody was sure to lead, and this pass's reads may be stale; the next
+        pass recovers under it). Never inside a fenced transaction: the renewal writes the lease row
+        that transaction holds."""
         if self.lead is None or self._lead_held_at is None:
             return self.lead is not None
         now = self.clock()
@@ -622,8 +623,9 @@ class SchedulerService:
         while not stop.is_set():
             metrics.scheduler_loop.set_to_current_time()
             try:
-                # Leading, the lead is renewed once a sixth of its period passed (`keep_lead`), not at
-                # every turn of this loop: four writes a second were most of an idle scheduler's cost.
+                # Leading, the lead is renewed once a third of its period passed (`keep_lead`), not at
+                # every turn of this loop: four writes a second were most of an idle scheduler's cost;
+                # every write it makes meanwhile is fenced by the lead's epoch all the same.
                 leading = self.keep_lead() if self.lead is not None else self.hold_lead()
                 metrics.scheduler_leader.set(int(leading))
                 if not leading:
