@@ -56,13 +56,18 @@ class SiteSettings(BaseModel):
     @classmethod
     def _references_are_well_formed(cls, options: dict[str, Any]) -> dict[str, Any]:
         for key, value in options.items():
-            if isinstance(value, Mapping) and set(value) & set(SOURCES):
+            if is_reference(value):
                 reference(key, value)  # raises, naming the key
         return options
 
 
 # Where a store option's secret may be read from (`{source: where}`).
 SOURCES = ("from_env", "from_file")
+
+
+def is_reference(value: Any) -> bool:
+    """A mapping that names a source (`from_env`, `from_file`): an option's reference, well formed or not."""
+    return isinstance(value, Mapping) and bool(set(value) & set(SOURCES))
 
 
 def reference(key: str, value: Mapping[str, Any]) -> tuple[str, str]:
@@ -85,7 +90,7 @@ def resolved_store_options(
     be read."""
     resolved = {}
     for key, value in options.items():
-        if not (isinstance(value, Mapping) and set(value) & set(SOURCES)):
+        if not is_reference(value):
             resolved[key] = value
             continue
         source, where = reference(key, value)
