@@ -4,13 +4,11 @@ deadline."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -20,21 +18,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 from local_cluster.services import RedisServer, S3Server, answers, free_port
 
 __all__ = ["RedisServer", "S3Server", "answers", "free_port"]  # the tests' names for the machine's servers
 
 
 SLOWEST_POLL_S = 0.2  # wait_until's longest pause between two polls (unless asked for longer)
-
-
-@functools.cache
-def tls() -> ssl.SSLContext:
-    """One TLS context for the tests' HTTP clients (`verify=tls()`): httpx builds one for each client
-    by default, loading the CA bundle (55 ms of CPU on the 2-core machine), and a poll that opened a
-    client per request spent most of its CPU there."""
-    return httpx.create_ssl_context()
 
 
 def wait_until(

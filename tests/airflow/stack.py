@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import psutil
 from airflow_harness import PYTHON, ROOT, airflow_environment
-from servers import free_port, tls, wait_until
+from gpuyard_client import tls_context
+from servers import free_port, wait_until
 
 GPUYARD = str(Path(PYTHON).parent / "gpuyard")
 AIRFLOW = str(Path(PYTHON).parent / "airflow")
@@ -86,7 +87,9 @@ class Gpuyard:
 
     def client(self, token: str | None = None) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, verify=tls()
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token or self.token}"},
+            verify=tls_context(),
         )
 
     def jobs(self, name: str) -> list[dict[str, Any]]:
@@ -130,7 +133,9 @@ class Gate:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.http = httpx.Client(base_url=upstream, timeout=120, verify=tls())  # shared by its threads
+        self.http = httpx.Client(
+            base_url=upstream, timeout=120, verify=tls_context()
+        )  # shared by its threads
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._rules: list[tuple[Callable[[str, str, bytes], bool], Hold | None]] = []
@@ -222,7 +227,9 @@ class AirflowStack:
             **env,
         )
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2", timeout=30, verify=tls())
+        self.api = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}/api/v2", timeout=30, verify=tls_context()
+        )
 
     def start(self) -> AirflowStack:
         subprocess.run([AIRFLOW, "db", "migrate"], env=self.env, capture_output=True, check=True)

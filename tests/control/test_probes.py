@@ -25,8 +25,9 @@ from gpuyard.domain.spec import parse_spec
 from gpuyard.domain.states import JobState
 from gpuyard.store import jobs as job_store
 from gpuyard.store import teams as team_store
+from gpuyard_client import tls_context
 from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port, production_settings, tls, wait_until
+from servers import free_port, production_settings, wait_until
 from sqlalchemy import Engine
 
 from .conftest import EXAMPLE_SPEC
@@ -39,7 +40,7 @@ pytestmark = [
 
 
 def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10, verify=tls()).text
+    text = httpx.get(f"{url}/metrics", timeout=10, verify=tls_context()).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -63,7 +64,7 @@ def answering(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
 
 def status(url: str) -> int | None:
     try:
-        return httpx.get(url, timeout=5, verify=tls()).status_code
+        return httpx.get(url, timeout=5, verify=tls_context()).status_code
     except httpx.HTTPError:
         return None
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 from gpuyard.store.tables import leaders
-from servers import tls
+from gpuyard_client import tls_context
 from sqlalchemy import Engine, select
 
 from .network import Network
@@ -171,7 +171,7 @@ class Cluster:
 
     def api_ready(self) -> bool:
         try:
-            return httpx.get(f"{self.api_url}/readyz", timeout=2, verify=tls()).status_code == 200
+            return httpx.get(f"{self.api_url}/readyz", timeout=2, verify=tls_context()).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -16,7 +16,8 @@ import httpx
 import psycopg
 import pytest
 import yaml
-from servers import free_port, tls, wait_until
+from gpuyard_client import tls_context
+from servers import free_port, wait_until
 from trainkit import run_workers, write_config
 
 from pipelines import mlflow_access
@@ -91,7 +92,7 @@ def mlflow_server(postgres_server: str, tmp_path: Path) -> Iterator[tuple[str, P
     def healthy() -> bool:
         assert server.poll() is None, log.read_text()[-3000:]
         try:
-            return httpx.get(f"{url}/health", timeout=1, verify=tls()).status_code == 200
+            return httpx.get(f"{url}/health", timeout=1, verify=tls_context()).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -113,10 +113,11 @@ def outage_s(value: float | str | None = None) -> float:
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """The process's one TLS context, what httpx builds for each client by default (the CA bundle, or
     SSL_CERT_FILE / SSL_CERT_DIR): building it costs about 20 ms of CPU, which every short-lived
-    client paid (a poll that opens a client per request spent most of its CPU there)."""
+    client paid (a poll that opens a client per request spent most of its CPU there). Other clients
+    of the process pass it too (`verify=tls_context()`)."""
     return httpx.create_ssl_context()
 
 
@@ -126,7 +127,7 @@ def _http_options(endpoint: Endpoint, timeout_s: float) -> dict[str, Any]:
         "base_url": endpoint.url,
         "headers": {"Authorization": f"Bearer {endpoint.token}"},
         "timeout": timeout_s,
-        "verify": _tls(),
+        "verify": tls_context(),
     }
 
 
