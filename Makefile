@@ -10,6 +10,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := requirements/constraints.txt
 TORCH := torch==2.13.0
+# Python's own bytecode cache, whatever the shell says: with PYTHONDONTWRITEBYTECODE set, every process
+# the suite starts (API, schedulers, workers, Airflow's tasks, pods) compiled the project from source,
+# and every xdist worker rewrote every test module's asserts again (6 CPU-s of its collection).
+unexport PYTHONDONTWRITEBYTECODE
+
 # Debian packages the suite drives: faketime skews one process's clock in the fault tests, chromium is
 # the browser of the UI tests (Playwright drives it; it downloads no browser of its own).
 SYSTEM_PACKAGES := faketime chromium
