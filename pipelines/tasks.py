@@ -252,7 +252,7 @@ def _spark_jobs(definition: PipelineDefinition) -> list[SparkSubmitOperator]:
     jobs = [
         SparkSubmitOperator(
             task_id=job,
-            application=str(prepare_step.JOBS_DIR / f"{job}.py"),
+            application=str(definition.source.job_script(job)),
             application_args=prepare_step.job_arguments(config, job, start, end),
             conn_id=spark_connection(definition),
             pre_execute=_spark_master(definition),

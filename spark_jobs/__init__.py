@@ -1,5 +1,6 @@
-"""gpuyard PySpark jobs: raw flights -> cleaned labels and feature tables (local mode or spark-submit).
+"""The plumbing every source's PySpark jobs share: the session, the command line, reading and writing
+dated partitions (common.py) and the layout of the raw and prepared tables (layout.py).
 
-Each job module has ``main(argv)`` taking ``--run-date``, ``--input`` and ``--output``; the pure DataFrame
-transformations live in :mod:`spark_jobs.transforms`.
+A source's own jobs live in its pipeline's folder, named by `Source.spark_jobs_dir` (flights':
+pipelines/flights_delay/spark_jobs/).
 """

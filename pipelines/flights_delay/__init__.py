@@ -1,1 +1,2 @@
-"""flights_delay's folder: its definition (pipeline.yaml) and its data source, 2013 New York flights."""
+"""flights_delay's folder: its definition (pipeline.yaml) and its data source, 2013 New York flights
+(source.py), with the source's suites, Spark jobs (spark_jobs/) and pandas preparation."""

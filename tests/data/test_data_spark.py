@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from pipelines import ingest, prepare, storage
-from spark_jobs import common, layout, prepare_flights, transforms
+from pipelines.flights_delay.spark_jobs import prepare_flights, transforms
+from spark_jobs import common, layout
 
 pytestmark = pytest.mark.slow
 
@@ -205,7 +206,7 @@ def test_spark_submit_runs_a_job(prepared_config, tmp_path) -> None:
 
 
 def test_scale_up_is_seeded_and_deterministic(landed_config, spark, tmp_path) -> None:
-    from spark_jobs import scale_up
+    from pipelines.flights_delay.spark_jobs import scale_up
 
     # the landed tables with three of their days: the job's cost is mostly Spark's, not the rows'
     days = layout.days(RAW_START, RAW_START + dt.timedelta(days=2))
@@ -247,7 +248,7 @@ def test_scale_up_is_seeded_and_deterministic(landed_config, spark, tmp_path) ->
 
 
 def test_scale_up_fills_leap_days(spark) -> None:
-    from spark_jobs import scale_up
+    from pipelines.flights_delay.spark_jobs import scale_up
 
     rows = spark.createDataFrame(
         [(2013, 2, 28, 0), (2013, 2, 28, 3), (2013, 3, 1, 3), (2013, 2, 28, 87)],

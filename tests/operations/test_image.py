@@ -110,6 +110,12 @@ def test_the_wheel_carries_the_data_files(wheel: Path) -> None:
         f"feature_repo/{p.name}" for p in (ROOT / "feature_repo").iterdir() if p.suffix in (".py", ".yaml")
     } | {f"pipelines/{p.parent.name}/pipeline.yaml" for p in (ROOT / "pipelines").glob("*/pipeline.yaml")}
     assert "pipelines/flights_delay/pipeline.yaml" in expected
+    # spark-submit runs a source's Spark jobs as files: the wheel carries their scripts
+    expected |= {
+        f"pipelines/{p.relative_to(ROOT / 'pipelines')}"
+        for p in (ROOT / "pipelines").glob("*/spark_jobs/*.py")
+    }
+    assert "pipelines/flights_delay/spark_jobs/prepare_flights.py" in expected
     assert expected <= names, expected - names
     migrations = {p.name for p in (ROOT / "plugins/gpuyard/store/migrations/versions").glob("*.py")}
     assert {f"gpuyard/store/migrations/versions/{m}" for m in migrations} <= names

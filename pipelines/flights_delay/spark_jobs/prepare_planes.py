@@ -1,7 +1,7 @@
 """Spark job: the planes reference table -> daily ``plane_attributes`` snapshots (what was known that day).
 
-    spark-submit spark_jobs/prepare_planes.py --run-date 2013-01-10 --input data/flights/raw \
-        --output data/flights/prepared
+    spark-submit pipelines/flights_delay/spark_jobs/prepare_planes.py \
+        --run-date 2013-01-10 --input data/flights/raw --output data/flights/prepared
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs import common, layout, transforms
+from pipelines.flights_delay.spark_jobs import transforms
+from spark_jobs import common, layout
 
 
 def build_output(

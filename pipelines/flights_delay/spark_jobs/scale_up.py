@@ -10,7 +10,8 @@ same rows. In leap years February 29 repeats February 28. 60 copies give 20.2 mi
 ``flight + 10000 * r`` with its own noise): denser days, fewer date partitions for the same row count
 (a busier airport system). ``--copies 15 --replicas 4`` also gives 20.2 million flights.
 
-    spark-submit spark_jobs/scale_up.py --input data/flights/raw --output data/scaled/raw --copies 60
+    spark-submit pipelines/flights_delay/spark_jobs/scale_up.py \
+        --input data/flights/raw --output data/scaled/raw --copies 60
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Reads ``<input>/flights`` (partitions of the run dates plus a look-back for the 
 ``<input>/airports``; writes ``labels``, ``flight_schedule``, ``carrier_delay_stats`` and
 ``route_delay_stats`` under ``<output>``, replacing only the run dates' partitions.
 
-    spark-submit spark_jobs/prepare_flights.py --run-date 2013-01-10 --input data/flights/raw \
-        --output data/flights/prepared
+    spark-submit pipelines/flights_delay/spark_jobs/prepare_flights.py \
+        --run-date 2013-01-10 --input data/flights/raw --output data/flights/prepared
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import common, layout, transforms
+from pipelines.flights_delay.spark_jobs import transforms
+from spark_jobs import common, layout
 
 OUTPUT_TABLES = ("labels", "flight_schedule", "carrier_delay_stats", "route_delay_stats")
 # what the four outputs read of the prepared flights (the cache holds only these)

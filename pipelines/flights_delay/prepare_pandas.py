@@ -1,7 +1,7 @@
-"""The preparation in one pandas process: the same transforms as spark_jobs/transforms.py, row for row.
+"""The flights' preparation in one pandas process, row for row that of the Spark jobs beside it (spark_jobs/).
 
 The engine for small volumes (`engine: pandas`, or `auto` under the measured crossover, see
-pipelines/engine.py) and the reference the Spark jobs are checked against
+pipelines/prepare.py) and the reference the Spark jobs are checked against
 (tests/data/test_data_engines.py compares every table row for row). Times follow Spark's rules
 (spark_jobs/transforms.py): local wall clocks become UTC with the airport's IANA zone; a wall
 clock in a DST gap moves forward by the gap, an ambiguous one takes the earlier instant.
@@ -17,9 +17,14 @@ import numpy as np
 import pandas as pd
 
 from pipelines import storage
+from pipelines.flights_delay.spark_jobs.prepare_flights import FlightJobParams
+from pipelines.flights_delay.spark_jobs.transforms import (
+    DELAY_RANGE,
+    FLIGHT_KEY,
+    WEATHER_COLUMNS,
+    WEATHER_RANGES,
+)
 from spark_jobs import common, layout
-from spark_jobs.prepare_flights import FlightJobParams
-from spark_jobs.transforms import DELAY_RANGE, FLIGHT_KEY, WEATHER_COLUMNS, WEATHER_RANGES
 
 HOUR_US = 3_600_000_000
 
