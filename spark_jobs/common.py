@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import os
 import sys
@@ -23,7 +22,6 @@ from spark_jobs import layout
 
 log = logging.getLogger("spark_jobs")
 
-HOME_TIMEZONE = "America/New_York"
 # -XX:-DontCompileHugeMethods: the JIT compiles whole-stage generated methods past 8000 bytes of
 # bytecode too (the JVM's default leaves them interpreted): the flights' fused first stage took 35%
 # less CPU at 1M rows. -XX:+UseParallelGC: a batch job wants throughput, not short pauses; G1's write
@@ -112,18 +110,20 @@ def check_timezone(name: str, what: str) -> str:
     return name
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, home_timezone: str) -> argparse.ArgumentParser:
+    """The arguments every preparation job takes; ``home_timezone``, its source's local days' zone, is
+    the default of ``--home-timezone``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--run-date", required=True, help="first (or only) local date to process, YYYY-MM-DD")
     parser.add_argument("--end-date", default=None, help="last date to process (inclusive); default run-date")
-    parser.add_argument("--input", required=True, help="raw data root URL (holds flights/, weather/, ...)")
+    parser.add_argument("--input", required=True, help="raw data root URL (a folder per raw table)")
     parser.add_argument(
         "--output", required=True, help="prepared data root URL (receives one folder per table)"
     )
     parser.add_argument("--master", default=None, help="Spark master; default: spark-submit's, else local[*]")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default=None)
-    parser.add_argument("--home-timezone", default=HOME_TIMEZONE, help="time zone of the partition dates")
+    parser.add_argument("--home-timezone", default=home_timezone, help="time zone of the partition dates")
     return parser
 
 
@@ -314,18 +314,6 @@ def write_months(
 def with_month(frame: DataFrame) -> DataFrame:
     """``frame`` with its ``date_month`` (the month partition of a prepared table)."""
     return frame.withColumn(layout.MONTH_KEY, F.substring("date", 1, 7))
-
-
-def parse_overrides(value: str | None) -> dict[str, str]:
-    if not value:
-        return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise JobInputError(f"--timezone-overrides: expected a JSON object, got {value!r} ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise JobInputError(f"--timezone-overrides: expected a JSON object, got {value!r}")
-    return {str(k): check_timezone(str(v), f"--timezone-overrides[{k}]") for k, v in parsed.items()}
 
 
 @contextmanager

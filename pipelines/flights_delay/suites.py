@@ -11,7 +11,7 @@ from pipelines import validate
 from pipelines.errors import ConfigError
 from pipelines.validate import Expectation
 
-HOME_TIMEZONE = "America/New_York"  # the local days and clocks of the raw tables (spark_jobs.common's)
+HOME_TIMEZONE = "America/New_York"  # the raw tables' local days and clocks (spark_jobs/transforms.py's)
 
 
 class Bounds(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ class FlightJobParams:
     route_step_hours: int = 6
     late_minutes: int = 15
     timezone_overrides: Mapping[str, str] = field(default_factory=dict)
-    home_timezone: str = common.HOME_TIMEZONE
+    home_timezone: str = transforms.HOME_TIMEZONE
 
     @property
     def lookback_days(self) -> int:
@@ -130,9 +131,24 @@ def run(spark: SparkSession, job: common.JobRun, params: FlightJobParams) -> Non
         flights.unpersist()
 
 
+def parse_overrides(value: str | None) -> dict[str, str]:
+    """``--timezone-overrides``: the airports' zones, checked, that the airports table lacks."""
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise common.JobInputError(
+            f"--timezone-overrides: expected a JSON object, got {value!r} ({exc})"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise common.JobInputError(f"--timezone-overrides: expected a JSON object, got {value!r}")
+    return {str(k): common.check_timezone(str(v), f"--timezone-overrides[{k}]") for k, v in parsed.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
     parser.add_argument("--carrier-window-hours", type=int, default=24)
     parser.add_argument("--route-window-hours", type=int, default=168)
     parser.add_argument("--carrier-step-hours", type=int, default=1, help="refresh cadence of carrier stats")
@@ -157,7 +173,7 @@ def _run_args(args: argparse.Namespace) -> None:
         carrier_step_hours=args.carrier_step_hours,
         route_step_hours=args.route_step_hours,
         late_minutes=args.late_minutes,
-        timezone_overrides=common.parse_overrides(args.timezone_overrides),
+        timezone_overrides=parse_overrides(args.timezone_overrides),
         home_timezone=common.check_timezone(args.home_timezone, "--home-timezone"),
     )
     run(common.session_for("prepare_flights", args), job, params)

@@ -26,7 +26,7 @@ def build_output(
     return transforms.plane_snapshots(planes, transforms.day_table(spark, days, starts))
 
 
-def run(spark: SparkSession, job: common.JobRun, home_timezone: str = common.HOME_TIMEZONE) -> None:
+def run(spark: SparkSession, job: common.JobRun, home_timezone: str = transforms.HOME_TIMEZONE) -> None:
     input_url, output_url, start, end = job.input_url, job.output_url, job.start, job.end
     with common.stage(f"prepare_planes {start}..{end}"):
         frame = build_output(spark, input_url, start, end, home_timezone)
@@ -37,7 +37,8 @@ def run(spark: SparkSession, job: common.JobRun, home_timezone: str = common.HOM
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    return common.job_main("prepare_planes", common.base_parser(__doc__.splitlines()[0]), argv, _run_args)
+    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
+    return common.job_main("prepare_planes", parser, argv, _run_args)
 
 
 def _run_args(args: argparse.Namespace) -> None:

@@ -40,7 +40,8 @@ def run(spark: SparkSession, job: common.JobRun, overrides: Mapping[str, str] | 
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    return common.job_main("prepare_weather", common.base_parser(__doc__.splitlines()[0]), argv, _run_args)
+    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
+    return common.job_main("prepare_weather", parser, argv, _run_args)
 
 
 def _run_args(args: argparse.Namespace) -> None:
