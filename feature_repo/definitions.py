@@ -14,9 +14,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
-from feast.data_source import DataSource
+from feast import Entity, FeatureService, FeatureView, Field, ValueType
 from feast.types import Float64, Int32, Int64
+
+from feature_repo.offline import prepared_table
 
 _SETTINGS_FILE = Path(__file__).with_name("repo_settings.json")
 _SETTINGS = json.loads(_SETTINGS_FILE.read_text()) if _SETTINGS_FILE.is_file() else {}
@@ -25,25 +26,6 @@ PREPARED_ROOT: str = _SETTINGS.get("prepared_root") or os.environ.get(
 )
 OFFLINE_SOURCE: str = _SETTINGS.get("offline_source") or os.environ.get("GPUYARD_OFFLINE_SOURCE", "file")
 FEATURE_SERVICE_VERSION = "1"
-
-
-def _source(table: str, description: str) -> DataSource:
-    path = f"{PREPARED_ROOT.rstrip('/')}/{table}"
-    if OFFLINE_SOURCE == "spark":
-        from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
-
-        # No date_partition_column: Feast prunes it by the UTC month of its time bounds, and the
-        # months are local (New York) months, which begin up to five hours later.
-        return SparkSource(
-            name=table,
-            path=path,
-            file_format="parquet",
-            timestamp_field="event_timestamp",
-            description=description,
-        )
-    if OFFLINE_SOURCE != "file":
-        raise ValueError(f"offline_source: expected 'file' or 'spark', got {OFFLINE_SOURCE!r}")
-    return FileSource(name=table, path=path, timestamp_field="event_timestamp", description=description)
 
 
 def _view(
@@ -55,7 +37,7 @@ def _view(
         entities=[entity],
         ttl=ttl,
         schema=[Field(name=name, dtype=dtype, description=text) for name, dtype, text in fields],
-        source=_source(table, about),
+        source=prepared_table(PREPARED_ROOT, OFFLINE_SOURCE, table, about),
         tags={"owner": "data-platform"},
     )
 

@@ -12,31 +12,15 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
-from feast.data_source import DataSource
+from feast import Entity, FeatureService, FeatureView, Field, ValueType
 from feast.types import Float64
+
+from feature_repo.offline import prepared_table
 
 _SETTINGS = json.loads(Path(__file__).with_name("repo_settings.json").read_text())
 PREPARED_ROOT: str = _SETTINGS["prepared_root"]
 OFFLINE_SOURCE: str = _SETTINGS["offline_source"]
 FEATURE_SERVICE_VERSION = "1"
-
-
-def _source(table: str, description: str) -> DataSource:
-    path = f"{PREPARED_ROOT.rstrip('/')}/{table}"
-    if OFFLINE_SOURCE == "spark":
-        from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
-
-        return SparkSource(
-            name=table,
-            path=path,
-            file_format="parquet",
-            timestamp_field="event_timestamp",
-            description=description,
-        )
-    if OFFLINE_SOURCE != "file":
-        raise ValueError(f"offline_source: expected 'file' or 'spark', got {OFFLINE_SOURCE!r}")
-    return FileSource(name=table, path=path, timestamp_field="event_timestamp", description=description)
 
 
 station = Entity(
@@ -63,7 +47,12 @@ daily_weather = FeatureView(
             ("season_cos", "cosine of the next day's day of the year"),
         )
     ],
-    source=_source("daily_weather", "daily weather at the station, known at the end of each local day"),
+    source=prepared_table(
+        PREPARED_ROOT,
+        OFFLINE_SOURCE,
+        "daily_weather",
+        "daily weather at the station, known at the end of each local day",
+    ),
     tags={"owner": "data-platform"},
 )
 
