@@ -151,6 +151,18 @@ def _world(root: Path, mlflow_uri: str) -> Iterator[World]:
         gpuyard.stop()
 
 
+# DAG runs that only wait for their end (a deadline, a job that fails, short trainings) run together
+# on the stack: the first test to need one triggers them all, and each test reads its own, instead of
+# the runs queueing one after another.
+OVERLAPPED = ("case_execution_timeout", "case_failed_training", "case_cleared_training", "case_token_check")
+
+
+@pytest.fixture(scope="module")
+def overlapped(world: World) -> dict[str, str]:
+    """The run of each OVERLAPPED DAG, all triggered at once."""
+    return {dag: world.airflow.trigger(dag) for dag in OVERLAPPED}
+
+
 def job_of(path: str) -> str:
     return parse_qs(urlparse(path).query).get("job", [""])[0]
 
@@ -292,9 +304,9 @@ def test_marking_the_deferred_task_failed_cancels_the_job(world: World) -> None:
     assert "Trigger cancelled by user action, invoking on_kill" in told
 
 
-def test_execution_timeout_cancels_the_job_at_the_deadline(world: World) -> None:
+def test_execution_timeout_cancels_the_job_at_the_deadline(world: World, overlapped: dict[str, str]) -> None:
     dag, name = "case_execution_timeout", "execution-timeout"
-    run = world.airflow.trigger(dag)
+    run = overlapped[dag]
     ti = world.airflow.wait_ti(dag, run, "train", DONE)
     assert ti["state"] == "failed"
     [job] = world.gpuyard.jobs(name)
@@ -455,9 +467,11 @@ def dag_run_s_mlflow_runs(world: World, dag: str, run: str) -> list[Any]:
     return list(mlflow.search_runs([experiment.experiment_id], filter_string=tags))
 
 
-def test_a_failed_training_fails_the_dag_run_and_its_mlflow_run_and_publishes_nothing(world: World) -> None:
+def test_a_failed_training_fails_the_dag_run_and_its_mlflow_run_and_publishes_nothing(
+    world: World, overlapped: dict[str, str]
+) -> None:
     dag = "case_failed_training"
-    run = world.airflow.trigger(dag)
+    run = overlapped[dag]
     assert world.airflow.wait_run(dag, run) == "failed"  # the teardown ran, and decided nothing
     states = {t: world.airflow.ti(dag, run, t)["state"] for t in ("start", "train", "publish", "finish")}
     assert states == {
@@ -474,9 +488,11 @@ def test_a_failed_training_fails_the_dag_run_and_its_mlflow_run_and_publishes_no
     wait_until(lambda: any(said in text for _, text in world.airflow.all_logs()), 60, 0.5, what=said)
 
 
-def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(world: World) -> None:
+def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(
+    world: World, overlapped: dict[str, str]
+) -> None:
     dag = "case_cleared_training"
-    run = world.airflow.trigger(dag)
+    run = overlapped[dag]
     assert world.airflow.wait_run(dag, run) == "success"
     [first] = dag_run_s_mlflow_runs(world, dag, run)
     assert first.info.status == "FINISHED"
@@ -495,9 +511,11 @@ def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(world: Wo
     assert world.airflow.ti(dag, run, "start")["try_number"] == 2  # start ran again, and found its run
 
 
-def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(world: World) -> None:
+def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(
+    world: World, overlapped: dict[str, str]
+) -> None:
     dag = "case_token_check"
-    run = world.airflow.trigger(dag)  # a training run of its own: the test passes alone, in any order
+    run = overlapped[dag]  # a training run of its own: the test passes alone, in any order
     assert world.airflow.wait_ti(dag, run, "train", DONE)["state"] == "success"
     token = world.gpuyard.token
     leaks = [str(path) for path, text in world.airflow.all_logs() if token in text]
