@@ -43,7 +43,7 @@ PLAIN = {"labels": ("flight_id",), "flight_schedule": ("flight_id",)}
 
 @dataclass(frozen=True)
 class FlightJobParams:
-    """Parameters of the flights preparation (defaults match ``pipelines/flights.yaml``)."""
+    """Parameters of the flights preparation (defaults match ``pipeline.yaml`` beside this folder)."""
 
     carrier_window_hours: int = 24
     route_window_hours: int = 168
