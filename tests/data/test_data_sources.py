@@ -14,6 +14,7 @@ from pipelines import metrics, sources
 from pipelines.definition import load_definition
 from pipelines.errors import ConfigError
 from pipelines.evaluate import Scored, decide
+from pipelines.seattle_temperature import prepare_pandas
 from pipelines.seattle_temperature import source as weather
 
 
@@ -74,15 +75,15 @@ def test_a_forecast_sees_the_day_before_never_the_day_it_forecasts() -> None:
     raw = weather.SeattleWeather().load()["observations"]
     raw = raw[raw["date"].between(dt.date(2013, 3, 1), dt.date(2013, 3, 20))].copy()
     raw["date"] = raw["date"].astype(str)
-    features = weather.daily_weather(raw, window_days=7).set_index("date")
-    labels = weather.labels(raw).set_index("date")
+    features = prepare_pandas.daily_weather(raw, window_days=7).set_index("date")
+    labels = prepare_pandas.labels(raw).set_index("date")
     day, before = "2013-03-15", "2013-03-14"
     # the label of D is stamped when D - 1's features are, and before D's own
     assert labels.loc[day, "event_timestamp"] == features.loc[before, "event_timestamp"]
     assert labels.loc[day, "event_timestamp"] < features.loc[day, "event_timestamp"]
     assert str(labels.loc[day, "event_timestamp"]) == "2013-03-15 07:00:00+00:00"  # local midnight, PDT
     observed = raw.set_index("date")
-    assert labels.loc[day, weather.LABEL] == observed.loc[day, "temp_max"]
+    assert labels.loc[day, prepare_pandas.LABEL] == observed.loc[day, "temp_max"]
     week = observed.loc["2013-03-08":before, "temp_max"]
     assert features.loc[before, "temp_max_mean"] == pytest.approx(week.mean())
     assert features.loc[before, "temp_max_change"] == pytest.approx(
