@@ -55,6 +55,7 @@ class Campaign:
     fault_s: float = 75.0  # how long faults strike while jobs arrive
     min_faults: int = 0  # ... and past it (at most as long again) until this many struck
     rate_per_s: float = 0.4  # job arrivals
+    min_jobs: int = 0  # ... and at least this many, a sparser draw topped up
     lease_s: float = 10.0
     quiesce_s: float = 240.0  # the longest wait for every job to end once the faults stop
     stall_s: float = 45.0  # ... and the longest without progress (a job ending, a worker's record)
@@ -95,7 +96,7 @@ class Report:
             *(f"  refused submission: {r}" for r in self.rejected),
             f"  replay: python -m tests.faults.run --seed {c.seed} --campaigns 1 "
             f"--fault-seconds {c.fault_s:g} --min-faults {c.min_faults} --rate {c.rate_per_s:g} "
-            f"--launcher {c.launcher}",
+            f"--min-jobs {c.min_jobs} --launcher {c.launcher}",
         ]
         return "\n".join(lines)
 
@@ -130,6 +131,7 @@ def run_campaign(campaign: Campaign, work: Path, echo: Echo = print) -> Report:
             campaign.seed,
             duration_s=campaign.fault_s,
             rate_per_s=campaign.rate_per_s,
+            min_jobs=campaign.min_jobs,
             run=run,
             lease_s=campaign.lease_s,
             store=target.pods.store if target.pods else None,

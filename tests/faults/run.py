@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         "--min-faults", type=int, default=0, help="strike past the window (as long again) until this many [0]"
     )
     parser.add_argument("--rate", type=float, default=0.4, help="jobs submitted per second [0.4]")
+    parser.add_argument("--min-jobs", type=int, default=0, help="at least this many jobs a campaign [0]")
     parser.add_argument("--work", type=Path, help="where run directories go [a new temporary directory]")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local", help="the launcher [local]")
     args = parser.parse_args(argv)
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one of --minutes or --campaigns")
     if min(args.fault_seconds, args.rate, args.minutes or 1, args.campaigns or 1) <= 0:
         parser.error("--fault-seconds, --rate, --minutes and --campaigns must be positive")
-    if args.min_faults < 0:
-        parser.error("--min-faults must be at least 0")
+    if min(args.min_faults, args.min_jobs) < 0:
+        parser.error("--min-faults and --min-jobs must be at least 0")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     work = args.work
     if work is None:
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 fault_s=args.fault_seconds,
                 min_faults=args.min_faults,
                 rate_per_s=args.rate,
+                min_jobs=args.min_jobs,
                 launcher=args.launcher,
             ),
             work,

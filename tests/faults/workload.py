@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,13 +123,31 @@ def writes_journal(job_name: str) -> bool:
 
 
 def plan(
-    seed: int, *, duration_s: float, rate_per_s: float, run: Path, lease_s: float, store: str | None = None
+    seed: int,
+    *,
+    duration_s: float,
+    rate_per_s: float,
+    run: Path,
+    lease_s: float,
+    store: str | None = None,
+    min_jobs: int = 0,
 ) -> list[Plan]:
-    """`store`: the checkpoint store (the platform's `checkpoint_store`); the run's folder by default."""
+    """Jobs arriving at `rate_per_s` (Poisson) over `duration_s`; a draw of fewer than `min_jobs` is
+    topped up with jobs at random times of the window (a draw with enough is as without it).
+    `store`: the checkpoint store (the platform's `checkpoint_store`); the run's folder by default."""
     rng = random.Random(f"workload-{seed}")
     store = store or (run / "checkpoints").as_uri()
-    plans, at = [], 0.0
-    while (at := at + rng.expovariate(rate_per_s)) < duration_s:
+    plans: list[Plan] = []
+
+    def arrivals() -> Iterator[float]:  # drawn between the jobs, as a seed always drew them
+        at, count = 0.0, 0
+        while (at := at + rng.expovariate(rate_per_s)) < duration_s:
+            count += 1
+            yield at
+        for _ in range(min_jobs - count):
+            yield rng.uniform(0, duration_s)
+
+    for at in arrivals():
         kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
         key = f"{kind}-{len(plans)}-{uuid.UUID(int=rng.getrandbits(128)).hex[:8]}"
         made = _kind(rng, kind, lease_s, run)
@@ -152,7 +171,7 @@ def plan(
             spec["checkpoint"] = {"url": f"{store}/{TEAM}/{key}", "interval": "30s"}
         cancel = rng.uniform(0.5, 8.0) if rng.random() < 0.12 else None
         plans.append(Plan(key, kind, at, spec, cancel))
-    return plans
+    return sorted(plans, key=lambda p: p.at_s)
 
 
 class Client:
