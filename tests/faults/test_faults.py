@@ -34,7 +34,7 @@ from .workload import Client, Plan, plan
 
 
 # Each launcher's bounded campaign: the cluster's pods start slower than local processes, so its
-# campaign is shorter (issue 36: at most 60 s; alone, 40-43 s on three seeds here, against 80 s with
+# campaign is shorter (issue 36: at most 60 s; alone, 40-50 s on eight seeds here, against 80 s with
 # a 25 s window). Job arrivals are random: the local one's floor below holds for all but a rare draw;
 # the cluster's draws fewer (a draw of 15 s had at most one job 6 times in 100) and is topped up to
 # three. Faults strike past the window (at most as long again) until two did: in a short one on a
