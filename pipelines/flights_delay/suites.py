@@ -9,9 +9,8 @@ from typing import Protocol
 
 from pipelines import validate
 from pipelines.errors import ConfigError
+from pipelines.flights_delay import HOME_TIMEZONE
 from pipelines.validate import Expectation
-
-HOME_TIMEZONE = "America/New_York"  # the raw tables' local days and clocks (spark_jobs/transforms.py's)
 
 
 class Bounds(Protocol):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.flights_delay import HOME_TIMEZONE
 from pipelines.flights_delay.spark_jobs import transforms
 from spark_jobs import common, layout
 
@@ -51,7 +52,7 @@ class FlightJobParams:
     route_step_hours: int = 6
     late_minutes: int = 15
     timezone_overrides: Mapping[str, str] = field(default_factory=dict)
-    home_timezone: str = transforms.HOME_TIMEZONE
+    home_timezone: str = HOME_TIMEZONE
 
     @property
     def lookback_days(self) -> int:
@@ -148,7 +149,7 @@ def parse_overrides(value: str | None) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
+    parser = common.base_parser(__doc__.splitlines()[0], HOME_TIMEZONE)
     parser.add_argument("--carrier-window-hours", type=int, default=24)
     parser.add_argument("--route-window-hours", type=int, default=168)
     parser.add_argument("--carrier-step-hours", type=int, default=1, help="refresh cadence of carrier stats")

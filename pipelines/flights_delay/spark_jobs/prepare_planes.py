@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.flights_delay import HOME_TIMEZONE
 from pipelines.flights_delay.spark_jobs import transforms
 from spark_jobs import common, layout
 
@@ -26,7 +27,7 @@ def build_output(
     return transforms.plane_snapshots(planes, transforms.day_table(spark, days, starts))
 
 
-def run(spark: SparkSession, job: common.JobRun, home_timezone: str = transforms.HOME_TIMEZONE) -> None:
+def run(spark: SparkSession, job: common.JobRun, home_timezone: str = HOME_TIMEZONE) -> None:
     input_url, output_url, start, end = job.input_url, job.output_url, job.start, job.end
     with common.stage(f"prepare_planes {start}..{end}"):
         frame = build_output(spark, input_url, start, end, home_timezone)
@@ -37,7 +38,7 @@ def run(spark: SparkSession, job: common.JobRun, home_timezone: str = transforms
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
+    parser = common.base_parser(__doc__.splitlines()[0], HOME_TIMEZONE)
     return common.job_main("prepare_planes", parser, argv, _run_args)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.flights_delay import HOME_TIMEZONE
 from pipelines.flights_delay.spark_jobs import transforms
 from spark_jobs import common, layout
 
@@ -40,7 +41,7 @@ def run(spark: SparkSession, job: common.JobRun, overrides: Mapping[str, str] | 
 
 def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging()
-    parser = common.base_parser(__doc__.splitlines()[0], transforms.HOME_TIMEZONE)
+    parser = common.base_parser(__doc__.splitlines()[0], HOME_TIMEZONE)
     return common.job_main("prepare_weather", parser, argv, _run_args)
 
 

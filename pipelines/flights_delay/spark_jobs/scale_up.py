@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.flights_delay.spark_jobs import transforms
+from pipelines.flights_delay import HOME_TIMEZONE
 from spark_jobs import common
 
 FLIGHTS_PER_COPY = 336_776
@@ -143,7 +143,7 @@ def run(
     output_url: str,
     copies: int,
     seed: int,
-    home_timezone: str = transforms.HOME_TIMEZONE,
+    home_timezone: str = HOME_TIMEZONE,
     replicas: int = 1,
 ) -> int:
     """Write the scaled raw tables; returns the flights written (copies x replicas x source flights)."""

@@ -14,7 +14,6 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-HOME_TIMEZONE = "America/New_York"  # the raw tables' local days and clocks: New York's
 FLIGHT_KEY = ("date", "carrier", "flight", "origin", "sched_dep_time")
 WEATHER_COLUMNS = (
     "temp",
