@@ -404,7 +404,9 @@ def test_a_replica_paused_mid_launch_loses_its_claim_and_the_next_leader_launche
     """One stops inside the launcher for longer than half a lease: the server ends its transaction,
     which frees the lead and undoes its claim (still CREATED); the next leader's recovery launches the
     same attempt (a launcher adopts what one made, by name), and one's late commit fails."""
-    one = replica(engine, "one", BlockingLauncher(), lease_ttl_s=2)  # its transaction: 1 s of idleness
+    # Its transaction may stay idle for half a lease: 3 s. With 1 s (a lease of 2 s), a thread of a
+    # loaded make test stalled that long, twice, between the claim's statements, before the launcher.
+    one = replica(engine, "one", BlockingLauncher(), lease_ttl_s=6)
     two = replica(engine, "two", RecordingLauncher(), lease_ttl_s=30)
     attempt, job = reserved_under(engine, one)
     with ThreadPoolExecutor(1) as pool:
