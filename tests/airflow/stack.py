@@ -46,6 +46,19 @@ def stop_group(process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> Non
         process.wait(timeout=10)
 
 
+def logged_error(line: str) -> str:
+    """An error a task log line records, with its exception's type and message (Airflow writes
+    JSON lines, the exception under `error_detail`); "" for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line[-300:] if "ERROR" in line else ""
+    if not isinstance(record, dict) or record.get("level") != "error":
+        return ""
+    raised = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in record.get("error_detail") or []]
+    return "; ".join([str(record.get("event", ""))[:200], *raised])[-400:]
+
+
 @dataclass
 class Gpuyard:
     """`gpuyard up` in a process group of its own, with a team token."""
@@ -288,14 +301,39 @@ class AirflowStack:
 
         return wait_until(reached, timeout_s, 0.5, what=f"{task_id} in {states}")  # type: ignore[no-any-return]
 
-    def wait_run(self, dag_id: str, run_id: str, timeout_s: float = 240) -> str:
-        """The state the DAG run ends in (success or failed)."""
+    def wait_run(self, dag_id: str, run_id: str, expected: str, timeout_s: float = 240) -> None:
+        """Wait for the DAG run to end (success or failed), and fail naming why if not as `expected`."""
 
         def ended() -> str | None:
             state = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json().get("state")
             return state if state in ("success", "failed") else None
 
-        return wait_until(ended, timeout_s, 0.5, what=f"DAG run {run_id} ended")  # type: ignore[no-any-return]
+        state = wait_until(ended, timeout_s, 0.5, what=f"DAG run {run_id} ended")
+        assert state == expected, f"DAG run {run_id} of {dag_id} ended {state}: {self.why(dag_id, run_id)}"
+
+    def why(self, dag_id: str, run_id: str) -> str:
+        """One line on the run's unsuccessful tasks: each one's state, try and last error logged, and
+        any heartbeat timeout the scheduler detected (a run the suite's load starved shows here)."""
+        tis = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        told = []
+        for ti in tis:
+            if ti["state"] in ("success", "skipped"):
+                continue
+            errors = [
+                error
+                for text in self.logs(dag_id, run_id, ti["task_id"]).values()
+                for line in text.splitlines()
+                if (error := logged_error(line))
+            ]
+            last = errors[-1] if errors else "no error logged"
+            told.append(f"{ti['task_id']} {ti['state']} (try {ti['try_number']}): {last}")
+        scheduler = self.home / "scheduler.log"
+        timeouts = [
+            line[-300:]
+            for line in (scheduler.read_text(errors="replace") if scheduler.exists() else "").splitlines()
+            if "without a heartbeat" in line and run_id in line
+        ]
+        return " | ".join(told + timeouts) or "every task succeeded or was skipped"
 
     def logs(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str]:
         """Every log file of the task instance (each try's and each trigger's), by file name."""

@@ -472,7 +472,7 @@ def test_a_failed_training_fails_the_dag_run_and_its_mlflow_run_and_publishes_no
 ) -> None:
     dag = "case_failed_training"
     run = overlapped[dag]
-    assert world.airflow.wait_run(dag, run) == "failed"  # the teardown ran, and decided nothing
+    world.airflow.wait_run(dag, run, "failed")  # the teardown ran, and decided nothing
     states = {t: world.airflow.ti(dag, run, t)["state"] for t in ("start", "train", "publish", "finish")}
     assert states == {
         "start": "success",
@@ -493,7 +493,7 @@ def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(
 ) -> None:
     dag = "case_cleared_training"
     run = overlapped[dag]
-    assert world.airflow.wait_run(dag, run) == "success"
+    world.airflow.wait_run(dag, run, "success")
     [first] = dag_run_s_mlflow_runs(world, dag, run)
     assert first.info.status == "FINISHED"
     cleared = world.airflow.api.post(
@@ -503,7 +503,7 @@ def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(
     assert cleared.status_code == 200, cleared.text
     # Airflow clears the task's setup and teardown with it
     assert {t["task_id"] for t in cleared.json()["task_instances"]} == {"start", "train", "finish"}
-    assert world.airflow.wait_run(dag, run) == "success"
+    world.airflow.wait_run(dag, run, "success")
     [again] = dag_run_s_mlflow_runs(world, dag, run)
     assert again.info.run_id == first.info.run_id and again.info.status == "FINISHED"
     assert again.data.tags["pipeline.window"] == first.data.tags["pipeline.window"]
