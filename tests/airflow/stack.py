@@ -115,8 +115,16 @@ class Gpuyard:
             return dict(client.get(f"/v1/jobs/{job_id}").json())
 
     def stop(self) -> None:
+        """Stop `gpuyard up`, then kill the workers it launched: they outlive it by design (a
+        restarted control plane adopts them), and a test that ended before its job would leave
+        them training into the next tests."""
         if self.process is not None:
             stop_group(self.process)
+        for process in psutil.process_iter(["cmdline"]):
+            if str(self.home) in " ".join(process.info["cmdline"] or []):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for worker in [*process.children(recursive=True), process]:
+                        worker.kill()
 
 
 @dataclass
