@@ -20,6 +20,7 @@ from typing import Any
 from pipelines import storage
 from pipelines.definition import REPOSITORY, PipelineDefinition
 from pipelines.errors import ConfigError
+from training.mlflow_experiment import create_experiment_once
 
 PARENT_TAG = "mlflow.parentRunId"
 WINDOW_TAG = "pipeline.window"  # the days the DAG run's first `start` chose (JSON)
@@ -39,8 +40,7 @@ def experiment_id(definition: PipelineDefinition) -> str:
     mlflow = client(definition)
     found = mlflow.get_experiment_by_name(definition.experiment)
     if found is None:
-        location = definition.artifact_location
-        return str(mlflow.create_experiment(definition.experiment, artifact_location=location))
+        return create_experiment_once(mlflow, definition.experiment, definition.artifact_location)
     if definition.artifact_location is None and storage.is_local(found.artifact_location):
         # made on a file store: the training jobs would write these files themselves, as their users
         raise ConfigError(

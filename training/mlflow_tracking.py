@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from training.config import MlflowConfig
+from training.mlflow_experiment import create_experiment_once
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class MlflowTracker(Tracker):
                 # the run's files. A tracking server places them itself (its object store, through
                 # --serve-artifacts): a path here would be inside the worker's pod, lost with it.
                 location = Path(workdir, "mlartifacts").resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(cfg.experiment, artifact_location=location)
+            self.experiment_id = create_experiment_once(self.client, cfg.experiment, location)
         else:
             self.experiment_id = experiment.experiment_id
 

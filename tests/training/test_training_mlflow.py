@@ -11,6 +11,7 @@ from trainkit import launch, read_events, run_workers, write_config
 from training import exit_codes
 from training.checkpoint import CheckpointStore
 from training.config import MlflowConfig
+from training.mlflow_experiment import create_experiment_once
 from training.mlflow_tracking import ATTEMPTS_TAG, JOB_TAG, LOST_TAG, STEP_METRIC, MlflowTracker
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,22 @@ def test_attempts_of_one_job_share_one_run_found_by_job_tag(tmp_path: Path) -> N
     assert tags[ATTEMPTS_TAG] == "2" and tags[LOST_TAG] == "5"
     assert tags["gpuyard.attempt_ids"] == "att-1,att-2"
     assert not (tmp_path / "mlruns").exists() and not Path("mlruns").exists()
+
+
+def test_a_creator_that_lost_the_race_for_the_experiment_takes_the_winners(tmp_path: Path) -> None:
+    """Two DAG runs of one pipeline start together: both find no experiment and both create it. The
+    second create, after the first, is answered with the first's experiment (CI, stop 57: the
+    loser's `start` failed on the store's unique name, and its DAG run with it)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    assert client.get_experiment_by_name("flights_delay") is None  # both creators looked: none
+    first = create_experiment_once(client, "flights_delay", None)
+    assert create_experiment_once(client, "flights_delay", None) == first
+    assert [e.name for e in client.search_experiments()].count("flights_delay") == 1
+    with pytest.raises(MlflowException, match="name"):  # any other refusal still fails the caller
+        create_experiment_once(client, "", None)
 
 
 def test_lost_node_then_resume_continues_the_same_mlflow_run(tmp_path: Path, flights_parquet: Path) -> None:
