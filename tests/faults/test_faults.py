@@ -34,11 +34,12 @@ from .workload import Client, Plan, plan
 
 
 # Each launcher's bounded campaign: the cluster's pods start slower than local processes, so its
-# campaign is shorter (issue 36: at most 60 s; alone, 40-50 s on eight seeds here, against 80 s with
-# a 25 s window). Job arrivals are random: the local one's floor below holds for all but a rare draw;
-# the cluster's draws fewer (a draw of 15 s had at most one job 6 times in 100) and is topped up to
-# three. Faults strike past the window (at most as long again) until two did: in a short one on a
-# loaded machine most kinds may find no pod running yet (seed 757247: one fault in 25 s).
+# campaign is shorter (issue 36: at most 60 s; alone, 33-50 s on eight seeds across two machines,
+# against 80 s with a 25 s window). Job arrivals are random: the local one's floor below holds for
+# all but a rare draw; the cluster's draws fewer (a draw of 15 s had at most one job 6 times in
+# 100) and is topped up to three. Faults strike past the window (at most as long again) until two
+# did: in a short one on a loaded machine most kinds may find no pod running yet (seed 757247: one
+# fault in 25 s).
 CAMPAIGNS = {
     "local": {"fault_s": 50.0, "min_faults": 2, "rate_per_s": 0.3, "quiesce_s": 150.0},
     "kubernetes": {"fault_s": 15.0, "min_faults": 2, "rate_per_s": 0.3, "min_jobs": 3, "quiesce_s": 150.0},
