@@ -139,10 +139,11 @@ def copy_version(definition: PipelineDefinition, target: Any, registry: str, ver
 
     model = definition.promotion.model
     origin = copy_source(definition.tracking_uri, model, version)
-    try:
-        target.get_registered_model(model)
-    except MlflowException:
+    try:  # create, not look up first: two promotions at once would both find none and both create
         target.create_registered_model(model, description=f"copied from {definition.tracking_uri}")
+    except MlflowException as error:  # made by a try before, or by another promotion just now
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
     for found in target.search_model_versions(f"name = '{model}'"):
         if found.tags.get(COPIED_FROM) == origin:
             return str(found.version)
