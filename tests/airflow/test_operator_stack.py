@@ -178,7 +178,7 @@ def test_sigkill_between_submit_and_storing_the_id_reattaches_by_the_key(world: 
     hold.release()
 
     ti = world.airflow.wait_ti(dag, run, "train", DONE)
-    assert (ti["state"], ti["try_number"]) == ("success", 2)
+    assert (ti["state"], ti["try_number"]) == ("success", 2), world.airflow.why(dag, run)
     [job] = world.gpuyard.jobs("kill-before-store")  # the retry's submit was answered with the same job
     assert job["state"] == "SUCCEEDED"
     [(key, value)] = world.store_rows(dag)
@@ -206,7 +206,7 @@ def test_sigkill_while_following_reattaches_from_the_task_state_store(world: Wor
     hold.release()
 
     ti = world.airflow.wait_ti(dag, run, "train", DONE)
-    assert (ti["state"], ti["try_number"]) == ("success", 2)
+    assert (ti["state"], ti["try_number"]) == ("success", 2), world.airflow.why(dag, run)
     assert [j["id"] for j in world.gpuyard.jobs("kill-while-following")] == [job_id]
     logs = world.airflow.logs(dag, run, "train")
     assert "Reconnecting to existing job" in logs["attempt=2.log"]
@@ -260,7 +260,7 @@ def test_the_trigger_survives_a_triggerer_restart_without_missing_or_repeating(w
     world.airflow.start_component("triggerer")  # the job ended while no triggerer ran
 
     ti = world.airflow.wait_ti(dag, run, "train", DONE)
-    assert ti["state"] == "success"
+    assert ti["state"] == "success", world.airflow.why(dag, run)
     told = [seq for seq, _ in told_lines(world.airflow.logs(dag, run, "train"))]
     detail = world.gpuyard.job(job["id"])
     story = Story()
@@ -442,7 +442,7 @@ def test_a_published_version_goes_to_production_only_through_its_own_approval(wo
 
     assert world.airflow.api.patch(production, json={"chosen_options": ["Approve"]}).status_code == 200
     promoted = world.airflow.wait_ti(APPROVAL, run, "promote_production", DONE | {"skipped"})
-    assert promoted["state"] == "success"
+    assert promoted["state"] == "success", world.airflow.why(APPROVAL, run)
     assert str(mlflow.get_model_version_by_alias("cases-model", "production").version) == version
     history = promotion.history(mlflow.get_model_version("cases-model", version).tags)
     assert [(line["environment"], line["alias"]) for line in history] == [
@@ -516,7 +516,7 @@ def test_the_connection_token_appears_in_no_log_xcom_rendered_field_or_mlflow(
 ) -> None:
     dag = "case_token_check"
     run = overlapped[dag]  # a training run of its own: the test passes alone, in any order
-    assert world.airflow.wait_ti(dag, run, "train", DONE)["state"] == "success"
+    assert world.airflow.wait_ti(dag, run, "train", DONE)["state"] == "success", world.airflow.why(dag, run)
     token = world.gpuyard.token
     leaks = [str(path) for path, text in world.airflow.all_logs() if token in text]
     assert leaks == []
