@@ -20,7 +20,7 @@ from typing import Any
 from pipelines import storage
 from pipelines.definition import REPOSITORY, PipelineDefinition
 from pipelines.errors import ConfigError
-from training.mlflow_experiment import create_experiment_once
+from training.mlflow_create import create_experiment_once
 
 PARENT_TAG = "mlflow.parentRunId"
 WINDOW_TAG = "pipeline.window"  # the days the DAG run's first `start` chose (JSON)

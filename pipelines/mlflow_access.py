@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 from gpuyard_client import GpuyardClient
 
+from training.mlflow_create import already_exists
+
 log = logging.getLogger(__name__)
 
 USERNAME_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
@@ -181,7 +183,7 @@ def grant_team(url: str, team: str, experiment_id: str, model: str, pipeline: Cr
     try:
         MlflowClient(url, registry_uri=url).create_registered_model(model)
     except MlflowException as error:
-        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+        if not already_exists(error):
             raise
     with AccessClient(url, pipeline) as access:
         access.grant(team_user(team), "experiment", experiment_id, "EDIT")

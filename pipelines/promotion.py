@@ -24,6 +24,7 @@ from typing import Any
 
 from pipelines import lineage
 from pipelines.definition import PipelineDefinition
+from training.mlflow_create import already_exists
 
 APPROVE = "Approve"
 HISTORY = "history."
@@ -142,7 +143,7 @@ def copy_version(definition: PipelineDefinition, target: Any, registry: str, ver
     try:  # create, not look up first: two promotions at once would both find none and both create
         target.create_registered_model(model, description=f"copied from {definition.tracking_uri}")
     except MlflowException as error:  # made by a try before, or by another promotion just now
-        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+        if not already_exists(error):
             raise
     for found in target.search_model_versions(f"name = '{model}'"):
         if found.tags.get(COPIED_FROM) == origin:

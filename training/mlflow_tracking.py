@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from training.config import MlflowConfig
-from training.mlflow_experiment import create_experiment_once
+from training.mlflow_create import create_experiment_once
 
 log = logging.getLogger(__name__)
 

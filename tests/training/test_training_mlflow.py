@@ -11,7 +11,7 @@ from trainkit import launch, read_events, run_workers, write_config
 from training import exit_codes
 from training.checkpoint import CheckpointStore
 from training.config import MlflowConfig
-from training.mlflow_experiment import create_experiment_once
+from training.mlflow_create import create_experiment_once
 from training.mlflow_tracking import ATTEMPTS_TAG, JOB_TAG, LOST_TAG, STEP_METRIC, MlflowTracker
 
 pytestmark = pytest.mark.slow
