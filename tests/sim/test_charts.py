@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 import typer
-from gpuyard.sim.charts import Recorder, over_time, write_chart, write_ratio_grid
+from gpuyard.sim.charts import (
+    ElasticRun,
+    Recorder,
+    over_time,
+    write_chart,
+    write_elastic_chart,
+    write_ratio_grid,
+)
 from gpuyard.sim.cli import sim
 from gpuyard.sim.engine import SimConfig
 from gpuyard.sim.fleet_builder import standard_fleet, write_fleet
@@ -72,3 +79,16 @@ def test_the_weeks_grid_is_a_png_of_every_cell_and_refuses_an_empty_table(tmp_pa
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     with pytest.raises(ValueError, match="at least one row"):
         write_ratio_grid([], ["40 nodes"], [], tmp_path / "none.png", "empty")
+
+
+def test_the_elastic_chart_is_a_png_of_every_workload_and_refuses_no_replay(tmp_path: Path) -> None:
+    runs = [
+        ElasticRun(workload, policy, [0.1 * k for k in range(1, 9)], 0.8)
+        for workload in ("workload-1.csv", "workload-2.csv")
+        for policy in ("tiresias", "gpuyard")
+    ]
+    published = {"workload-1.csv": {"Tiresias": 0.687, "Pollux": 0.580}}
+    png = write_elastic_chart(runs, published, tmp_path / "charts" / "pollux.png", "two workloads")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="at least one replay"):
+        write_elastic_chart([], published, tmp_path / "none.png", "none")

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from gpuyard.domain.elastic import Measured, Sizing, sizes
+from gpuyard.domain.elastic import Measured, Sizing, fair_goodput, sizes
 from gpuyard.sim.elastic.jobs import ElasticJob, Submission, read_workload
 from gpuyard.sim.elastic.policies import POLICIES, TIRESIAS_THRESHOLD_GPU_S, Tiresias
 from gpuyard.sim.elastic.profiles import Application, canonical, load_application, load_applications
 from gpuyard.sim.elastic.replay import jcts, placement_of, replay
-from gpuyard.sim.elastic.sizing import GpuyardSizing, prior_model
+from gpuyard.sim.elastic.sizing import GpuyardSizing, place, prior_model
 from gpuyard.sim.trace import TraceError
 
 POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
@@ -314,6 +314,50 @@ def test_gpuyard_grows_into_idle_gpus_and_not_for_less_than_a_restart(apps: dict
     assert sizes([Sizing("j", big_gain, 2, 0.9, 1)], 4) == {"j": 3}
     # A job that starts anyway (holds nothing) pays no extra for its size.
     assert sizes([Sizing("j", small_gain, 0, 0.9, 1)], 4) == {"j": 3}
+
+
+def test_gpuyard_counts_each_speedup_from_the_job_s_fair_share() -> None:
+    # 6 GPUs for 3 jobs: a share of 2 each. Over its first GPU, a job that makes 10% more of its
+    # second would take it; over its share, the GPUs go to the one that scales.
+    flat = {1: 1.0, 2: 1.08, 3: 1.16, 4: 1.24}
+    linear = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+    flatter = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}
+    jobs = [Sizing("a", flat, 0, 1.0, 1), Sizing("b", linear, 0, 1.0, 1), Sizing("c", flatter, 0, 1.0, 1)]
+    assert sizes(jobs, 6) == {"a": 1, "b": 4, "c": 1}
+    # Its share taken as the largest of its sizes within it, its smallest where none is.
+    assert fair_goodput({1: 1.0, 2: 1.8, 4: 3.0}, 3) == 1.8
+    assert fair_goodput({2: 1.8, 4: 3.0}, 1) == 1.8
+
+
+def test_a_job_that_fits_a_node_takes_one_and_smaller_jobs_move_to_make_room() -> None:
+    # Node 0 has 3 free, node 1 has 2: a job of 4 moves the 1-GPU job out rather than spread.
+    keep = {"one": (0,), "two": (1, 1)}
+    assert place({"four": 4}, keep, [4, 4]) == {"four": (0, 0, 0, 0), "one": (1,), "two": (1, 1)}
+    # Only smaller jobs move: with none to move, the job spreads and the others stay.
+    keep = {"x": (0, 0, 0), "y": (1, 1, 1)}
+    assert place({"pair": 2}, keep, [4, 4]) == {"x": (0, 0, 0), "y": (1, 1, 1), "pair": (0, 1)}
+
+
+def test_a_job_s_agent_re_picks_its_batch_at_each_epoch_s_end_without_a_restart(
+    apps: dict[str, Application],
+) -> None:
+    cifar = apps["cifar10"]
+    j = held_job(cifar, 4, 512, "j", (4,))
+    picked: list[int] = []
+
+    def agent(job: ElasticJob) -> int:
+        picked.append(job.epoch)
+        return 1024
+
+    j.agent = agent
+    j.advance(0, 3600)  # many of cifar10's short epochs
+    assert picked[:2] == [1, 2] and j.batch_size == 1024 and j.trained_batch == 1024
+    assert j.allocations == 1 and j.restart_left_s == 0
+    # The policy gives its jobs' agents to adaptive batch only.
+    for adaptive in (True, False):
+        k = held_job(cifar, 4, 512, "k", (4,))
+        GpuyardSizing(adaptive_batch=adaptive).allocate(600, [k], [4], {"k": (0, 0, 0, 0)})
+        assert (k.agent is not None) == adaptive
 
 
 def test_gpuyard_fixed_batch_keeps_the_global_batch_and_adaptive_stays_within_the_curves(

@@ -9,7 +9,8 @@ one micro-batch apart) and in which GPUs they hand out (the idle ones, or all).
   micro-batch and micro-batches of each, and the step's seconds), a prior for what it has not run;
 - `keep_factor`: what a resize's speedup is worth once its restart is paid;
 - `sizes`: GPUs per job by marginal gain of the harmonic mean of the jobs' speedups (Pollux's fairness
-  with p = -1), from a start size each, a size other than the held one charged its restart.
+  with p = -1), each speedup over the job's goodput at a fair share of the GPUs, from a start size
+  each, a size other than the held one charged its restart.
 """
 
 from __future__ import annotations
@@ -213,18 +214,29 @@ class Sizing:
             )
 
 
+def fair_goodput(goodput: Mapping[int, float], share: int) -> float:
+    """A job's goodput at a fair share of `share` GPUs: at the largest of its sizes within the share,
+    at its smallest where none is."""
+    within = [g for g in goodput if g <= share]
+    return goodput[max(within)] if within else goodput[min(goodput)]
+
+
 def sizes(jobs: Sequence[Sizing], gpus: int) -> dict[str, int]:
     """GPUs per job out of `gpus`: each its start size, then jumps by best gain per GPU while any gains.
 
     A job's value at a size is -1 / speedup (the harmonic mean's term: the jobs furthest behind gain
-    most), its speedup over its goodput at its smallest size, times its keep factor for a size other
-    than the held one. Jumps may skip sizes, so that a held size beyond a dip (the restart) is still
-    reached. Sizes only grow from the start: a job is never given less than it starts at.
+    most), times its keep factor for a size other than the held one. Its speedup is over its goodput
+    at a fair share of the GPUs (`gpus` over the jobs, `fair_goodput`), as Pollux's policy
+    normalizes: each job's speedup is 1 at its share, so that a job that scales well weighs what
+    it makes of its GPUs up to its share, not only of its first one. Jumps may skip sizes, so that a
+    held size beyond a dip (the restart) is still reached. Sizes only grow from the start: a job is
+    never given less than it starts at.
     """
     values: dict[str, dict[int, float]] = {}
     size: dict[str, int] = {}
+    share = max(1, -(-gpus // len(jobs))) if jobs else 1
     for job in jobs:
-        base = job.goodput[min(job.goodput)]
+        base = fair_goodput(job.goodput, share)
         values[job.name] = {
             g: -base / ((goodput * (1.0 if g == job.held or not job.held else job.keep)) or 1e-12)
             for g, goodput in job.goodput.items()

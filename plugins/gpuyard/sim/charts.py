@@ -1,4 +1,6 @@
-"""The simulator's pictures: one PNG per run (matplotlib, Agg), beside its table.
+"""The simulator's pictures: one PNG per run (matplotlib, Agg), beside its table; the Pollux replay's
+(`write_elastic_chart`: average JCT by workload against the published figures, the CDF of JCT, the
+GPUs held) and the weeks' grid of ratios (`write_ratio_grid`) have their own.
 
 Four panels, one line or bar group per policy: the CDF of job completion time; the queue length over
 time; GPU utilization over time; the mean time pending by team (the busiest teams; the first
@@ -175,6 +177,74 @@ def _waits_by_team(ax: plt.Axes, results: list[SimResult]) -> None:
     if top > 0 and math.isfinite(top):
         ax.set_ylim(0, top * 1.1)
     ax.legend(fontsize=8)
+
+
+@dataclass(frozen=True)
+class ElasticRun:
+    """One policy's replay of one workload in the Pollux replay (sim/elastic): a bar and a curve."""
+
+    workload: str
+    policy: str
+    jct_h: Sequence[float]  # each job's completion time, hours
+    busy: float  # GPUs held over the cluster's, averaged over the intervals with active jobs
+
+
+def write_elastic_chart(
+    runs: Sequence[ElasticRun], published_h: dict[str, dict[str, float]], path: Path, title: str
+) -> Path:
+    """One PNG of the Pollux replay at `path`: the average JCT of each workload by policy, with the
+    published figures (`published_h`: per workload, per name) as markers; the CDF of JCT over all
+    workloads by policy; the GPUs held by workload and policy. Returns the path."""
+    if not runs:
+        raise ValueError("write_elastic_chart needs at least one replay")
+    workloads = list(dict.fromkeys(run.workload for run in runs))
+    policies = list(dict.fromkeys(run.policy for run in runs))
+    by = {(run.workload, run.policy): run for run in runs}
+    figure, (bars, cdf, busy) = plt.subplots(1, 3, figsize=(16, 5))
+    width = 0.8 / len(policies)
+    for k, policy in enumerate(policies):
+        xs = [i + k * width for i in range(len(workloads))]
+        found = [by.get((w, policy)) for w in workloads]
+        bars.bar(
+            xs, [sum(r.jct_h) / len(r.jct_h) if r and r.jct_h else 0.0 for r in found], width, label=policy
+        )
+        busy.bar(xs, [r.busy if r else 0.0 for r in found], width, label=policy)
+        hours = sorted(h for r in found if r for h in r.jct_h)
+        if hours:
+            cdf.plot(hours, [(i + 1) / len(hours) for i in range(len(hours))], label=policy)
+    names = sorted({name for figures in published_h.values() for name in figures})
+    for name, marker in zip(names, "ovsD^", strict=False):
+        points = [
+            (i + 0.4 - width / 2, published_h[w][name])
+            for i, w in enumerate(workloads)
+            if name in published_h.get(w, {})
+        ]
+        if points:
+            bars.scatter(
+                *zip(*points, strict=True), marker=marker, color="black", zorder=3, label=f"{name}, published"
+            )
+    for ax in (bars, busy):
+        ax.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(workloads))], workloads, rotation=20, fontsize=8
+        )
+    bars.set(ylabel="average JCT (h)", title="average JCT by workload")
+    cdf.set(
+        xscale="log",
+        xlabel="job completion time (h, log)",
+        ylabel="share of jobs",
+        title="CDF of JCT, all workloads",
+    )
+    busy.set(ylabel="GPUs held / cluster", title="GPUs held while jobs are active")
+    busy.set_ylim(0, 1.05)
+    for ax in (bars, cdf, busy):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def write_ratio_grid(

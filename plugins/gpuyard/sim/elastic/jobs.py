@@ -53,6 +53,9 @@ class ElasticJob:
     restart_left_s: float = 0.0
     allocations: int = 0  # times it was (re)started
     completed_s: float | None = None
+    # Its agent: the global batch it trains at from an epoch's end on the GPUs it holds (None: it
+    # keeps its batch between allocations). adaptdl's jobs re-pick theirs as their noise grows.
+    agent: Callable[[ElasticJob], int] | None = None
 
     @classmethod
     def from_submission(cls, submission: Submission, apps: Mapping[str, Application]) -> ElasticJob:
@@ -97,17 +100,17 @@ class ElasticJob:
         """Train for `seconds` from `start_s`; `completed_s` is set when the last epoch ends.
 
         The time to each epoch's end is rounded to the second, as in the study's `Job.step`; an epoch
-        that ends mid-interval is followed by the next one's gain.
+        that ends mid-interval is followed by the next one's gain, at the batch its agent picks then
+        (as the study's jobs re-pick theirs between epochs), without a restart.
         """
         if not self.placement or self.completed_s is not None:
             return
         now = start_s + min(self.restart_left_s, seconds)
         left = start_s + seconds - now
         self.restart_left_s -= now - start_s
-        total_s = self.step_s + self.accum_s * self.accum_steps  # one optimizer step
-        batch = self.trained_batch
         while left > 0:
-            rate = self.app.gain(batch, self.epoch) / total_s
+            total_s = self.step_s + self.accum_s * self.accum_steps  # one optimizer step
+            rate = self.app.gain(self.trained_batch, self.epoch) / total_s
             end = self.app.epoch_end(self.epoch)
             if self.progress + rate * left < end:
                 self.progress += rate * left
@@ -120,6 +123,9 @@ class ElasticJob:
             if self.epoch == self.app.epochs:
                 self.completed_s = now
                 return
+            batch = self.batch_size if self.agent is None else self.agent(self)
+            if batch != self.batch_size:
+                self.rebatch(batch, kept=True)
 
 
 def best_batch(
