@@ -9,6 +9,7 @@ at exactly that point (the process is found by the TCP connection it holds to th
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -220,6 +221,19 @@ class Gate:
         self.http.close()
 
 
+def written(api: httpx.Client, method: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    """The API's answer to a write, asked again after a busy database's 500: on SQLite the api-server
+    fails a request (and rolls it back) while the scheduler writes, as happened on a loaded machine,
+    and a client tries again."""
+
+    def answered() -> httpx.Response | None:
+        response = api.request(method, path, json=body)
+        busy = response.status_code == 500 and "Database error" in response.text
+        return None if busy else response
+
+    return wait_until(answered, 60, 1.0, what=f"{method} {path} answered past a busy database")
+
+
 class AirflowStack:
     """Airflow 3's processes on a LocalExecutor, sharing one AIRFLOW_HOME and a SQLite database."""
 
@@ -289,10 +303,24 @@ class AirflowStack:
 
         wait_until(parsed, timeout_s, 0.5, what=f"DAG {dag_id} parsed")
 
-    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
-        response = self.api.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
-        assert response.status_code == 200, response.text
-        return str(response.json()["dag_run_id"])
+    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return written(self.api, "POST", path, body)
+
+    def trigger(
+        self, dag_id: str, conf: dict[str, Any] | None = None, partition_key: str | None = None
+    ) -> str:
+        """A manual run of the DAG, under an id of the test's own: a try again after a 500 that had
+        committed finds its run made (409, the id being this call's) instead of making a second one."""
+        run_id = f"manual__{dt.datetime.now(dt.UTC).isoformat()}"
+        body = {
+            "dag_run_id": run_id,
+            "logical_date": None,
+            "conf": conf or {},
+            "partition_key": partition_key,
+        }
+        response = self.post(f"/dags/{dag_id}/dagRuns", body)
+        assert response.status_code in (200, 409), response.text
+        return run_id
 
     def ti(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
