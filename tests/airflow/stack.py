@@ -386,6 +386,9 @@ class AirflowStack:
                 yield path, path.read_text(errors="replace")
 
     def stop(self) -> None:
+        for process in self.processes.values():  # all told at once: each takes seconds to shut down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
         for process in self.processes.values():
             stop_group(process)
         self.processes.clear()

@@ -1,10 +1,11 @@
-"""The DAGs of tests/airflow/test_schedule.py, for the definition at $GPUYARD_SCHEDULE_DEFINITION: its
-retraining DAG with the production schedule, Params and `start` (the steps after it are left out: the
-tests read the window `start` resolved), and its landing check as dags/landings.py builds it."""
+"""The DAGs of the scheduled-runs tests (tests/airflow/test_operator_stack.py), for the definition the
+test writes beside this file in the stack's DAGs folder: its retraining DAG with the production
+schedule, Params and `start` (the steps after it are left out: the tests read the window `start`
+resolved), and its landing check as dags/landings.py builds it."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 from airflow.sdk import DAG
 
@@ -12,7 +13,7 @@ from pipelines import landings
 from pipelines import tasks as step
 from pipelines.definition import load_definition
 
-PIPELINE = load_definition(os.environ["GPUYARD_SCHEDULE_DEFINITION"])
+PIPELINE = load_definition(Path(__file__).with_name("schedule_case.yaml"))
 
 with DAG(**step.retraining_dag(PIPELINE)):
     step.start(PIPELINE)
