@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from gpuyard.domain.elastic import Measured, Sizing, fair_goodput, sizes
+from gpuyard.domain.elastic import Measured, Sizing, fair_goodput, growth_limit, sizes
 from gpuyard.sim.elastic.jobs import ElasticJob, Submission, read_workload
 from gpuyard.sim.elastic.policies import POLICIES, TIRESIAS_THRESHOLD_GPU_S, Tiresias
 from gpuyard.sim.elastic.profiles import Application, canonical, load_application, load_applications
@@ -400,7 +400,7 @@ def test_gpuyard_fits_only_what_a_job_ran(
     # Exact where it ran; across nodes (never run) the prior: a whole 1-GPU step at the tuned batch.
     assert model.step_s(1, 2, 512, 1) == pytest.approx(step_s)
     assert model.sync_s(2, 8) == pytest.approx(max(model.reference_compute, sync_s))
-    assert model.most_gpus_run == 2
+    assert model.most_gpus_run == 2 and growth_limit(model, 1) == 8  # at most four times what it ran
     # In a replay, the policy reads a job's step times only on the placement it holds.
     seen: list[tuple[int, ...]] = []
     holding: set[tuple[int, ...]] = set()

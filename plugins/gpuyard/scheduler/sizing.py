@@ -55,7 +55,7 @@ def elastic(job: Job, measured: Sequence[Attempt], now: datetime, holding: int =
     attempt holds (0: none), a size it keeps whatever the model says.
 
     Its sizes: every size of its range the measured global batch splits over, up to
-    `domain.elastic.growth_limit` (it at most doubles what it ran); before any measure its min
+    `domain.elastic.growth_limit` (it at most quadruples what it ran); before any measure its min
     alone. Goodput is steps per second: the runtime keeps the global batch fixed at every size, so a
     step is worth the same at any size."""
     resources = job.spec.resources
