@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gpuyard.sim.charts import ElasticRun, write_elastic_chart
 from gpuyard.sim.elastic.jobs import ElasticJob, Submission, read_workload
-from gpuyard.sim.elastic.profiles import Application, load_applications
+from gpuyard.sim.elastic.profiles import load_applications
 from gpuyard.sim.elastic.replay import GPUS_PER_NODE, INTERVAL_S, NODES, RESTART_S, jcts, replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ def delayed(submissions: Sequence[Submission], seed: int) -> list[Submission]:
     ]
 
 
-def average_jct_h(submissions: Sequence[Submission], apps: Mapping[str, Application], policy: str) -> float:
-    by_job = jcts(replay(submissions, apps, policy))
+def average_jct_h(by_job: Mapping[str, float]) -> float:
+    """The mean of the jobs' completion times (seconds, by job), hours."""
     return sum(by_job.values()) / len(by_job) / 3600
 
 
@@ -115,7 +115,7 @@ def main() -> None:
             held: list[float] = []
             jobs = replay(submissions, apps, policy, on_interval=reporter(f"{path.name} {policy}", held))
             by_job = jcts(jobs)
-            average_h = sum(by_job.values()) / len(by_job) / 3600
+            average_h = average_jct_h(by_job)
             averages[policy].append(average_h)
             runs.append(
                 ElasticRun(path.name, policy, [s / 3600 for s in by_job.values()], sum(held) / len(held))
@@ -147,10 +147,11 @@ def main() -> None:
                 f"gap {means[policy] / POLLUX_PUBLISHED_MEAN_H - 1:+.1%})"
             )
     for seed in args.delayed_copies:
-        copies = {
-            p: [average_jct_h(delayed(read_workload(w, apps), seed), apps, p) for w in workloads]
-            for p in POLICIES
-        }
+        copies: dict[str, list[float]] = {p: [] for p in POLICIES}
+        for path in workloads:
+            submissions = delayed(read_workload(path, apps), seed)
+            for p, averages_h in copies.items():
+                averages_h.append(average_jct_h(jcts(replay(submissions, apps, p))))
         print(
             f"copies delayed by seed {seed}: "
             + ", ".join(f"{p} mean {sum(v) / len(v):.3f} h" for p, v in copies.items()),

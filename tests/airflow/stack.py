@@ -234,6 +234,16 @@ def written(api: httpx.Client, method: str, path: str, body: dict[str, Any]) -> 
     return wait_until(answered, 60, 1.0, what=f"{method} {path} answered past a busy database")
 
 
+def triggered(api: httpx.Client, dag_id: str, body: dict[str, Any]) -> str:
+    """The id of a manual run of the DAG (`body`: the trigger's fields but its id), made under an id
+    of the caller's own: a try again after a 500 that had committed finds its run (409, the id being
+    this call's) instead of making a second one."""
+    run_id = f"manual__{body.get('logical_date') or dt.datetime.now(dt.UTC).isoformat()}"
+    response = written(api, "POST", f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, **body})
+    assert response.status_code in (200, 409), response.text
+    return run_id
+
+
 class AirflowStack:
     """Airflow 3's processes on a LocalExecutor, sharing one AIRFLOW_HOME and a SQLite database."""
 
@@ -303,24 +313,11 @@ class AirflowStack:
 
         wait_until(parsed, timeout_s, 0.5, what=f"DAG {dag_id} parsed")
 
-    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return written(self.api, "POST", path, body)
-
     def trigger(
         self, dag_id: str, conf: dict[str, Any] | None = None, partition_key: str | None = None
     ) -> str:
-        """A manual run of the DAG, under an id of the test's own: a try again after a 500 that had
-        committed finds its run made (409, the id being this call's) instead of making a second one."""
-        run_id = f"manual__{dt.datetime.now(dt.UTC).isoformat()}"
-        body = {
-            "dag_run_id": run_id,
-            "logical_date": None,
-            "conf": conf or {},
-            "partition_key": partition_key,
-        }
-        response = self.post(f"/dags/{dag_id}/dagRuns", body)
-        assert response.status_code in (200, 409), response.text
-        return run_id
+        body = {"logical_date": None, "conf": conf or {}, "partition_key": partition_key}
+        return triggered(self.api, dag_id, body)
 
     def ti(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"

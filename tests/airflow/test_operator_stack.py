@@ -44,7 +44,7 @@ from airflow_harness import ROOT
 from gpuyard_provider.narration import Story, attempt_of
 from gpuyard_provider.operators.training import BACKSTOP_S
 from servers import open_directory, wait_until
-from stack import AirflowStack, Gate, Gpuyard
+from stack import AirflowStack, Gate, Gpuyard, written
 
 from pipelines import lineage, storage
 from pipelines.definition import PipelineDefinition, load_definition
@@ -517,9 +517,11 @@ def test_clearing_train_after_a_success_keeps_the_dag_run_s_mlflow_run(
     world.airflow.wait_run(dag, run, "success")
     [first] = dag_run_s_mlflow_runs(world, dag, run)
     assert first.info.status == "FINISHED"
-    cleared = world.airflow.api.post(
+    cleared = written(
+        world.airflow.api,
+        "POST",
         f"/dags/{dag}/clearTaskInstances",
-        json={"dry_run": False, "dag_run_id": run, "task_ids": ["train"], "only_failed": False},
+        {"dry_run": False, "dag_run_id": run, "task_ids": ["train"], "only_failed": False},
     )
     assert cleared.status_code == 200, cleared.text
     # Airflow clears the task's setup and teardown with it
@@ -588,7 +590,7 @@ class Schedules:
         """What a producer does once it has landed a raw day: an event on the raw asset with its key."""
         [(asset,)] = self.query("SELECT id FROM asset WHERE name = ?", f"{PIPELINE}/raw/flights")
         body = {"asset_id": asset, "partition_key": key.isoformat(), "extra": extra}
-        response = self.airflow.post("/assets/events", body)
+        response = written(self.airflow.api, "POST", "/assets/events", body)
         assert response.status_code == 200, response.text
 
     def runs(self, dag_id: str, key: dt.date | None) -> list[tuple[str, str]]:

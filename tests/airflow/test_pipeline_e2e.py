@@ -41,7 +41,7 @@ from airflow_harness import PYTHON, ROOT, airflow_environment
 from gpuyard.launchers import worker_env
 from gpuyard_client import GpuyardClient, resolve_endpoint
 from servers import free_port, open_directory, wait_until
-from stack import AIRFLOW, GPUYARD, Gpuyard, written
+from stack import AIRFLOW, GPUYARD, Gpuyard, triggered, written
 
 from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
@@ -271,10 +271,7 @@ class MakeUi:
         trigger form does; the run's outcome once it ended."""
         assert written(self.api, "PATCH", f"/dags/{dag_id}", {"is_paused": False}).status_code == 200
         now = dt.datetime.now(dt.UTC).isoformat()
-        run_id = f"manual__{now}"  # the test's own: a try again after a committed 500 finds it (409)
-        body = {"dag_run_id": run_id, "logical_date": now, "conf": params}
-        response = written(self.api, "POST", f"/dags/{dag_id}/dagRuns", body)
-        assert response.status_code in (200, 409), response.text
+        run_id = triggered(self.api, dag_id, {"logical_date": now, "conf": params})
 
         def ended() -> str | None:
             # Under the suite's load the API server may answer late (SQLite's writers queue behind the
