@@ -70,8 +70,32 @@ def render_repo(config: PipelineConfig, dest: Path | None = None) -> Path:
     return dest
 
 
+def import_feast() -> ModuleType:
+    """The ``feast`` package, imported with typeguard's ``@typechecked`` made a pass-through while it
+    loads. Feast decorates its classes' methods with it, and for each one typeguard parses and compiles
+    the method's whole module again: 3 of the 4.6 CPU seconds that importing feast costs, in every
+    process that does (each Airflow task of the feature steps). Feast's own checks of its arguments'
+    types go with it; its errors on bad values stay. Every import of feast in gpuyard goes through here.
+    """
+    if "feast" not in sys.modules:
+        import typeguard
+
+        checked = typeguard.typechecked
+        typeguard.typechecked = _unchecked  # type: ignore[assignment]
+        try:
+            importlib.import_module("feast")
+        finally:
+            typeguard.typechecked = checked
+    return sys.modules["feast"]
+
+
+def _unchecked(target: Any) -> Any:
+    return target
+
+
 def load_definitions(repo: Path) -> ModuleType:
     """Import the rendered ``definitions.py`` under a name unique to its directory."""
+    import_feast()  # before the definitions' own `from feast import ...`
     name = f"_gpuyard_feature_repo_{abs(hash(str(repo.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, repo / "definitions.py")
     if spec is None or spec.loader is None:
@@ -83,19 +107,17 @@ def load_definitions(repo: Path) -> ModuleType:
 
 
 def feast_objects(module: ModuleType) -> list[Any]:
-    from feast import Entity, FeatureService, FeatureView
-
-    return [v for v in vars(module).values() if isinstance(v, Entity | FeatureView | FeatureService)]
+    feast = import_feast()
+    kinds = (feast.Entity, feast.FeatureView, feast.FeatureService)
+    return [v for v in vars(module).values() if isinstance(v, kinds)]
 
 
 def get_store(config: PipelineConfig) -> FeatureStore:
     """The FeatureStore of the rendered repository (render it first with :func:`apply`)."""
-    from feast import FeatureStore
-
     repo = repo_dir(config)
     if not (repo / "feature_store.yaml").is_file():
         raise MissingDataError(f"no rendered Feast repository at {repo}; run the feast apply step first")
-    return FeatureStore(repo_path=str(repo))
+    return import_feast().FeatureStore(repo_path=str(repo))
 
 
 def apply(config: PipelineConfig) -> list[str]:

@@ -7,6 +7,7 @@ local binaries for the session, so the suite runs on any machine with PostgreSQL
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import uuid
@@ -208,6 +209,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> StartsFirst | None:
     return StartsFirst(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, Airflow, pandas, Spark's client) lives until the worker exits:
+    frozen, it is no longer walked by each full garbage collection (in tests/control's fast tests their
+    CPU went from 3.6 to 2.2 s a minute) nor by the five that pytest runs at its exit (2 s)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -112,7 +112,7 @@ print(json.dumps({
 @pytest.fixture
 def definition(tmp_path: Path) -> Path:
     raw = yaml.safe_load(load_definition("flights_delay").path.read_text())
-    raw["data"]["root"] = str(tmp_path / "data")
+    raw["data"] |= {"root": str(tmp_path / "data"), "history_days": 4, "training_days": 2, "holdout_days": 1}
     raw["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -41,7 +41,7 @@ from airflow_harness import PYTHON, ROOT, airflow_environment
 from gpuyard.launchers import worker_env
 from gpuyard_client import GpuyardClient, resolve_endpoint
 from servers import free_port, open_directory, wait_until
-from stack import AIRFLOW, GPUYARD, Gpuyard, triggered, written
+from stack import AIRFLOW, Gpuyard, triggered, written
 
 from pipelines import mlflow_access, storage, tracking_server
 from pipelines.definition import HOME_VARIABLE, load_definition
@@ -158,12 +158,7 @@ def world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[World]:
             admin = started.enter_context(
                 GpuyardClient(resolve_endpoint(url=ui.gpuyard.url, token=ui.gpuyard.admin_token))
             )
-            team_b = subprocess.run(  # a team exists once it has a token
-                [GPUYARD, "token", "create", "--team", "b"],
-                env=ui.gpuyard.env,
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
+            team_b = ui.gpuyard.mint("b")  # a team exists once it has a token
             for team, credentials in teams.items():
                 mlflow_access.hand_to_team(admin, team, credentials)
             preemption = Preemption(admin)
@@ -233,14 +228,7 @@ class MakeUi:
             self.gpuyard = Gpuyard(home)
             self.gpuyard.url = json.loads((home / "server.json").read_text())["url"]
             self.gpuyard.admin_token = (home / "admin.token").read_text().strip()
-            self.gpuyard.env = env_without_ours() | {"GPUYARD_HOME": str(home)}
-            self.gpuyard.token = subprocess.run(
-                [GPUYARD, "token", "create", "--team", "a"],
-                env=self.gpuyard.env,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
+            self.gpuyard.token = self.gpuyard.mint("a")
         except BaseException:
             self.__exit__()
             raise

@@ -4,7 +4,6 @@ a member of another team sees none of it. Screenshots are kept (the folder is pr
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from gpuyard_client import Endpoint, GpuyardClient
 from servers import wait_until
-from stack import GPUYARD, Gpuyard
+from stack import Gpuyard
 
 pytestmark = pytest.mark.slow  # a `gpuyard up` and Chromium
 
@@ -98,13 +97,7 @@ def test_a_job_waits_is_placed_and_is_preempted_on_the_page(
     assert page.locator("svg.chart polyline[data-line=total]").count() >= 1  # utilization, at least
     page.screenshot(path=str(artifacts / "4-figures.png"), full_page=True)
 
-    other = subprocess.run(
-        [GPUYARD, "token", "create", "--team", "b"],
-        env=gpuyard.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    other = gpuyard.mint("b")
     outsider = _sign_in(browser, page_url, other)
     assert outsider.locator(f'[data-job="{job}"]').count() == 0  # not in the queue, the grid, recent jobs
     assert [t.get_attribute("data-team") for t in outsider.locator("table.teams tr[data-team]").all()] == [
