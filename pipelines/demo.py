@@ -68,30 +68,18 @@ def environment() -> dict[str, str]:
     }
 
 
-# The scheduler's LocalExecutor forks its workers from a forkserver that imported pipelines/preload.py:
-# every task process starts with the pipelines' libraries loaded, instead of importing them itself.
-PRELOADED_TASKS = {
-    "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
-    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": "airflow.executors.local_executor,pipelines.preload",
-}
-
-
 def airflow_environment(connection: dict[str, str], tracking_uri: str) -> dict[str, str]:
-    return (
-        environment()
-        | {
-            "MLFLOW_TRACKING_URI": tracking_uri,
-            "AIRFLOW_HOME": str(DEMO / "airflow"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # GPU jobs wait in the triggerer, not a worker
-            # LocalExecutor runs this many task processes (Airflow's default, 32, on a laptop's cores)
-            "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
-            "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps(connection),
-        }
-        | PRELOADED_TASKS
-    )
+    return environment() | {
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "AIRFLOW_HOME": str(DEMO / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPOSITORY / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # GPU jobs wait in the triggerer, not a worker
+        # LocalExecutor runs this many task processes (Airflow's default, 32, on a laptop's cores)
+        "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
+        "AIRFLOW_CONN_GPUYARD_DEFAULT": json.dumps(connection),
+    }
 
 
 def start_gpuyard(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:

@@ -27,8 +27,6 @@ from airflow_harness import PYTHON, ROOT, airflow_environment
 from gpuyard_client import tls_context
 from servers import free_port, wait_until
 
-from pipelines.demo import PRELOADED_TASKS
-
 GPUYARD = str(Path(PYTHON).parent / "gpuyard")
 AIRFLOW = str(Path(PYTHON).parent / "airflow")
 # Headers the gate sets itself (it answers with a fresh body, decoded by httpx).
@@ -275,7 +273,6 @@ class AirflowStack:
             AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
             AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="30",
-            **PRELOADED_TASKS,
             **env,
         )
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
