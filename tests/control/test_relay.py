@@ -92,8 +92,10 @@ def test_a_commit_that_appended_events_wakes_the_relay_of_its_process_at_once(en
             team_store.ensure_team(conn, "a", team_store.TeamQuota(), utcnow())
         assert not wake.is_set() and polls == [0]
         submit_jobs(engine, 1)
-        wait_until(lambda: unpublished(engine) == 0, timeout_s=20, what="the event published before the poll")
-        assert polls[:2] == [0, 1]
+        # its second poll, woken well before the 60 s one; the poll's count is appended once it returned,
+        # after its commit: waiting for the row alone would race that append
+        wait_until(lambda: len(polls) >= 2, timeout_s=20, what="the relay's poll woken by the commit")
+        assert polls[:2] == [0, 1] and unpublished(engine) == 0
     finally:
         stop.set()
         thread.join(timeout=5)
