@@ -128,8 +128,9 @@ def run_scheduler() -> int:
     run_on_c_allocator()
     from gpuyard.bus.factory import make_bus
     from gpuyard.scheduler.service import SchedulerService
-    from gpuyard.services import build_fleet, open_store
+    from gpuyard.services import build_fleet
     from gpuyard.settings import load_settings
+    from gpuyard.store.db import open_store
 
     settings = load_settings()
     service = SchedulerService(

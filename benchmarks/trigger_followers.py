@@ -227,8 +227,9 @@ class ControlPlane:
     `start_scheduling` is called, the scheduler with the fake launcher in another."""
 
     def __init__(self, home: Path, slots: int, database_url: str | None) -> None:
-        from gpuyard.services import ensure_admin_token, open_store
+        from gpuyard.services import ensure_admin_token
         from gpuyard.settings import load_settings
+        from gpuyard.store.db import open_store
 
         self.settings_args = {"home": home, "local_slots": slots, "database_url": database_url}
         self.settings = load_settings(profile="embedded", **self.settings_args)
@@ -295,8 +296,8 @@ def _answers(url: str) -> bool:
 def serve_api(settings_args: dict[str, Any], port: int, job_reads: Any) -> None:
     """The API process: gpuyard's app, each read of one job (`GET /v1/jobs/<id>`) counted."""
     from gpuyard.api.app import create_app
-    from gpuyard.services import open_store
     from gpuyard.settings import load_settings
+    from gpuyard.store.db import open_store
 
     settings = load_settings(profile="embedded", **settings_args)
     app = create_app(settings, open_store(settings), fleet=settings.fleet())
@@ -313,8 +314,8 @@ def serve_api(settings_args: dict[str, Any], port: int, job_reads: Any) -> None:
 def schedule(settings_args: dict[str, Any], runs: dict[str, Run], url: str, stop: threading.Event) -> None:
     """The scheduler process: passes every 0.5 s over the store, launching into the fake launcher."""
     from gpuyard.scheduler.service import SchedulerService
-    from gpuyard.services import open_store
     from gpuyard.settings import load_settings
+    from gpuyard.store.db import open_store
 
     settings = load_settings(profile="embedded", **settings_args)
     engine = open_store(settings)

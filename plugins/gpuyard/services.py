@@ -43,7 +43,7 @@ from gpuyard.settings import MoveSettings, Settings, SettingsError, load_setting
 from gpuyard.settings.sites import resolved_store_options
 from gpuyard.store import outbox
 from gpuyard.store import teams as team_store
-from gpuyard.store.db import DbBounds, make_engine, migrate, require_head
+from gpuyard.store.db import open_engine
 from gpuyard.store.dbclock import database_clock
 from gpuyard.store.outbox import count_unpublished
 
@@ -81,24 +81,6 @@ def check_names(settings: Settings) -> None:
 def configure_logging(settings: Settings) -> None:
     """The logging of a server process (up, api, scheduler, relay, migrate)."""
     logs.configure(settings.log_level, str(settings.log_format))
-
-
-def open_engine(settings: Settings, pool_size: int) -> Engine:
-    """The store's engine, bounded by the `db_*_seconds` settings; its schema left as it is."""
-    return make_engine(
-        str(settings.database_url), pool_size=pool_size, bounds=DbBounds.from_settings(settings)
-    )
-
-
-def open_store(settings: Settings) -> Engine:
-    """The store's engine, its schema migrated (embedded) or checked to be at head (production:
-    `gpuyard migrate` runs once; raises SchemaNotAtHead naming it)."""
-    engine = open_engine(settings, settings.db_pool_size)
-    if settings.migrate_at_start:
-        migrate(engine)
-    else:
-        require_head(engine)
-    return engine
 
 
 def ensure_admin_token(engine: Engine, settings: Settings) -> Path:

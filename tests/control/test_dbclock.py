@@ -32,7 +32,8 @@ print(json.dumps({"own": datetime.now(UTC).timestamp(), "database": clock().time
 TELL_REPORTS = """
 import json, sys
 from datetime import UTC, datetime
-from gpuyard.services import build_scheduler, open_engine
+from gpuyard.services import build_scheduler
+from gpuyard.store.db import open_engine
 from gpuyard.settings import load_settings
 settings = load_settings(home=sys.argv[2], database_url=sys.argv[1], launcher="local")
 engine = open_engine(settings, 1)

@@ -94,8 +94,7 @@ def server_settings(home: Path | None, **overrides: Any) -> Settings:
 
 def store(settings: Settings) -> Engine:
     """The store, or a clear exit when its schema is not at head (production: run `gpuyard migrate`)."""
-    from gpuyard.services import open_store
-    from gpuyard.store.db import SchemaNotAtHead
+    from gpuyard.store.db import SchemaNotAtHead, open_store
 
     try:
         return open_store(settings)

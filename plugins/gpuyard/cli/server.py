@@ -179,8 +179,8 @@ def migrate(home: Home = None) -> None:
     gpuyard-migrate Job does). Concurrent runs take turns under a PostgreSQL advisory lock."""
     from sqlalchemy.exc import OperationalError
 
-    from gpuyard.services import open_engine
     from gpuyard.store.db import migrate as upgrade
+    from gpuyard.store.db import open_engine
 
     def waiting() -> None:
         log.info("another migration holds the lock; waiting for it")

@@ -273,3 +273,21 @@ def require_head(engine: Engine) -> None:
             f"the database schema is at {found}, this gpuyard needs revision {head}: "
             "run `gpuyard migrate` (deploy/: the gpuyard-migrate Job) before starting it"
         )
+
+
+def open_engine(settings: Settings, pool_size: int) -> Engine:
+    """The store's engine, bounded by the `db_*_seconds` settings; its schema left as it is."""
+    return make_engine(
+        str(settings.database_url), pool_size=pool_size, bounds=DbBounds.from_settings(settings)
+    )
+
+
+def open_store(settings: Settings) -> Engine:
+    """The store's engine, its schema migrated (embedded) or checked to be at head (production:
+    `gpuyard migrate` runs once; raises SchemaNotAtHead naming it)."""
+    engine = open_engine(settings, settings.db_pool_size)
+    if settings.migrate_at_start:
+        migrate(engine)
+    else:
+        require_head(engine)
+    return engine
