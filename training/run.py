@@ -44,6 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     # Exiting, the interpreter's own garbage collections walk every object torch and MLflow made: 1 CPU-s
-    # of each rank's exit. Frozen, they are skipped; atexit handlers still run, files were closed.
+    # of each rank's exit. Frozen, they are skipped; the atexit handlers (logging's, MLflow's) still run.
     gc.freeze()
     sys.exit(code)
