@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import psutil
 from airflow_harness import PYTHON, ROOT, airflow_environment
-from gpuyard_client import tls_context
+from gpuyard_client import Endpoint, GpuyardClient, tls_context
 from servers import free_port, wait_until
 
 GPUYARD = str(Path(PYTHON).parent / "gpuyard")
@@ -98,10 +98,10 @@ class Gpuyard:
         return self
 
     def mint(self, team: str) -> str:
-        """A new member token of `team` (which it creates), minted by the admin over the API: the CLI's
-        `gpuyard token create` would cost a process of 1.4 CPU-s."""
-        with self.client(self.admin_token) as admin:
-            return str(admin.post("/v1/tokens", json={"team": team}).raise_for_status().json()["token"])
+        """A new member token of `team` (which it creates), minted by the admin through the client: the
+        CLI's `gpuyard token create` would cost a process of 1.4 CPU-s."""
+        with GpuyardClient(Endpoint(self.url, self.admin_token)) as admin:
+            return str(admin.create_token(team)["token"])
 
     def client(self, token: str | None = None) -> httpx.Client:
         return httpx.Client(
