@@ -59,14 +59,15 @@ with DAG("lineage_case", schedule=None, start_date=dt.datetime(2026, 1, 1), catc
     )
 """
 
+# The run's state goes to a file: on stdout, the OpenLineage pool's log lines may land inside its line.
 RUN = """
-import json, sys
+import json, pathlib, sys
 from airflow.utils import db
 db.initdb()
 sys.path.insert(0, %(folder)r)
 from lineage_case import dag
 run = dag.test()
-print(json.dumps({"state": str(run.state)}))
+pathlib.Path(%(result)r).write_text(json.dumps({"state": str(run.state)}))
 """
 
 CHAIN = """
@@ -202,9 +203,9 @@ def test_a_dag_run_writes_the_events_to_the_file_transport(definition: Path, tmp
         DAG_FILE % {"definition": str(definition), "job": JOB, "train_data": train_data}
     )
 
-    # the DAG run's own events are sent from a pool after dag.test() returns: its last line is not ours
+    # the DAG run's own events are sent from a pool after dag.test() returns, the process waits for them
     ran = subprocess.run(
-        [PYTHON, "-c", RUN % {"folder": str(folder)}],
+        [PYTHON, "-c", RUN % {"folder": str(folder), "result": str(tmp_path / "run.json")}],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -212,7 +213,7 @@ def test_a_dag_run_writes_the_events_to_the_file_transport(definition: Path, tmp
         timeout=240,
     )
     assert ran.returncode == 0, ran.stderr[-4000:]
-    assert '{"state": "success"}' in ran.stdout.splitlines(), ran.stdout[-4000:]
+    assert json.loads((tmp_path / "run.json").read_text()) == {"state": "success"}, ran.stdout[-4000:]
 
     written = [json.loads(line) for line in events_file.read_text().splitlines()]
     complete = {e["job"]["name"]: e for e in written if e["eventType"] == "COMPLETE"}
